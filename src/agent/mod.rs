@@ -1,0 +1,41 @@
+//! Agents: an OpenAI "model" that is really a prompt, a set of local tools
+//! and an upstream. `rewrite` turns a client request into the upstream
+//! request; `tool_loop` runs the conversation with the model until it answers.
+
+mod assemble;
+mod reasoning;
+mod reply;
+pub mod rewrite;
+pub mod tool_loop;
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::config::file::{PromptMode, ReasoningMode, ToolEvents};
+use crate::tools::Tool;
+use crate::upstream::Upstream;
+
+pub struct Agent {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub upstream: Arc<Upstream>,
+    /// Model name sent upstream; the field is omitted when unset.
+    pub model: Option<String>,
+    /// The system prompt followed by its skills' fragments.
+    pub instructions: Option<String>,
+    pub prompt_mode: PromptMode,
+    /// Its own tools and its skills' tools, each once.
+    pub tools: Vec<Arc<Tool>>,
+    pub params: Map<String, Value>,
+    pub max_tool_rounds: u32,
+    pub tool_events: ToolEvents,
+    pub reasoning: ReasoningMode,
+}
+
+impl Agent {
+    pub fn tool(&self, name: &str) -> Option<&Arc<Tool>> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+}

@@ -1,0 +1,357 @@
+//! The tool loop: call the model, stream what it says to the client, run the
+//! calls it makes to the agent's own tools, and call it again with their
+//! results, until it answers.
+//!
+//! One turn may mix the agent's tools and the client's. The proxy is
+//! stateless, so it cannot hold the local results until the client comes back
+//! with its own: in a mixed turn the local calls run, and each client call
+//! gets a tool result telling the model it was deferred and must be asked for
+//! on its own. The model's next turn then either answers or asks for only
+//! client tools, which go back to the client in standard form. No call is
+//! dropped without the model being told.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::future::join_all;
+use tracing::{debug, info, warn};
+
+use super::assemble::Assembler;
+use super::reasoning::{Kind, ThinkSplitter};
+use super::reply::{Failure, Reply};
+use super::rewrite::rewrite;
+use super::Agent;
+use crate::config::file::{ReasoningMode, ToolEvents};
+use crate::config::Limits;
+use crate::downstream::Client;
+use crate::error::{from_upstream, ApiError};
+use crate::openai::{ChatRequest, ChunkIn, CompletionIn, Message, ToolCall, Usage};
+use crate::sse;
+use crate::tools::Outcome;
+
+/// `finish_reason` when `max_tool_rounds` stops the loop: the answer was cut
+/// by a limit, as with `max_tokens`.
+pub const ROUNDS_EXHAUSTED: &str = "length";
+
+/// What the request did, for the request log line.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub rounds: u32,
+    pub tool_calls: u32,
+    pub usage: Usage,
+    /// The response was cut mid-stream: the connection must be aborted so
+    /// the client cannot take it for complete.
+    pub cut: bool,
+}
+
+pub async fn run(agent: &Agent, request: ChatRequest, client: &mut Client<'_>, limits: &Limits) -> Summary {
+    let stream = request.stream.unwrap_or(false);
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let show_reasoning = agent.reasoning == ReasoningMode::Pass && request.enable_thinking != Some(false);
+    let mut reply = Reply::new(&agent.id, stream, include_usage, show_reasoning);
+    let mut upstream_request = rewrite(agent, request);
+    let mut summary = Summary::default();
+    let outcome = drive(agent, &mut upstream_request, client, &mut reply, limits, &mut summary).await;
+    summary.usage = reply.usage();
+    summary.cut = match outcome {
+        Ok(finish_reason) => reply.finish(client, finish_reason).await.is_err(),
+        Err(failure) => {
+            if !matches!(failure, Failure::Gone) {
+                warn!(agent = %agent.id, ?failure, "agent request failed");
+            }
+            reply.fail(client, failure).await
+        }
+    };
+    summary
+}
+
+async fn drive(
+    agent: &Agent,
+    request: &mut ChatRequest,
+    client: &mut Client<'_>,
+    reply: &mut Reply,
+    limits: &Limits,
+    summary: &mut Summary,
+) -> Result<&'static str, Failure> {
+    let mut tool_rounds = 0;
+    loop {
+        let round = read_round(agent, request, client, reply, limits).await?;
+        summary.rounds += 1;
+        reply.add_usage(round.usage);
+        if round.calls.is_empty() {
+            return Ok(finish_reason(round.finish_reason.as_deref()));
+        }
+        let local = round.calls.iter().filter(|c| agent.tool(&c.function.name).is_some()).count();
+        if local == 0 {
+            reply.tool_calls(client, round.calls).await?;
+            return Ok("tool_calls");
+        }
+        if tool_rounds >= agent.max_tool_rounds {
+            warn!(agent = %agent.id, rounds = tool_rounds, "max_tool_rounds reached");
+            let note = format!(
+                "\n\n[agent-proxy: stopped after {tool_rounds} tool rounds without a final answer]"
+            );
+            reply.content(client, &note).await?;
+            return Ok(ROUNDS_EXHAUSTED);
+        }
+        tool_rounds += 1;
+        summary.tool_calls += local as u32;
+        // Open the stream before the tools run so heartbeats can flow.
+        reply.start(client).await?;
+        let results = run_tools(agent, &round.calls, client, reply).await?;
+        request.messages.push(Message {
+            content: (!round.content.is_empty()).then(|| round.content.into()),
+            tool_calls: Some(round.calls),
+            ..Message::text("assistant", "")
+        });
+        request.messages.extend(results);
+    }
+}
+
+fn finish_reason(upstream: Option<&str>) -> &'static str {
+    match upstream {
+        Some("length") => "length",
+        Some("content_filter") => "content_filter",
+        Some("tool_calls") => "tool_calls",
+        _ => "stop",
+    }
+}
+
+/// Runs the local calls of one turn concurrently; client calls in the same
+/// turn are deferred (see the module docs). Results keep the calls' order.
+async fn run_tools(
+    agent: &Agent,
+    calls: &[ToolCall],
+    client: &mut Client<'_>,
+    reply: &mut Reply,
+) -> Result<Vec<Message>, Failure> {
+    for call in calls.iter().filter(|c| agent.tool(&c.function.name).is_some()) {
+        let note = progress_note(call);
+        match agent.tool_events {
+            ToolEvents::Reasoning => reply.proxy_note(client, &note).await?,
+            ToolEvents::Content => reply.content(client, &note).await?,
+            ToolEvents::Hidden => {}
+        }
+    }
+    let runs = calls.iter().map(|call| async move {
+        let started = Instant::now();
+        let outcome = match agent.tool(&call.function.name) {
+            Some(tool) => tool.call(&call.function.arguments).await,
+            None => {
+                warn!(agent = %agent.id, tool = %call.function.name, "client tool call deferred: mixed with local calls");
+                Outcome::error(format!(
+                    "`{}` was not run: it is a client tool and was requested together with agent tools. \
+                     Request it again on its own, in a turn without agent tool calls.",
+                    call.function.name
+                ))
+            }
+        };
+        info!(agent = %agent.id, tool = %call.function.name, ok = outcome.ok, ms = started.elapsed().as_millis() as u64, "tool call");
+        outcome
+    });
+    let outcomes = client.wait(join_all(runs)).await?;
+    Ok(calls
+        .iter()
+        .zip(outcomes)
+        .map(|(call, outcome)| Message {
+            tool_call_id: Some(call.id.clone()),
+            ..Message::text("tool", outcome.text)
+        })
+        .collect())
+}
+
+fn progress_note(call: &ToolCall) -> String {
+    const SHOWN: usize = 200;
+    let args = call.function.arguments.trim();
+    let mut cut = args.len().min(SHOWN);
+    while !args.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let ellipsis = if cut < args.len() { "…" } else { "" };
+    format!("Calling {} {}{ellipsis}…\n", call.function.name, &args[..cut])
+}
+
+/// One model call as it streamed.
+#[derive(Default)]
+struct Round {
+    /// The visible text, for the conversation history.
+    content: String,
+    calls: Vec<ToolCall>,
+    finish_reason: Option<String>,
+    usage: Usage,
+}
+
+/// Per-round parsing state: where deltas go as they arrive.
+struct RoundReader<'r> {
+    reply: &'r mut Reply,
+    round: Round,
+    splitter: ThinkSplitter,
+    assembler: Assembler,
+}
+
+async fn read_round(
+    agent: &Agent,
+    request: &ChatRequest,
+    client: &mut Client<'_>,
+    reply: &mut Reply,
+    limits: &Limits,
+) -> Result<Round, Failure> {
+    let upstream = &agent.upstream;
+    let body = serde_json::to_vec(request).map_err(|e| ApiError::internal(e.to_string()))?;
+    let header = upstream
+        .json_post("/chat/completions")
+        .map_err(|e| ApiError::internal(format!("cannot build the upstream request: {e}")))?;
+    debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
+    let mut exchange = client
+        .wait(upstream.endpoint.send(header, Some(Bytes::from(body))))
+        .await?
+        .map_err(|e| from_upstream(&upstream.name, &e))?;
+    let status = exchange.status();
+    if !(200..300).contains(&status) {
+        let retry_after = exchange.header().headers.get(http::header::RETRY_AFTER).cloned();
+        let body = client
+            .wait(exchange.read_to_end(limits.max_upstream_body_bytes))
+            .await?
+            .unwrap_or_default();
+        return Err(Failure::Upstream { status, body, retry_after });
+    }
+    let mut reader = RoundReader {
+        reply,
+        round: Round::default(),
+        splitter: ThinkSplitter::default(),
+        assembler: Assembler::default(),
+    };
+    if !exchange.is_event_stream() {
+        // Some servers answer a stream request with one JSON completion.
+        let body = client
+            .wait(exchange.read_to_end(limits.max_upstream_body_bytes))
+            .await?
+            .map_err(|e| from_upstream(&upstream.name, &e))?;
+        reader.completion(client, &body).await?;
+        return reader.finish(client).await;
+    }
+    let mut parser = sse::Parser::new(limits.max_event_bytes);
+    let mut done = false;
+    loop {
+        let piece = client
+            .wait(exchange.read())
+            .await?
+            .map_err(|e| from_upstream(&upstream.name, &e))?;
+        let Some(piece) = piece else {
+            if let Some(event) = parser.finish() {
+                done |= reader.event(client, &event).await?;
+            }
+            break;
+        };
+        parser.feed(&piece);
+        while let Some(event) = parser
+            .next_event()
+            .map_err(|e| ApiError::bad_gateway(format!("upstream `{}`: {e}", upstream.name)))?
+        {
+            done |= reader.event(client, &event).await?;
+        }
+    }
+    if !done && reader.round.finish_reason.is_none() {
+        return Err(ApiError::bad_gateway(format!(
+            "upstream `{}` ended its stream before the answer was complete",
+            upstream.name
+        ))
+        .into());
+    }
+    reader.finish(client).await
+}
+
+impl RoundReader<'_> {
+    /// Handles one SSE event; returns whether it was `[DONE]`.
+    async fn event(&mut self, client: &mut Client<'_>, event: &sse::Event) -> Result<bool, Failure> {
+        if event.is_done() {
+            return Ok(true);
+        }
+        let chunk: ChunkIn = serde_json::from_slice(&event.data).map_err(|e| {
+            ApiError::bad_gateway(format!("upstream sent an event that is not a chat chunk: {e}"))
+        })?;
+        if chunk.error.is_some() || event.name.as_deref() == Some("error") {
+            return Err(Failure::Upstream {
+                status: 502,
+                body: event.data.clone(),
+                retry_after: None,
+            });
+        }
+        if let Some(usage) = chunk.usage {
+            self.round.usage = usage;
+        }
+        // The proxy asks for one choice; only the first is read.
+        let Some(choice) = chunk.choices.into_iter().next() else {
+            return Ok(false);
+        };
+        if let Some(delta) = choice.delta {
+            let reasoning = delta.reasoning_content.as_deref().or(delta.reasoning.as_deref());
+            if let Some(text) = reasoning {
+                self.reply.reasoning(client, text).await?;
+            }
+            if let Some(text) = delta.content.as_deref() {
+                self.content(client, text).await?;
+            }
+            for call in delta.tool_calls.iter().flatten() {
+                self.assembler.push(call);
+            }
+        }
+        if let Some(reason) = choice.finish_reason {
+            self.round.finish_reason = Some(reason.into_owned());
+        }
+        Ok(false)
+    }
+
+    async fn content(&mut self, client: &mut Client<'_>, text: &str) -> Result<(), Failure> {
+        for (kind, piece) in self.splitter.split(text) {
+            self.piece(client, kind, &piece).await?;
+        }
+        Ok(())
+    }
+
+    async fn piece(&mut self, client: &mut Client<'_>, kind: Kind, text: &str) -> Result<(), Failure> {
+        match kind {
+            Kind::Content => {
+                self.round.content.push_str(text);
+                self.reply.content(client, text).await?;
+            }
+            Kind::Reasoning => self.reply.reasoning(client, text).await?,
+        }
+        Ok(())
+    }
+
+    async fn completion(&mut self, client: &mut Client<'_>, body: &[u8]) -> Result<(), Failure> {
+        let completion: CompletionIn = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_gateway(format!("upstream sent invalid JSON: {e}")))?;
+        if let Some(usage) = completion.usage {
+            self.round.usage = usage;
+        }
+        let Some(choice) = completion.choices.into_iter().next() else {
+            return Err(ApiError::bad_gateway("upstream answered without choices").into());
+        };
+        let message = choice.message;
+        if let Some(text) = message.reasoning_content.as_deref().or(message.reasoning.as_deref()) {
+            self.reply.reasoning(client, text).await?;
+        }
+        if let Some(text) = message.content.as_deref() {
+            self.content(client, text).await?;
+        }
+        self.round.calls = message.tool_calls;
+        self.round.finish_reason = choice.finish_reason;
+        Ok(())
+    }
+
+    async fn finish(mut self, client: &mut Client<'_>) -> Result<Round, Failure> {
+        if let Some((kind, text)) = self.splitter.flush() {
+            self.piece(client, kind, &text).await?;
+        }
+        if !self.assembler.is_empty() {
+            self.round.calls = std::mem::take(&mut self.assembler).finish();
+        }
+        Ok(self.round)
+    }
+}

@@ -1,0 +1,133 @@
+//! The client side of a request handled by the proxy itself: writing the
+//! response, and waiting on anything (an upstream read, a tool) while
+//! watching for the client to go away and keeping a silent stream alive.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+use crate::error::ApiError;
+use crate::sse;
+
+/// The client went away; whatever was in flight for it is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone;
+
+pub struct Client<'s> {
+    session: &'s mut Session,
+    heartbeat: Duration,
+    /// SSE headers were sent: heartbeats are allowed.
+    streaming: bool,
+    watching: bool,
+}
+
+impl<'s> Client<'s> {
+    pub fn new(session: &'s mut Session, heartbeat: Duration) -> Self {
+        Client {
+            session,
+            heartbeat,
+            streaming: false,
+            watching: true,
+        }
+    }
+
+    pub fn session(&self) -> &Session {
+        self.session
+    }
+
+    pub fn header_sent(&self) -> bool {
+        self.session.response_written().is_some()
+    }
+
+    /// Runs `work` to its end unless the client disconnects first. While an
+    /// event stream is open, an SSE comment is sent every heartbeat interval.
+    pub async fn wait<F: Future>(&mut self, work: F) -> Result<F::Output, Gone> {
+        tokio::pin!(work);
+        loop {
+            let (streaming, watching) = (self.streaming, self.watching);
+            tokio::select! {
+                biased;
+                out = &mut work => return Ok(out),
+                closed = self.session.downstream_session.read_body_or_idle(true), if watching => {
+                    match closed {
+                        Err(_) => return Err(Gone),
+                        // Bytes of a pipelined request: not a disconnect,
+                        // and nothing more to learn from the socket.
+                        Ok(_) => self.watching = false,
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep(self.heartbeat), if streaming => {}
+            }
+            self.write(Bytes::from_static(sse::HEARTBEAT)).await?;
+        }
+    }
+
+    /// Sends the response header of an event stream.
+    pub async fn start_event_stream(&mut self) -> Result<(), Gone> {
+        let mut header = response_header(200)?;
+        for (name, value) in [
+            ("content-type", "text/event-stream"),
+            ("cache-control", "no-cache"),
+            ("x-accel-buffering", "no"),
+            ("transfer-encoding", "chunked"),
+        ] {
+            header.insert_header(name, value).map_err(|_| Gone)?;
+        }
+        self.send_header(header, false).await?;
+        self.streaming = true;
+        Ok(())
+    }
+
+    pub async fn send_header(&mut self, header: ResponseHeader, end: bool) -> Result<(), Gone> {
+        self.session
+            .write_response_header(Box::new(header), end)
+            .await
+            .map_err(|_| Gone)
+    }
+
+    pub async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
+        self.session
+            .write_response_body(Some(bytes), false)
+            .await
+            .map_err(|_| Gone)
+    }
+
+    /// A complete JSON response.
+    pub async fn respond_json(
+        &mut self,
+        status: u16,
+        body: Bytes,
+        extra: &[(http::HeaderName, http::HeaderValue)],
+    ) -> Result<(), Gone> {
+        let mut header = response_header(status)?;
+        header
+            .insert_header("content-type", "application/json")
+            .and_then(|_| header.insert_header("content-length", body.len()))
+            .map_err(|_| Gone)?;
+        for (name, value) in extra {
+            header
+                .insert_header(name.clone(), value.clone())
+                .map_err(|_| Gone)?;
+        }
+        self.send_header(header, body.is_empty()).await?;
+        if !body.is_empty() {
+            self.session
+                .write_response_body(Some(body), true)
+                .await
+                .map_err(|_| Gone)?;
+        }
+        Ok(())
+    }
+
+    pub async fn respond_error(&mut self, error: &ApiError) -> Result<(), Gone> {
+        self.respond_json(error.status, error.to_json(), &[]).await
+    }
+}
+
+fn response_header(status: u16) -> Result<ResponseHeader, Gone> {
+    ResponseHeader::build(status, Some(6)).map_err(|_| Gone)
+}

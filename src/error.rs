@@ -1,0 +1,153 @@
+//! The one error type of the proxy: it knows its HTTP status and how to render
+//! itself as an OpenAI error body (`{"error":{"message","type","param","code"}}`).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+/// An error answered to the client in OpenAI shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<Cow<'static, str>>,
+    pub code: Option<Cow<'static, str>>,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: Body<'a>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn with_param(mut self, param: impl Into<Cow<'static, str>>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    pub fn with_code(mut self, code: impl Into<Cow<'static, str>>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "invalid_request_error", message)
+    }
+
+    pub fn invalid_api_key() -> Self {
+        Self::new(401, "invalid_request_error", "Incorrect or missing API key.")
+            .with_code("invalid_api_key")
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(404, "invalid_request_error", message).with_code("not_found")
+    }
+
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(405, "invalid_request_error", message)
+    }
+
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            413,
+            "invalid_request_error",
+            format!("Request body exceeds the limit of {limit} bytes."),
+        )
+        .with_code("request_too_large")
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "server_error", message)
+    }
+
+    /// The upstream could not be reached or broke off its answer.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(502, "upstream_error", message).with_code("bad_gateway")
+    }
+
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(504, "upstream_error", message).with_code("timeout")
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "server_error", message)
+    }
+
+    /// The JSON body `{"error":{...}}`.
+    pub fn to_json(&self) -> Bytes {
+        let envelope = Envelope {
+            error: Body {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code.as_deref(),
+            },
+        };
+        // Serializing plain strings into a Vec cannot fail.
+        Bytes::from(serde_json::to_vec(&envelope).unwrap_or_default())
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.kind, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Maps an error from pingora's HTTP client to what the client should see:
+/// a timeout is a 504, anything else on the way to the upstream is a 502.
+pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
+    use pingora::ErrorType::*;
+    match err.etype() {
+        ConnectTimedout | ReadTimedout | WriteTimedout => {
+            ApiError::gateway_timeout(format!("upstream `{upstream}` timed out ({})", err.etype().as_str()))
+        }
+        _ => ApiError::bad_gateway(format!("upstream `{upstream}` failed: {}", err.etype().as_str())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_openai_shape_with_nulls() {
+        let body = ApiError::bad_request("messages is required").with_param("messages");
+        let v: serde_json::Value = serde_json::from_slice(&body.to_json()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error":{"message":"messages is required","type":"invalid_request_error","param":"messages","code":null}})
+        );
+    }
+
+    #[test]
+    fn invalid_key_has_code() {
+        let e = ApiError::invalid_api_key();
+        assert_eq!(e.status, 401);
+        assert!(std::str::from_utf8(&e.to_json()).unwrap().contains("\"code\":\"invalid_api_key\""));
+    }
+}

@@ -1,0 +1,255 @@
+//! The outbound HTTP client, on pingora's connector (pooled, h1 and h2, rustls).
+//! Model upstreams and HTTP tools both call out through an [`Endpoint`].
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use pingora::connectors::http::Connector;
+use pingora::connectors::ConnectorOptions;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::protocols::http::client::HttpSession;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorType, Result};
+
+/// How long a DNS answer is reused before the name is looked up again.
+const DNS_TTL: Duration = Duration::from_secs(30);
+/// How long a pooled connection may sit idle.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+
+/// A parsed base URL (`http[s]://host[:port][/base/path]`) with its own
+/// connection settings.
+pub struct Endpoint {
+    tls: bool,
+    host: String,
+    port: u16,
+    base_path: String,
+    authority: String,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+    connector: Arc<Connector>,
+    resolved: Mutex<Option<(Instant, SocketAddr)>>,
+}
+
+pub struct EndpointOptions {
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    /// PEM CA bundle replacing the system roots (for private CAs and tests).
+    pub ca_file: Option<String>,
+}
+
+impl Endpoint {
+    pub fn parse(url: &str, options: EndpointOptions) -> std::result::Result<Self, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("invalid URL `{url}`: {e}"))?;
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(format!("URL `{url}` must start with http:// or https://")),
+        };
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("URL `{url}` has no host"))?;
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        if uri.query().is_some() {
+            return Err(format!("URL `{url}` must not have a query"));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_owned();
+        let connector = match options.ca_file {
+            None => shared_connector(),
+            Some(ca_file) => {
+                std::fs::metadata(&ca_file).map_err(|e| format!("ca_file `{ca_file}`: {e}"))?;
+                let mut opts = ConnectorOptions::new(128);
+                opts.ca_file = Some(ca_file);
+                Arc::new(Connector::new(Some(opts)))
+            }
+        };
+        Ok(Endpoint {
+            tls,
+            authority: authority.as_str().to_owned(),
+            host,
+            port,
+            base_path,
+            connect_timeout: options.connect_timeout,
+            read_timeout: options.read_timeout,
+            connector,
+            resolved: Mutex::new(None),
+        })
+    }
+
+    /// The path on the server for `suffix` (which starts with `/`).
+    pub fn path(&self, suffix: &str) -> String {
+        let mut path = String::with_capacity(self.base_path.len() + suffix.len());
+        path.push_str(&self.base_path);
+        path.push_str(suffix);
+        path
+    }
+
+    /// The `Host` header value.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The peer to connect to. Names are resolved asynchronously (pingora's
+    /// `HttpPeer::new` would block the runtime) and cached for [`DNS_TTL`].
+    pub async fn peer(&self) -> Result<HttpPeer> {
+        let addr = self.resolve().await?;
+        let mut peer = HttpPeer::new(addr, self.tls, self.host.clone());
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        peer.options.read_timeout = Some(self.read_timeout);
+        peer.options.idle_timeout = Some(POOL_IDLE);
+        if self.tls {
+            peer.options.set_http_version(2, 1);
+        }
+        Ok(peer)
+    }
+
+    async fn resolve(&self) -> Result<SocketAddr> {
+        if let Ok(ip) = self.host.parse::<IpAddr>() {
+            return Ok(SocketAddr::new(ip, self.port));
+        }
+        if let Some((at, addr)) = *self.lock_resolved() {
+            if at.elapsed() < DNS_TTL {
+                return Ok(addr);
+            }
+        }
+        let addr = tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .ok_or_else(|| {
+                Error::explain(
+                    ErrorType::ConnectNoRoute,
+                    format!("cannot resolve `{}`", self.host),
+                )
+            })
+            .map_err(|e| e.into_up())?;
+        *self.lock_resolved() = Some((Instant::now(), addr));
+        Ok(addr)
+    }
+
+    fn lock_resolved(&self) -> std::sync::MutexGuard<'_, Option<(Instant, SocketAddr)>> {
+        // The cache holds plain data: a poisoned lock still holds a usable value.
+        self.resolved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request header for `path` with `Host` set.
+    pub fn request_header(&self, method: &str, path: &str) -> Result<RequestHeader> {
+        let mut req = RequestHeader::build(method, path.as_bytes(), Some(8))?;
+        req.insert_header(http::header::HOST, self.authority.as_str())?;
+        Ok(req)
+    }
+
+    /// Sends `req` with an optional body and waits for the response header.
+    pub async fn send(&self, mut req: RequestHeader, body: Option<Bytes>) -> Result<Exchange<'_>> {
+        let peer = self.peer().await?;
+        let (mut session, _reused) = self
+            .connector
+            .get_http_session(&peer)
+            .await
+            .map_err(|e| e.into_up())?;
+        if let Some(body) = &body {
+            req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
+        }
+        let result = async {
+            session.write_request_header(Box::new(req)).await?;
+            if let Some(body) = body {
+                session.write_request_body(body, true).await?;
+            }
+            session.finish_request_body().await?;
+            session.read_response_header().await
+        }
+        .await;
+        if let Err(e) = result {
+            session.shutdown().await;
+            return Err(e.into_up());
+        }
+        let header = match session.response_header() {
+            Some(header) => header.clone(),
+            None => {
+                return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header").into_up())
+            }
+        };
+        Ok(Exchange {
+            session: Some(session),
+            header,
+            peer,
+            endpoint: self,
+        })
+    }
+}
+
+fn shared_connector() -> Arc<Connector> {
+    static SHARED: OnceLock<Arc<Connector>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| Arc::new(Connector::new(Some(ConnectorOptions::new(1024)))))
+        .clone()
+}
+
+/// One request/response on a pooled connection. The connection goes back to
+/// the pool only when the body was read to its end ([`Exchange::finish`]);
+/// dropped half-way, it is closed.
+pub struct Exchange<'a> {
+    session: Option<HttpSession>,
+    header: ResponseHeader,
+    peer: HttpPeer,
+    endpoint: &'a Endpoint,
+}
+
+impl Exchange<'_> {
+    pub fn header(&self) -> &ResponseHeader {
+        &self.header
+    }
+
+    pub fn status(&self) -> u16 {
+        self.header().status.as_u16()
+    }
+
+    pub fn is_event_stream(&self) -> bool {
+        self.header()
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+    }
+
+    /// The next piece of the body; `None` at its end.
+    pub async fn read(&mut self) -> Result<Option<Bytes>> {
+        let Some(session) = self.session.as_mut() else {
+            return Ok(None);
+        };
+        match session.read_response_body().await {
+            Ok(Some(bytes)) => Ok(Some(bytes)),
+            Ok(None) => {
+                self.release().await;
+                Ok(None)
+            }
+            Err(e) => Err(e.into_up()),
+        }
+    }
+
+    /// Reads the whole body, failing past `limit` bytes.
+    pub async fn read_to_end(&mut self, limit: usize) -> Result<Bytes> {
+        let mut body = BytesMut::new();
+        while let Some(piece) = self.read().await? {
+            if body.len() + piece.len() > limit {
+                return Err(Error::explain(ErrorType::ReadError, "response body too large").into_up());
+            }
+            body.extend_from_slice(&piece);
+        }
+        Ok(body.freeze())
+    }
+
+    async fn release(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.endpoint
+                .connector
+                .release_http_session(session, &self.peer, Some(POOL_IDLE))
+                .await;
+        }
+    }
+}

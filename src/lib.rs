@@ -1,0 +1,19 @@
+//! agent-proxy: a reverse proxy that turns any OpenAI-compatible LLM server
+//! into an agent server.
+//!
+//! Follow a request top-down: [`service`] (the pingora hooks) routes it;
+//! chat completions for an agent go through [`agent::rewrite`] and
+//! [`agent::tool_loop`], which calls the [`upstream`] over [`http_client`],
+//! parses its [`sse`] stream into [`openai`] types, runs [`tools`], and
+//! answers the client through [`downstream`].
+
+pub mod agent;
+pub mod config;
+pub mod downstream;
+pub mod error;
+pub mod http_client;
+pub mod openai;
+pub mod service;
+pub mod sse;
+pub mod tools;
+pub mod upstream;

@@ -1,0 +1,350 @@
+//! OpenAI chat-completions wire types.
+//!
+//! Requests are typed where the proxy reads or changes a field and keep every
+//! other field in a flattened `rest`, so unknown fields pass through. Chunks
+//! read from upstreams borrow from the event bytes; what the proxy writes is
+//! its own strict types.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+// ---------------------------------------------------------------- requests
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ChatRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ToolDef>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Qwen-style switch; the proxy also forwards it as `chat_template_kwargs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct StreamOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+impl Message {
+    pub fn text(role: &str, text: impl Into<String>) -> Self {
+        Message {
+            role: role.to_owned(),
+            content: Some(Value::String(text.into())),
+            tool_calls: None,
+            tool_call_id: None,
+            rest: Map::new(),
+        }
+    }
+
+    pub fn is_instruction(&self) -> bool {
+        self.role == "system" || self.role == "developer"
+    }
+
+    /// The text of `content`, whether a string or an array of text parts.
+    pub fn content_text(&self) -> String {
+        match &self.content {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: String,
+}
+
+/// A tool definition in a request's `tools`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ToolDef {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionDef>,
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+impl ToolDef {
+    pub fn function(name: &str, description: &str, parameters: Value) -> Self {
+        ToolDef {
+            kind: "function".into(),
+            function: Some(FunctionDef {
+                name: name.to_owned(),
+                description: Some(description.to_owned()).filter(|d| !d.is_empty()),
+                parameters: Some(parameters),
+                rest: Map::new(),
+            }),
+            rest: Map::new(),
+        }
+    }
+
+    pub fn function_name(&self) -> Option<&str> {
+        self.function.as_ref().map(|f| f.name.as_str())
+    }
+}
+
+/// Just enough of a request to route it without parsing the messages.
+#[derive(Deserialize)]
+pub struct RoutingPeek<'a> {
+    #[serde(default, borrow)]
+    pub model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub messages: Option<Vec<serde::de::IgnoredAny>>,
+}
+
+// ------------------------------------------------------- upstream answers
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub total_tokens: u64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+    }
+}
+
+/// One `chat.completion.chunk` (or an error event) from an upstream stream.
+#[derive(Debug, Deserialize)]
+pub struct ChunkIn<'a> {
+    #[serde(default, borrow)]
+    pub choices: Vec<ChoiceIn<'a>>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    #[serde(default)]
+    pub error: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChoiceIn<'a> {
+    #[serde(default, borrow)]
+    pub delta: Option<DeltaIn<'a>>,
+    #[serde(default, borrow)]
+    pub finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DeltaIn<'a> {
+    #[serde(default, borrow)]
+    pub content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub reasoning_content: Option<Cow<'a, str>>,
+    /// vLLM / OpenRouter name for the same thing.
+    #[serde(default, borrow)]
+    pub reasoning: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub tool_calls: Option<Vec<ToolCallDelta<'a>>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolCallDelta<'a> {
+    #[serde(default)]
+    pub index: Option<u32>,
+    #[serde(default, borrow)]
+    pub id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub function: Option<FunctionDelta<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct FunctionDelta<'a> {
+    #[serde(default, borrow)]
+    pub name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub arguments: Option<Cow<'a, str>>,
+}
+
+/// A whole `chat.completion`, for upstreams that answer JSON to a stream request.
+#[derive(Debug, Deserialize)]
+pub struct CompletionIn {
+    #[serde(default)]
+    pub choices: Vec<CompletionChoiceIn>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionChoiceIn {
+    pub message: CompletionMessageIn,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionMessageIn {
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+    #[serde(default)]
+    pub reasoning: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+// ------------------------------------------------------ what we write
+
+#[derive(Serialize)]
+pub struct ChunkOut<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: &'a [ChoiceOut<'a>],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Serialize)]
+pub struct ChoiceOut<'a> {
+    pub index: u32,
+    pub delta: DeltaOut<'a>,
+    pub logprobs: Option<()>,
+    pub finish_reason: Option<&'a str>,
+}
+
+#[derive(Serialize, Default)]
+pub struct DeltaOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<IndexedToolCall<'a>>>,
+}
+
+#[derive(Serialize)]
+pub struct IndexedToolCall<'a> {
+    pub index: usize,
+    #[serde(flatten)]
+    pub call: &'a ToolCall,
+}
+
+#[derive(Serialize)]
+pub struct CompletionOut<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: [CompletionChoiceOut<'a>; 1],
+    pub usage: Usage,
+}
+
+#[derive(Serialize)]
+pub struct CompletionChoiceOut<'a> {
+    pub index: u32,
+    pub message: AssistantMessageOut<'a>,
+    pub logprobs: Option<()>,
+    pub finish_reason: &'a str,
+}
+
+#[derive(Serialize)]
+pub struct AssistantMessageOut<'a> {
+    pub role: &'static str,
+    pub content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<&'a [ToolCall]>,
+}
+
+#[derive(Serialize)]
+pub struct ModelCard<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub name: &'a str,
+    pub description: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_request_fields_survive_a_round_trip() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"bob"}],
+            "temperature":0.3,"response_format":{"type":"json_object"},"x_custom":[1,2]}"#;
+        let req: ChatRequest = serde_json::from_str(body).unwrap();
+        let back: Value = serde_json::to_value(&req).unwrap();
+        let orig: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(back, orig);
+    }
+
+    #[test]
+    fn reads_llama_cpp_tool_call_delta() {
+        let event = r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"tool_calls":[{"index":0,"id":"abc","type":"function","function":{"name":"get_weather","arguments":"{"}}]}}],"created":1,"id":"x","model":"tiny","system_fingerprint":"b","object":"chat.completion.chunk"}"#;
+        let chunk: ChunkIn = serde_json::from_str(event).unwrap();
+        let calls = chunk.choices[0].delta.as_ref().unwrap().tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0].index, Some(0));
+        assert_eq!(calls[0].function.as_ref().unwrap().name.as_deref(), Some("get_weather"));
+    }
+}

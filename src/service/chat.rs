@@ -1,0 +1,98 @@
+//! `POST /v1/chat/completions`: every chat request, agent or not, is read and
+//! routed here. An agent's model runs the tool loop; any other model is
+//! forwarded to `default_upstream` untouched.
+
+use bytes::{Bytes, BytesMut};
+use pingora::proxy::Session;
+use pingora::Result;
+
+use super::{forward, handled, reject, RequestCtx};
+use crate::agent::tool_loop;
+use crate::downstream::Client;
+use crate::error::ApiError;
+use crate::openai::{ChatRequest, RoutingPeek};
+
+pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    let config = ctx.config.clone();
+    let body = match read_body(session, config.limits.max_body_bytes).await {
+        Ok(body) => body,
+        Err(error) => return reject(session, &error).await,
+    };
+    let peek: RoutingPeek = match serde_json::from_slice(&body) {
+        Ok(peek) => peek,
+        Err(e) => return reject(session, &ApiError::bad_request(format!("invalid JSON body: {e}"))).await,
+    };
+    match &peek.messages {
+        None => {
+            return reject(session, &ApiError::bad_request("`messages` is required").with_param("messages")).await
+        }
+        Some(m) if m.is_empty() => {
+            return reject(session, &ApiError::bad_request("`messages` must not be empty").with_param("messages"))
+                .await
+        }
+        Some(_) => {}
+    }
+    let agent = peek.model.as_deref().and_then(|m| config.agent(m)).cloned();
+    let Some(agent) = agent else {
+        if !config.passthrough {
+            let model = peek.model.as_deref().unwrap_or_default();
+            return reject(
+                session,
+                &ApiError::not_found(format!("The model `{model}` does not exist"))
+                    .with_param("model")
+                    .with_code("model_not_found"),
+            )
+            .await;
+        }
+        let mut client = Client::new(session, config.limits.heartbeat);
+        let cut = forward::forward(&mut client, &config, body).await;
+        return handled(cut);
+    };
+    let request: ChatRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return reject(session, &ApiError::bad_request(format!("invalid chat request: {e}"))).await,
+    };
+    ctx.agent = Some(agent.id.clone());
+    let mut client = Client::new(session, config.limits.heartbeat);
+    let summary = tool_loop::run(&agent, request, &mut client, &config.limits).await;
+    let cut = summary.cut;
+    ctx.summary = Some(summary);
+    handled(cut)
+}
+
+/// Reads the whole request body, refusing more than `limit` bytes.
+async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    let expects_continue = session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue {
+        session
+            .write_continue_response()
+            .await
+            .map_err(|_| ApiError::bad_request("client went away"))?;
+    }
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0));
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(piece)) => {
+                if body.len() + piece.len() > limit {
+                    return Err(ApiError::body_too_large(limit));
+                }
+                body.extend_from_slice(&piece);
+            }
+            Ok(None) => return Ok(body.freeze()),
+            Err(e) => return Err(ApiError::bad_request(format!("cannot read the request body: {}", e.etype().as_str()))),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Forwarding a chat request for a non-agent model to `default_upstream`:
+//! the body as the client sent it, the response streamed back as it comes.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+
+use crate::config::Config;
+use crate::downstream::{Client, Gone};
+use crate::error::{from_upstream, ApiError};
+use crate::sse;
+
+/// Request headers not carried to the upstream: hop-by-hop ones, and those
+/// the proxy sets itself.
+const DROPPED_REQUEST_HEADERS: &[&str] = &[
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+    "expect",
+];
+
+const DROPPED_RESPONSE_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Returns whether the response was cut mid-stream.
+pub async fn forward(client: &mut Client<'_>, config: &Config, body: Bytes) -> bool {
+    match relay(client, config, body).await {
+        Ok(()) => false,
+        Err(Gone) => true,
+    }
+}
+
+async fn relay(client: &mut Client<'_>, config: &Config, body: Bytes) -> Result<(), Gone> {
+    let upstream = &config.default_upstream;
+    let incoming = client.session().req_header();
+    let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
+    let header = upstream
+        .endpoint
+        .request_header("POST", &upstream.map_path(path))
+        .and_then(|mut req| {
+            for (name, value) in incoming.headers.iter() {
+                if !DROPPED_REQUEST_HEADERS.contains(&name.as_str()) {
+                    req.append_header(name.clone(), value.clone())?;
+                }
+            }
+            upstream.authorize(&mut req, !config.api_keys.is_empty())?;
+            Ok(req)
+        });
+    let header = match header {
+        Ok(header) => header,
+        Err(_) => return client.respond_error(&ApiError::bad_request("invalid request headers")).await,
+    };
+    let mut exchange = match client.wait(upstream.endpoint.send(header, Some(body))).await? {
+        Ok(exchange) => exchange,
+        Err(e) => return client.respond_error(&from_upstream(&upstream.name, &e)).await,
+    };
+    let from = exchange.header();
+    let mut header = ResponseHeader::build(from.status, Some(from.headers.len() + 2)).map_err(|_| Gone)?;
+    for (name, value) in from.headers.iter() {
+        if !DROPPED_RESPONSE_HEADERS.contains(&name.as_str()) {
+            header.append_header(name.clone(), value.clone()).map_err(|_| Gone)?;
+        }
+    }
+    let event_stream = exchange.is_event_stream();
+    if header.headers.get(http::header::CONTENT_LENGTH).is_none() {
+        header.insert_header("transfer-encoding", "chunked").map_err(|_| Gone)?;
+    }
+    if event_stream && header.headers.get("x-accel-buffering").is_none() {
+        header.insert_header("x-accel-buffering", "no").map_err(|_| Gone)?;
+    }
+    client.send_header(header, false).await?;
+    loop {
+        match client.wait(exchange.read()).await? {
+            Ok(Some(piece)) => client.write(piece).await?,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                if event_stream {
+                    let mut event = Vec::new();
+                    sse::write_data(&mut event, &from_upstream(&upstream.name, &e).to_json());
+                    let _ = client.write(Bytes::from(event)).await;
+                }
+                return Err(Gone);
+            }
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! The pingora service: a request's life, in hook order.
+//!
+//! 1. `request_filter` takes the config snapshot the request keeps to its
+//!    end, routes, and checks the client's key. The proxy's own endpoints and
+//!    every chat completion (agent or not) are answered here, by our handlers.
+//! 2. Everything else goes through pingora's proxy path to `default_upstream`:
+//!    `upstream_peer` picks it, `upstream_request_filter` maps the path and
+//!    sets credentials; bodies stream through untouched.
+//! 3. `fail_to_proxy` turns proxy-path failures into OpenAI-format errors;
+//!    `logging` writes one line per request.
+
+mod auth;
+mod chat;
+mod forward;
+mod health;
+mod models;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::http::RequestHeader;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorSource, ErrorType, Result};
+use tracing::info;
+
+use crate::agent::tool_loop::Summary;
+use crate::config::Config;
+use crate::downstream::{Client, Gone};
+use crate::error::ApiError;
+
+pub struct AgentProxy {
+    config: Arc<ArcSwap<Config>>,
+}
+
+impl AgentProxy {
+    pub fn new(config: Arc<ArcSwap<Config>>) -> Self {
+        AgentProxy { config }
+    }
+}
+
+pub struct RequestCtx {
+    config: Arc<Config>,
+    started: Instant,
+    agent: Option<String>,
+    summary: Option<Summary>,
+}
+
+/// The handler answered; `Err` aborts the connection when a response was
+/// cut mid-stream, so the client cannot mistake it for complete.
+fn handled(cut: bool) -> Result<bool> {
+    if cut {
+        Error::e_explain(ErrorType::ConnectionClosed, "response cut mid-stream")
+    } else {
+        Ok(true)
+    }
+}
+
+/// Answers with an error; the request body may be unread, so the connection
+/// is not reused.
+async fn reject(session: &mut Session, error: &ApiError) -> Result<bool> {
+    session.set_keepalive(None);
+    let mut client = Client::new(session, std::time::Duration::MAX);
+    handled(client.respond_error(error).await == Err(Gone))
+}
+
+#[async_trait]
+impl ProxyHttp for AgentProxy {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            config: self.config.load_full(),
+            started: Instant::now(),
+            agent: None,
+            summary: None,
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let config = ctx.config.clone();
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_owned();
+        match (method.as_str(), path.as_str()) {
+            ("GET", "/healthz") => return health::live(session).await,
+            ("GET", "/readyz") => return health::ready(session, &config).await,
+            _ => {}
+        }
+        if !auth::allowed(&config, session.req_header()) {
+            return reject(session, &ApiError::invalid_api_key()).await;
+        }
+        match (method.as_str(), path.as_str()) {
+            ("GET", "/v1/models") => models::list(session, &config).await,
+            ("POST", "/v1/chat/completions") => chat::handle(session, ctx).await,
+            _ if config.passthrough => Ok(false),
+            _ => reject(session, &ApiError::not_found(format!("no route for {method} {path}"))).await,
+        }
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        Ok(Box::new(ctx.config.default_upstream.endpoint.peer().await?))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let upstream = &ctx.config.default_upstream;
+        let path = upstream_request
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str());
+        let mapped = upstream.map_path(path);
+        let uri = mapped
+            .parse::<http::Uri>()
+            .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "unmappable path"))?;
+        upstream_request.set_uri(uri);
+        upstream.authorize(upstream_request, !ctx.config.api_keys.is_empty())
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, error: &Error) -> bool {
+        // A client that hangs up is routine, not an error worth a log line.
+        error.esource() == &ErrorSource::Downstream || error.etype() == &ErrorType::ConnectionClosed
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, _ctx: &mut RequestCtx) -> FailToProxy {
+        let error = match (e.etype(), e.esource()) {
+            (ErrorType::HTTPStatus(code), _) => Some(ApiError::bad_request(format!("HTTP {code}"))),
+            (_, ErrorSource::Downstream) => None,
+            (ErrorType::ConnectionClosed, _) if session.response_written().is_some() => None,
+            (_, ErrorSource::Upstream) => Some(crate::error::from_upstream(
+                &self.config.load().default_upstream.name,
+                e,
+            )),
+            _ => Some(ApiError::internal("internal error")),
+        };
+        let mut code = 0;
+        if let Some(error) = error.filter(|_| session.response_written().is_none()) {
+            code = error.status;
+            let mut client = Client::new(session, std::time::Duration::MAX);
+            let _ = client.respond_error(&error).await;
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = session.response_written().map_or(0, |h| h.status.as_u16());
+        let req = session.req_header();
+        let summary = ctx.summary.take().unwrap_or_default();
+        info!(
+            method = %req.method,
+            path = %req.uri.path(),
+            status,
+            agent = ctx.agent.as_deref().unwrap_or("-"),
+            rounds = summary.rounds,
+            tools = summary.tool_calls,
+            prompt_tokens = summary.usage.prompt_tokens,
+            completion_tokens = summary.usage.completion_tokens,
+            ms = ctx.started.elapsed().as_millis() as u64,
+            error = error.map(|e| e.etype().as_str()).unwrap_or("-"),
+            "request"
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! Server-sent events: an incremental parser for what upstreams send and the
+//! few byte strings the proxy writes.
+//!
+//! The parser follows the WHATWG event-stream rules that real servers rely
+//! on: `\n`, `\r\n` and `\r` line ends (also split across reads), `:` comment
+//! lines, multi-line `data:` joined with `\n`, and `event:` names.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+pub const DONE: &[u8] = b"data: [DONE]\n\n";
+pub const HEARTBEAT: &[u8] = b": keep-alive\n\n";
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The `event:` field, when the server named the event.
+    pub name: Option<String>,
+    pub data: Bytes,
+}
+
+impl Event {
+    pub fn is_done(&self) -> bool {
+        self.data.as_ref() == b"[DONE]"
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventTooLarge(pub usize);
+
+impl std::fmt::Display for EventTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "an SSE event exceeded {} bytes", self.0)
+    }
+}
+
+pub struct Parser {
+    pending: BytesMut,
+    data: BytesMut,
+    name: Option<String>,
+    has_data: bool,
+    /// The last read ended in `\r`: a `\n` opening the next read belongs to it.
+    skip_lf: bool,
+    max_event_bytes: usize,
+}
+
+impl Parser {
+    pub fn new(max_event_bytes: usize) -> Self {
+        Parser {
+            pending: BytesMut::new(),
+            data: BytesMut::new(),
+            name: None,
+            has_data: false,
+            skip_lf: false,
+            max_event_bytes,
+        }
+    }
+
+    /// Adds bytes as read from the network.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+    }
+
+    /// The next complete event in what was fed so far.
+    pub fn next_event(&mut self) -> Result<Option<Event>, EventTooLarge> {
+        loop {
+            if self.skip_lf && !self.pending.is_empty() {
+                if self.pending[0] == b'\n' {
+                    self.pending.advance(1);
+                }
+                self.skip_lf = false;
+            }
+            let Some(end) = self.pending.iter().position(|&b| b == b'\n' || b == b'\r') else {
+                if self.pending.len() + self.data.len() > self.max_event_bytes {
+                    return Err(EventTooLarge(self.max_event_bytes));
+                }
+                return Ok(None);
+            };
+            let line = self.pending.split_to(end);
+            let terminator = self.pending[0];
+            self.pending.advance(1);
+            if terminator == b'\r' {
+                self.skip_lf = true;
+            }
+            if let Some(event) = self.take_line(&line)? {
+                return Ok(Some(event));
+            }
+        }
+    }
+
+    /// Ends the stream: an event left without its closing blank line is
+    /// still delivered (some servers omit it before closing).
+    pub fn finish(&mut self) -> Option<Event> {
+        if !self.pending.is_empty() {
+            let line = self.pending.split();
+            // A partial last line is a field line; it cannot exceed the limit
+            // check already applied in `next_event`.
+            let _ = self.take_line(&line);
+        }
+        self.dispatch()
+    }
+
+    fn take_line(&mut self, line: &[u8]) -> Result<Option<Event>, EventTooLarge> {
+        if line.is_empty() {
+            return Ok(self.dispatch());
+        }
+        if line[0] == b':' {
+            return Ok(None);
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
+        };
+        match field {
+            b"data" => {
+                if self.data.len() + value.len() + 1 > self.max_event_bytes {
+                    return Err(EventTooLarge(self.max_event_bytes));
+                }
+                if self.has_data {
+                    self.data.extend_from_slice(b"\n");
+                }
+                self.data.extend_from_slice(value);
+                self.has_data = true;
+            }
+            b"event" => self.name = Some(String::from_utf8_lossy(value).into_owned()),
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    fn dispatch(&mut self) -> Option<Event> {
+        let name = self.name.take();
+        if !std::mem::take(&mut self.has_data) {
+            return None;
+        }
+        Some(Event {
+            name,
+            data: self.data.split().freeze(),
+        })
+    }
+}
+
+/// `data: <payload>\n\n` into `out`.
+pub fn write_data(out: &mut Vec<u8>, payload: &[u8]) {
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\n\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(reads: &[&[u8]]) -> Vec<Event> {
+        let mut parser = Parser::new(1 << 20);
+        let mut events = Vec::new();
+        for read in reads {
+            parser.feed(read);
+            while let Some(e) = parser.next_event().unwrap() {
+                events.push(e);
+            }
+        }
+        events.extend(parser.finish());
+        events
+    }
+
+    fn data(events: &[Event]) -> Vec<&[u8]> {
+        events.iter().map(|e| e.data.as_ref()).collect()
+    }
+
+    #[test]
+    fn every_line_ending_and_split_gives_the_same_events() {
+        let canonical = b"data: {\"a\":1}\n\n: ping\n\nevent: error\ndata: x\ndata: y\n\ndata: [DONE]\n\n";
+        let expected = parse_all(&[canonical]);
+        assert_eq!(data(&expected), vec![&b"{\"a\":1}"[..], b"x\ny", b"[DONE]"]);
+        assert_eq!(expected[1].name.as_deref(), Some("error"));
+        for ending in [&b"\r\n"[..], b"\r"] {
+            let text: Vec<u8> = String::from_utf8_lossy(canonical)
+                .replace('\n', std::str::from_utf8(ending).unwrap())
+                .into_bytes();
+            for split in 0..text.len() {
+                let got = parse_all(&[&text[..split], &text[split..]]);
+                assert_eq!(got, expected, "split at {split}");
+            }
+            let bytewise: Vec<&[u8]> = text.chunks(1).collect();
+            assert_eq!(parse_all(&bytewise), expected);
+        }
+    }
+
+    #[test]
+    fn real_llama_cpp_capture_parses() {
+        let bytes = include_bytes!("../tests/fixtures/llama.cpp/toolcall-stream.sse");
+        let events = parse_all(&[bytes]);
+        assert!(events.last().unwrap().is_done());
+        assert!(events.len() > 5);
+    }
+
+    #[test]
+    fn no_space_after_colon_and_unterminated_last_event() {
+        assert_eq!(data(&parse_all(&[b"data:abc\n\ndata: tail"])), vec![&b"abc"[..], b"tail"]);
+    }
+
+    #[test]
+    fn oversized_event_is_an_error_not_unbounded_memory() {
+        let mut parser = Parser::new(16);
+        parser.feed(b"data: 0123456789abcdef0123");
+        assert_eq!(parser.next_event(), Err(EventTooLarge(16)));
+    }
+}

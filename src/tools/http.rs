@@ -1,0 +1,105 @@
+//! HTTP tools: the model's arguments are POSTed as JSON to a URL fixed by the
+//! config; the response body is the result.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{capped_text, Outcome};
+use crate::config::file::HttpToolFile;
+use crate::http_client::{Endpoint, EndpointOptions};
+
+pub struct HttpTool {
+    endpoint: Endpoint,
+    path: String,
+    headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
+    timeout: Duration,
+}
+
+impl HttpTool {
+    pub fn from_file(file: HttpToolFile) -> Result<Self, String> {
+        let timeout = Duration::from_millis(file.timeout_ms);
+        let uri: ::http::Uri = file
+            .url
+            .parse()
+            .map_err(|e| format!("invalid URL `{}`: {e}", file.url))?;
+        let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+        let origin = format!(
+            "{}://{}",
+            uri.scheme_str().unwrap_or_default(),
+            uri.authority().map_or("", |a| a.as_str())
+        );
+        let endpoint = Endpoint::parse(
+            &origin,
+            EndpointOptions {
+                connect_timeout: timeout,
+                read_timeout: timeout,
+                ca_file: None,
+            },
+        )?;
+        let headers = file
+            .headers
+            .into_iter()
+            .map(|(name, value)| {
+                let name = ::http::HeaderName::try_from(name.as_str())
+                    .map_err(|_| format!("invalid header name `{name}`"))?;
+                let value = ::http::HeaderValue::try_from(value)
+                    .map_err(|_| format!("invalid value for header `{name}`"))?;
+                Ok((name, value))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(HttpTool {
+            endpoint,
+            path,
+            headers,
+            timeout,
+        })
+    }
+
+    pub async fn call(&self, arguments: &str, cap: usize) -> Outcome {
+        match tokio::time::timeout(self.timeout, self.exchange(arguments, cap)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Outcome::error(format!("timed out after {} ms", self.timeout.as_millis())),
+        }
+    }
+
+    async fn exchange(&self, arguments: &str, cap: usize) -> Outcome {
+        let request = self.endpoint.request_header("POST", &self.path).and_then(|mut req| {
+            req.insert_header(::http::header::CONTENT_TYPE, "application/json")?;
+            for (name, value) in &self.headers {
+                req.insert_header(name.clone(), value.clone())?;
+            }
+            Ok(req)
+        });
+        let mut exchange = match request {
+            Ok(req) => match self.endpoint.send(req, Some(Bytes::copy_from_slice(arguments.as_bytes()))).await {
+                Ok(exchange) => exchange,
+                Err(e) => return Outcome::error(format!("request failed: {}", e.etype().as_str())),
+            },
+            Err(e) => return Outcome::error(format!("request failed: {}", e.etype().as_str())),
+        };
+        let mut body = Vec::new();
+        let mut truncated = false;
+        loop {
+            match exchange.read().await {
+                Ok(Some(piece)) => {
+                    body.extend_from_slice(&piece);
+                    if body.len() > cap {
+                        // Stop reading: the rest is not going to the model anyway.
+                        truncated = true;
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Outcome::error(format!("reading the response failed: {}", e.etype().as_str())),
+            }
+        }
+        let text = capped_text(&body, cap, truncated);
+        let status = exchange.status();
+        if (200..300).contains(&status) {
+            Outcome::success(text)
+        } else {
+            Outcome::error(format!("HTTP status {status}: {text}"))
+        }
+    }
+}
