@@ -1,0 +1,281 @@
+//! A scripted upstream: each request is recorded and answered by a handler.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Recorded {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("request body is JSON")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+pub enum Step {
+    Bytes(Vec<u8>),
+    Sleep(Duration),
+}
+
+pub enum Reply {
+    Json { status: u16, body: Vec<u8>, headers: Vec<(String, String)> },
+    /// A chunked `text/event-stream` body written step by step.
+    Sse { steps: Vec<Step>, complete: bool },
+    /// Accept the request and never answer.
+    Stall,
+}
+
+impl Reply {
+    pub fn json(status: u16, body: Value) -> Reply {
+        Reply::Json { status, body: body.to_string().into_bytes(), headers: vec![] }
+    }
+
+    pub fn raw_json(status: u16, body: &[u8]) -> Reply {
+        Reply::Json { status, body: body.to_vec(), headers: vec![] }
+    }
+
+    /// Each JSON value as one `data:` event, then `[DONE]`.
+    pub fn events(events: Vec<Value>) -> Reply {
+        let mut steps: Vec<Step> = events
+            .into_iter()
+            .map(|e| Step::Bytes(format!("data: {e}\n\n").into_bytes()))
+            .collect();
+        steps.push(Step::Bytes(b"data: [DONE]\n\n".to_vec()));
+        Reply::Sse { steps, complete: true }
+    }
+
+    /// A captured SSE body replayed event by event, `gap` apart.
+    pub fn replay(bytes: &[u8], gap: Duration) -> Reply {
+        let text = String::from_utf8(bytes.to_vec()).expect("fixture is UTF-8");
+        let mut steps = Vec::new();
+        for event in text.split_inclusive("\n\n") {
+            steps.push(Step::Bytes(event.as_bytes().to_vec()));
+            if !gap.is_zero() {
+                steps.push(Step::Sleep(gap));
+            }
+        }
+        Reply::Sse { steps, complete: true }
+    }
+}
+
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/fixtures/llama.cpp/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+// Chunk builders in llama.cpp's shape.
+fn chunk(delta: Value, finish: Value) -> Value {
+    json!({"choices":[{"finish_reason":finish,"index":0,"delta":delta}],"created":1,"id":"chatcmpl-up","model":"tiny","object":"chat.completion.chunk"})
+}
+pub fn role() -> Value {
+    chunk(json!({"role":"assistant","content":null}), Value::Null)
+}
+pub fn content(text: &str) -> Value {
+    chunk(json!({"content": text}), Value::Null)
+}
+pub fn reasoning(text: &str) -> Value {
+    chunk(json!({"reasoning_content": text}), Value::Null)
+}
+pub fn tool_call(index: u32, id: &str, name: &str, args: &str) -> Value {
+    chunk(
+        json!({"tool_calls":[{"index":index,"id":id,"type":"function","function":{"name":name,"arguments":args}}]}),
+        Value::Null,
+    )
+}
+pub fn tool_args(index: u32, args: &str) -> Value {
+    chunk(json!({"tool_calls":[{"index":index,"function":{"arguments":args}}]}), Value::Null)
+}
+pub fn finish(reason: &str) -> Value {
+    chunk(json!({}), json!(reason))
+}
+pub fn usage(prompt: u64, completion: u64) -> Value {
+    json!({"choices":[],"created":1,"id":"chatcmpl-up","model":"tiny","object":"chat.completion.chunk",
+           "usage":{"prompt_tokens":prompt,"completion_tokens":completion,"total_tokens":prompt+completion}})
+}
+
+type Handler = dyn Fn(&Recorded, usize) -> Reply + Send + Sync;
+
+pub struct FakeServer {
+    pub port: u16,
+    requests: Arc<Mutex<Vec<Recorded>>>,
+    /// Bumped when a write to the proxy fails: the proxy hung up on us.
+    pub hangups: Arc<Mutex<u32>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeServer {
+    /// Serves plain HTTP. The handler gets each request and its 0-based index.
+    pub async fn start(handler: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> FakeServer {
+        Self::start_with(handler, None).await
+    }
+
+    pub async fn start_with(
+        handler: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> FakeServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let hangups = Arc::new(Mutex::new(0));
+        let handler: Arc<Handler> = Arc::new(handler);
+        let (reqs, hups) = (requests.clone(), hangups.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((socket, _)) = listener.accept().await else { return };
+                let (handler, reqs, hups, tls) = (handler.clone(), reqs.clone(), hups.clone(), tls.clone());
+                tokio::spawn(async move {
+                    match tls {
+                        None => serve(socket, handler, reqs, hups).await,
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(socket).await {
+                                serve(stream, handler, reqs, hups).await
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        FakeServer { port, requests, hangups, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    pub fn hangups(&self) -> u32 {
+        *self.hangups.lock().unwrap()
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve<S: tokio::io::AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    handler: Arc<Handler>,
+    requests: Arc<Mutex<Vec<Recorded>>>,
+    hangups: Arc<Mutex<u32>>,
+) {
+    let mut stream = BufReader::new(stream);
+    loop {
+        let Some(request) = read_request(&mut stream).await else { return };
+        let index = {
+            let mut all = requests.lock().unwrap();
+            all.push(request.clone());
+            all.len() - 1
+        };
+        let reply = handler(&request, index);
+        let ok = write_reply(stream.get_mut(), reply).await;
+        if !ok {
+            *hangups.lock().unwrap() += 1;
+            return;
+        }
+    }
+}
+
+async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Option<Recorded> {
+    let mut line = String::new();
+    if stream.read_line(&mut line).await.ok()? == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next()?.to_owned();
+    let path = parts.next()?.to_owned();
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).await.ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (k, v) = line.split_once(':')?;
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    let find = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+    let mut body = Vec::new();
+    if let Some(len) = find("content-length") {
+        body.resize(len.parse().ok()?, 0);
+        stream.read_exact(&mut body).await.ok()?;
+    } else if find("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        loop {
+            let mut size = String::new();
+            stream.read_line(&mut size).await.ok()?;
+            let size = usize::from_str_radix(size.trim(), 16).ok()?;
+            let mut chunk = vec![0; size + 2];
+            stream.read_exact(&mut chunk).await.ok()?;
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    }
+    Some(Recorded { method, path, headers, body })
+}
+
+/// Writes a reply; false when the peer went away while we wrote.
+async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
+    match reply {
+        Reply::Json { status, body, headers } => {
+            let mut head = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            );
+            for (k, v) in headers {
+                head.push_str(&format!("{k}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            w.write_all(head.as_bytes()).await.is_ok() && w.write_all(&body).await.is_ok() && w.flush().await.is_ok()
+        }
+        Reply::Sse { steps, complete } => {
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nX-Accel-Buffering: no\r\n\r\n";
+            if w.write_all(head.as_bytes()).await.is_err() {
+                return false;
+            }
+            for step in steps {
+                match step {
+                    Step::Sleep(d) => tokio::time::sleep(d).await,
+                    Step::Bytes(bytes) => {
+                        let framed = [format!("{:x}\r\n", bytes.len()).into_bytes(), bytes, b"\r\n".to_vec()].concat();
+                        if w.write_all(&framed).await.is_err() || w.flush().await.is_err() {
+                            return false;
+                        }
+                    }
+                }
+            }
+            if complete {
+                w.write_all(b"0\r\n\r\n").await.is_ok() && w.flush().await.is_ok()
+            } else {
+                let _ = w.shutdown().await;
+                false
+            }
+        }
+        Reply::Stall => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            false
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The real `agent-proxy` binary on an ephemeral port.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub struct Proxy {
+    pub port: u16,
+    child: Child,
+    pub dir: PathBuf,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh directory for one test's files.
+pub fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "agent-proxy-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Proxy {
+    /// Starts the proxy with `yaml` (without `listen`, which the harness sets)
+    /// and waits until `/healthz` answers.
+    pub async fn start(yaml: &str) -> Proxy {
+        Self::start_with_env(yaml, &[]).await
+    }
+
+    pub async fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Proxy {
+        let dir = scratch_dir();
+        let port = free_port();
+        let config = dir.join("proxy.yaml");
+        std::fs::write(&config, format!("listen: \"127.0.0.1:{port}\"\n{yaml}")).unwrap();
+        let log = std::fs::File::create(dir.join("proxy.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_agent-proxy"))
+            .arg("--config")
+            .arg(&config)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start agent-proxy");
+        let proxy = Proxy { port, child, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Ok(mut s)) = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::net::TcpStream::connect(("127.0.0.1", port)),
+            )
+            .await
+            {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+                let mut buf = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut buf)).await;
+                if buf.starts_with(b"HTTP/1.1 200") {
+                    return proxy;
+                }
+            }
+            assert!(Instant::now() < deadline, "proxy did not start:\n{}", proxy.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.join("proxy.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
