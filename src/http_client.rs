@@ -153,6 +153,9 @@ impl Endpoint {
             .get_http_session(&peer)
             .await
             .map_err(|e| e.into_up())?;
+        // The connector leaves per-read timeouts to the caller.
+        session.set_read_timeout(Some(self.read_timeout));
+        session.set_write_timeout(Some(self.read_timeout));
         if let Some(body) = &body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
         }

@@ -1,0 +1,211 @@
+//! Every error the proxy answers has the OpenAI shape and the right status;
+//! an error after streaming began ends the stream with an error event and no
+//! clean end.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn config(upstream_url: &str, extra: &str) -> String {
+    format!(
+        r#"
+default_upstream: local
+upstreams:
+  local: {{ url: "{upstream_url}/v1", read_timeout_ms: 400, connect_timeout_ms: 400 }}
+agents:
+  helper: {{ system_prompt: "Be brief." }}
+{extra}
+"#
+    )
+}
+
+fn assert_error(res: &Response, status: u16, kind: &str) -> Value {
+    assert_eq!(res.status, status, "{}", res.text());
+    assert_eq!(res.header("content-type"), Some("application/json"));
+    let error = res.json()["error"].clone();
+    for key in ["message", "type", "param", "code"] {
+        assert!(error.get(key).is_some(), "error lacks `{key}`: {error}");
+    }
+    assert_eq!(error["type"], kind, "{error}");
+    assert!(!error["message"].as_str().unwrap().is_empty());
+    error
+}
+
+fn chat(model: &str, stream: bool) -> Value {
+    json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+#[tokio::test]
+async fn malformed_and_incomplete_requests_are_400_with_param() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let json_header = [("content-type", "application/json")];
+
+    let res = request(proxy.port, "POST", "/v1/chat/completions", &json_header, &fixture("requests/error-invalid-json.body")).await;
+    assert_error(&res, 400, "invalid_request_error");
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &json!({"model": "helper"})).await;
+    let error = assert_error(&res, 400, "invalid_request_error");
+    assert_eq!(error["param"], "messages");
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &json!({"model": "x", "messages": []})).await;
+    assert_eq!(assert_error(&res, 400, "invalid_request_error")["param"], "messages");
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &json!({"model": "helper", "messages": [{"content": "no role"}]})).await;
+    assert_error(&res, 400, "invalid_request_error");
+    assert!(upstream.requests().is_empty(), "nothing invalid reached the upstream");
+}
+
+#[tokio::test]
+async fn body_over_the_limit_is_413() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "limits: { max_body_bytes: 1000 }")).await;
+    let mut body = chat("helper", false);
+    body["messages"][0]["content"] = json!("x".repeat(2000));
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    let error = assert_error(&res, 413, "invalid_request_error");
+    assert_eq!(error["code"], "request_too_large");
+}
+
+#[tokio::test]
+async fn auth_on_requires_a_configured_key_and_never_forwards_it() {
+    let upstream = FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
+    let proxy = Proxy::start_with_env(
+        &config(&upstream.url(), "auth: { api_keys: [\"${PROXY_KEY}\", other-key] }"),
+        &[("PROXY_KEY", "sk-proxy-123")],
+    )
+    .await;
+    let body = chat("helper", true).to_string();
+    let json_header = ("content-type", "application/json");
+
+    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header], body.as_bytes()).await;
+    assert_eq!(assert_error(&res, 401, "invalid_request_error")["code"], "invalid_api_key");
+    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header, ("authorization", "Bearer sk-wrong")], body.as_bytes()).await;
+    assert_eq!(assert_error(&res, 401, "invalid_request_error")["code"], "invalid_api_key");
+    let res = request(proxy.port, "GET", "/v1/models", &[], b"").await;
+    assert_eq!(res.status, 401);
+
+    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header, ("authorization", "Bearer sk-proxy-123")], body.as_bytes()).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.delta_text("content"), "hi");
+    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header, ("authorization", "Bearer other-key")], body.as_bytes()).await;
+    assert_eq!(res.status, 200);
+    assert!(upstream.requests().iter().all(|r| r.header("authorization").is_none()), "the proxy's key is not sent upstream");
+    assert_eq!(get(proxy.port, "/healthz").await.status, 200, "health needs no key");
+    assert!(!proxy.logs().contains("sk-proxy-123"), "the key never reaches the logs");
+}
+
+#[tokio::test]
+async fn without_passthrough_unknown_paths_and_models_are_404() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "passthrough: false")).await;
+    let res = get(proxy.port, "/v1/no-such-endpoint").await;
+    assert_error(&res, 404, "invalid_request_error");
+    let res = post_json(proxy.port, "/v1/chat/completions", &chat("gpt-4o", false)).await;
+    let error = assert_error(&res, 404, "invalid_request_error");
+    assert_eq!(error["code"], "model_not_found");
+    assert_eq!(error["param"], "model");
+    assert!(upstream.requests().is_empty());
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_502_on_every_path() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let proxy = Proxy::start(&config(&dead, "")).await;
+    for model in ["helper", "some-upstream-model"] {
+        let res = post_json(proxy.port, "/v1/chat/completions", &chat(model, true)).await;
+        assert_error(&res, 502, "upstream_error");
+    }
+    let res = post_json(proxy.port, "/v1/embeddings", &json!({"input": "x"})).await;
+    assert_error(&res, 502, "upstream_error");
+}
+
+#[tokio::test]
+async fn upstream_timeout_is_504() {
+    let upstream = FakeServer::start(|_, _| Reply::Stall).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    for model in ["helper", "some-upstream-model"] {
+        let res = post_json(proxy.port, "/v1/chat/completions", &chat(model, true)).await;
+        assert_error(&res, 504, "upstream_error");
+    }
+    let res = post_json(proxy.port, "/v1/embeddings", &json!({"input": "x"})).await;
+    assert_error(&res, 504, "upstream_error");
+}
+
+#[tokio::test]
+async fn upstream_error_status_and_body_reach_the_client() {
+    let upstream = FakeServer::start(|req, _| {
+        if req.json()["messages"][1]["content"] == "rate" {
+            Reply::Json {
+                status: 429,
+                body: br#"{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}"#.to_vec(),
+                headers: vec![("Retry-After".into(), "7".into())],
+            }
+        } else {
+            Reply::raw_json(400, &fixture("error-context-exceeded.json"))
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &chat("helper", true)).await;
+    let error = assert_error(&res, 400, "exceed_context_size_error");
+    assert_eq!(error["n_ctx"], 4096, "the upstream's details are kept");
+
+    let mut body = chat("helper", false);
+    body["messages"][0]["content"] = json!("rate");
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_error(&res, 429, "rate_limit_error");
+    assert_eq!(res.header("retry-after"), Some("7"));
+}
+
+#[tokio::test]
+async fn upstream_breaking_mid_stream_ends_with_an_error_event_not_a_clean_end() {
+    let upstream = FakeServer::start(|req, _| {
+        let steps = vec![
+            Step::Bytes(format!("data: {}\n\n", content("partial ")).into_bytes()),
+            Step::Sleep(Duration::from_millis(50)),
+            Step::Bytes(format!("data: {}\n\n", content("answer")).into_bytes()),
+        ];
+        let _ = req;
+        Reply::Sse { steps, complete: false }
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    for model in ["helper", "some-upstream-model"] {
+        let res = post_json(proxy.port, "/v1/chat/completions", &chat(model, true)).await;
+        assert_eq!(res.status, 200);
+        assert!(!res.complete, "{model}: a broken stream must not end cleanly");
+        assert!(!res.ends_with_done());
+        let data = sse_data(&res.body);
+        let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+        assert_eq!(last["error"]["type"], "upstream_error", "{model}: {last}");
+    }
+}
+
+#[tokio::test]
+async fn garbage_in_an_upstream_stream_is_an_error_event() {
+    let upstream = FakeServer::start(|_, _| {
+        Reply::Sse {
+            steps: vec![
+                Step::Bytes(format!("data: {}\n\n", content("ok ")).into_bytes()),
+                Step::Bytes(b"data: {this is not json\n\n".to_vec()),
+            ],
+            complete: true,
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &chat("helper", true)).await;
+    assert!(!res.complete);
+    let data = sse_data(&res.body);
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["type"], "upstream_error");
+    assert_eq!(res.delta_text("content"), "ok ");
+
+    // Before any byte was sent, the same failure is a plain 502.
+    let res = post_json(proxy.port, "/v1/chat/completions", &chat("helper", false)).await;
+    assert_error(&res, 502, "upstream_error");
+}
