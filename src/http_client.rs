@@ -11,6 +11,7 @@ use pingora::connectors::ConnectorOptions;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
 use pingora::upstreams::peer::HttpPeer;
+use pingora::utils::tls::{parse_x509, WrappedX509};
 use pingora::{Error, ErrorType, Result};
 
 /// How long a DNS answer is reused before the name is looked up again.
@@ -28,7 +29,8 @@ pub struct Endpoint {
     authority: String,
     connect_timeout: Duration,
     read_timeout: Duration,
-    connector: Arc<Connector>,
+    /// Roots that replace the system's for this endpoint (`ca_file`).
+    ca: Option<Arc<[WrappedX509]>>,
     resolved: Mutex<Option<(Instant, SocketAddr)>>,
 }
 
@@ -60,15 +62,7 @@ impl Endpoint {
             return Err(format!("URL `{url}` must not have a query"));
         }
         let base_path = uri.path().trim_end_matches('/').to_owned();
-        let connector = match options.ca_file {
-            None => shared_connector(),
-            Some(ca_file) => {
-                std::fs::metadata(&ca_file).map_err(|e| format!("ca_file `{ca_file}`: {e}"))?;
-                let mut opts = ConnectorOptions::new(128);
-                opts.ca_file = Some(ca_file);
-                Arc::new(Connector::new(Some(opts)))
-            }
-        };
+        let ca = options.ca_file.as_deref().map(load_ca_file).transpose()?;
         Ok(Endpoint {
             tls,
             authority: authority.as_str().to_owned(),
@@ -77,7 +71,7 @@ impl Endpoint {
             base_path,
             connect_timeout: options.connect_timeout,
             read_timeout: options.read_timeout,
-            connector,
+            ca,
             resolved: Mutex::new(None),
         })
     }
@@ -105,6 +99,7 @@ impl Endpoint {
         peer.options.idle_timeout = Some(POOL_IDLE);
         if self.tls {
             peer.options.set_http_version(2, 1);
+            peer.options.ca = self.ca.clone();
         }
         Ok(peer)
     }
@@ -148,8 +143,7 @@ impl Endpoint {
     /// Sends `req` with an optional body and waits for the response header.
     pub async fn send(&self, mut req: RequestHeader, body: Option<Bytes>) -> Result<Exchange<'_>> {
         let peer = self.peer().await?;
-        let (mut session, _reused) = self
-            .connector
+        let (mut session, _reused) = connector()
             .get_http_session(&peer)
             .await
             .map_err(|e| e.into_up())?;
@@ -187,11 +181,34 @@ impl Endpoint {
     }
 }
 
-fn shared_connector() -> Arc<Connector> {
-    static SHARED: OnceLock<Arc<Connector>> = OnceLock::new();
-    SHARED
-        .get_or_init(|| Arc::new(Connector::new(Some(ConnectorOptions::new(1024)))))
-        .clone()
+/// One connection pool for every endpoint: pingora keys pooled connections
+/// by peer (address, TLS settings), so endpoints never share one by mistake.
+fn connector() -> &'static Connector {
+    static SHARED: OnceLock<Connector> = OnceLock::new();
+    SHARED.get_or_init(|| Connector::new(Some(ConnectorOptions::new(1024))))
+}
+
+/// Reads a PEM bundle of CA certificates, checking each one so a bad file
+/// is a config error rather than a failure at connect time.
+fn load_ca_file(path: &str) -> std::result::Result<Arc<[WrappedX509]>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| format!("ca_file `{path}`: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("ca_file `{path}` holds no certificate"));
+    }
+    let mut store = pingora::tls::RootCertStore::empty();
+    for cert in &certs {
+        store
+            .add(cert.clone())
+            .map_err(|e| format!("ca_file `{path}`: {e}"))?;
+    }
+    Ok(certs
+        .into_iter()
+        .map(|cert| WrappedX509::new(cert.to_vec(), parse_x509))
+        .collect())
 }
 
 /// One request/response on a pooled connection. The connection goes back to
@@ -249,8 +266,7 @@ impl Exchange<'_> {
 
     async fn release(&mut self) {
         if let Some(session) = self.session.take() {
-            self.endpoint
-                .connector
+            connector()
                 .release_http_session(session, &self.peer, Some(POOL_IDLE))
                 .await;
         }
