@@ -57,8 +57,12 @@ impl ApiError {
     }
 
     pub fn invalid_api_key() -> Self {
-        Self::new(401, "invalid_request_error", "Incorrect or missing API key.")
-            .with_code("invalid_api_key")
+        Self::new(
+            401,
+            "invalid_request_error",
+            "Incorrect or missing API key.",
+        )
+        .with_code("invalid_api_key")
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -123,10 +127,14 @@ impl std::error::Error for ApiError {}
 pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
     use pingora::ErrorType::*;
     match err.etype() {
-        ConnectTimedout | ReadTimedout | WriteTimedout => {
-            ApiError::gateway_timeout(format!("upstream `{upstream}` timed out ({})", err.etype().as_str()))
-        }
-        _ => ApiError::bad_gateway(format!("upstream `{upstream}` failed: {}", err.etype().as_str())),
+        ConnectTimedout | ReadTimedout | WriteTimedout => ApiError::gateway_timeout(format!(
+            "upstream `{upstream}` timed out ({})",
+            err.etype().as_str()
+        )),
+        _ => ApiError::bad_gateway(format!(
+            "upstream `{upstream}` failed: {}",
+            err.etype().as_str()
+        )),
     }
 }
 
@@ -148,6 +156,8 @@ mod tests {
     fn invalid_key_has_code() {
         let e = ApiError::invalid_api_key();
         assert_eq!(e.status, 401);
-        assert!(std::str::from_utf8(&e.to_json()).unwrap().contains("\"code\":\"invalid_api_key\""));
+        assert!(std::str::from_utf8(&e.to_json())
+            .unwrap()
+            .contains("\"code\":\"invalid_api_key\""));
     }
 }

@@ -43,7 +43,9 @@ pub struct EndpointOptions {
 
 impl Endpoint {
     pub fn parse(url: &str, options: EndpointOptions) -> std::result::Result<Self, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("invalid URL `{url}`: {e}"))?;
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| format!("invalid URL `{url}`: {e}"))?;
         let tls = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
@@ -141,7 +143,7 @@ impl Endpoint {
     }
 
     /// Sends `req` with an optional body and waits for the response header.
-    pub async fn send(&self, mut req: RequestHeader, body: Option<Bytes>) -> Result<Exchange<'_>> {
+    pub async fn send(&self, mut req: RequestHeader, body: Option<Bytes>) -> Result<Exchange> {
         let peer = self.peer().await?;
         let (mut session, _reused) = connector()
             .get_http_session(&peer)
@@ -169,14 +171,15 @@ impl Endpoint {
         let header = match session.response_header() {
             Some(header) => header.clone(),
             None => {
-                return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header").into_up())
+                return Err(
+                    Error::explain(ErrorType::InvalidHTTPHeader, "no response header").into_up(),
+                )
             }
         };
         Ok(Exchange {
             session: Some(session),
             header,
             peer,
-            endpoint: self,
         })
     }
 }
@@ -214,14 +217,13 @@ fn load_ca_file(path: &str) -> std::result::Result<Arc<[WrappedX509]>, String> {
 /// One request/response on a pooled connection. The connection goes back to
 /// the pool only when the body was read to its end ([`Exchange::finish`]);
 /// dropped half-way, it is closed.
-pub struct Exchange<'a> {
+pub struct Exchange {
     session: Option<HttpSession>,
     header: ResponseHeader,
     peer: HttpPeer,
-    endpoint: &'a Endpoint,
 }
 
-impl Exchange<'_> {
+impl Exchange {
     pub fn header(&self) -> &ResponseHeader {
         &self.header
     }
@@ -257,7 +259,9 @@ impl Exchange<'_> {
         let mut body = BytesMut::new();
         while let Some(piece) = self.read().await? {
             if body.len() + piece.len() > limit {
-                return Err(Error::explain(ErrorType::ReadError, "response body too large").into_up());
+                return Err(
+                    Error::explain(ErrorType::ReadError, "response body too large").into_up(),
+                );
             }
             body.extend_from_slice(&piece);
         }

@@ -15,7 +15,10 @@ use agent_proxy::config::Config;
 use agent_proxy::service::AgentProxy;
 
 #[derive(Parser)]
-#[command(version, about = "Turns any OpenAI-compatible LLM server into an agent server")]
+#[command(
+    version,
+    about = "Turns any OpenAI-compatible LLM server into an agent server"
+)]
 struct Args {
     /// The config file.
     #[arg(long, short, default_value = "proxy.yaml")]
@@ -35,7 +38,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if args.log_json {
         logs.json().init();
     } else {
@@ -62,10 +67,13 @@ fn main() -> ExitCode {
         warn!("auth.api_keys is empty: every client is allowed");
     }
 
-    let mut conf = ServerConf::default();
-    conf.threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    conf.grace_period_seconds = Some(0);
-    conf.graceful_shutdown_timeout_seconds = Some(args.shutdown_grace);
+    let conf = ServerConf {
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        // pingora's default grace period is an unconditional 300 s sleep.
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(args.shutdown_grace),
+        ..ServerConf::default()
+    };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 

@@ -30,6 +30,17 @@ pub struct ChatRequest {
     pub rest: Map<String, Value>,
 }
 
+impl ChatRequest {
+    /// Sets `key` to `value` unless the client sent it.
+    pub fn set_default(&mut self, key: &str, value: &Value) {
+        if key == "enable_thinking" {
+            self.enable_thinking = self.enable_thinking.or(value.as_bool());
+        } else if !self.rest.contains_key(key) {
+            self.rest.insert(key.to_owned(), value.clone());
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct StreamOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -343,8 +354,17 @@ mod tests {
     fn reads_llama_cpp_tool_call_delta() {
         let event = r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"tool_calls":[{"index":0,"id":"abc","type":"function","function":{"name":"get_weather","arguments":"{"}}]}}],"created":1,"id":"x","model":"tiny","system_fingerprint":"b","object":"chat.completion.chunk"}"#;
         let chunk: ChunkIn = serde_json::from_str(event).unwrap();
-        let calls = chunk.choices[0].delta.as_ref().unwrap().tool_calls.as_ref().unwrap();
+        let calls = chunk.choices[0]
+            .delta
+            .as_ref()
+            .unwrap()
+            .tool_calls
+            .as_ref()
+            .unwrap();
         assert_eq!(calls[0].index, Some(0));
-        assert_eq!(calls[0].function.as_ref().unwrap().name.as_deref(), Some("get_weather"));
+        assert_eq!(
+            calls[0].function.as_ref().unwrap().name.as_deref(),
+            Some("get_weather")
+        );
     }
 }

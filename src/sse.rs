@@ -172,7 +172,8 @@ mod tests {
 
     #[test]
     fn every_line_ending_and_split_gives_the_same_events() {
-        let canonical = b"data: {\"a\":1}\n\n: ping\n\nevent: error\ndata: x\ndata: y\n\ndata: [DONE]\n\n";
+        let canonical =
+            b"data: {\"a\":1}\n\n: ping\n\nevent: error\ndata: x\ndata: y\n\ndata: [DONE]\n\n";
         let expected = parse_all(&[canonical]);
         assert_eq!(data(&expected), vec![&b"{\"a\":1}"[..], b"x\ny", b"[DONE]"]);
         assert_eq!(expected[1].name.as_deref(), Some("error"));
@@ -199,7 +200,10 @@ mod tests {
 
     #[test]
     fn no_space_after_colon_and_unterminated_last_event() {
-        assert_eq!(data(&parse_all(&[b"data:abc\n\ndata: tail"])), vec![&b"abc"[..], b"tail"]);
+        assert_eq!(
+            data(&parse_all(&[b"data:abc\n\ndata: tail"])),
+            vec![&b"abc"[..], b"tail"]
+        );
     }
 
     #[test]

@@ -47,7 +47,11 @@ impl Upstream {
     /// Sets `Host` and the upstream's credentials on a request that came from
     /// a client. The client's own `Authorization` is dropped when the upstream
     /// has a key of its own, or when it was the proxy's key.
-    pub fn authorize(&self, req: &mut RequestHeader, client_key_is_ours: bool) -> pingora::Result<()> {
+    pub fn authorize(
+        &self,
+        req: &mut RequestHeader,
+        client_key_is_ours: bool,
+    ) -> pingora::Result<()> {
         req.insert_header(http::header::HOST, self.endpoint.authority())?;
         match &self.api_key {
             Some(key) => req.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?,
@@ -61,7 +65,9 @@ impl Upstream {
 
     /// A POST of a JSON body to `suffix` under the base URL.
     pub fn json_post(&self, suffix: &str) -> pingora::Result<RequestHeader> {
-        let mut req = self.endpoint.request_header("POST", &self.endpoint.path(suffix))?;
+        let mut req = self
+            .endpoint
+            .request_header("POST", &self.endpoint.path(suffix))?;
         req.insert_header(http::header::CONTENT_TYPE, "application/json")?;
         self.authorize(&mut req, true)?;
         Ok(req)
@@ -69,7 +75,9 @@ impl Upstream {
 
     /// A GET of `suffix` under the base URL.
     pub fn get(&self, suffix: &str) -> pingora::Result<RequestHeader> {
-        let mut req = self.endpoint.request_header("GET", &self.endpoint.path(suffix))?;
+        let mut req = self
+            .endpoint
+            .request_header("GET", &self.endpoint.path(suffix))?;
         self.authorize(&mut req, true)?;
         Ok(req)
     }

@@ -67,7 +67,12 @@ async fn streams_a_two_round_tool_loop_from_real_llama_cpp_captures() {
         _ => Reply::replay(&fixture("reasoning-stream.sse"), Duration::ZERO),
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &format!("{}/weather", tool.url()), "    tools: [get_weather]")).await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
     assert_eq!(res.status, 200, "{}", res.text());
@@ -83,9 +88,15 @@ async fn streams_a_two_round_tool_loop_from_real_llama_cpp_captures() {
         assert_eq!(e["id"], id.as_str(), "one id for the whole loop");
         assert_eq!(e["model"], "weather");
         assert_eq!(e["object"], "chat.completion.chunk");
-        assert!(e["choices"][0]["delta"].get("tool_calls").is_none(), "local calls are not shown as tool calls");
+        assert!(
+            e["choices"][0]["delta"].get("tool_calls").is_none(),
+            "local calls are not shown as tool calls"
+        );
     }
-    let roles = events.iter().filter(|e| e["choices"][0]["delta"].get("role").is_some()).count();
+    let roles = events
+        .iter()
+        .filter(|e| e["choices"][0]["delta"].get("role").is_some())
+        .count();
     assert_eq!(roles, 1);
     assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
     let finishes: Vec<&Value> = events
@@ -100,7 +111,10 @@ async fn streams_a_two_round_tool_loop_from_real_llama_cpp_captures() {
     let round2 = fixture_text("reasoning-stream.sse", "reasoning_content");
     let note = "Calling get_weather {\"city\":\"Paris\"}…\n";
     assert_eq!(reasoning, format!("{round1}{note}{round2}"));
-    assert_eq!(res.delta_text("content"), fixture_text("reasoning-stream.sse", "content"));
+    assert_eq!(
+        res.delta_text("content"),
+        fixture_text("reasoning-stream.sse", "content")
+    );
 
     // The tool got the model's arguments; round 2 carried the call and its result.
     assert_eq!(tool.requests()[0].json(), json!({"city": "Paris"}));
@@ -112,7 +126,10 @@ async fn streams_a_two_round_tool_loop_from_real_llama_cpp_captures() {
     assert_eq!(first["temperature"], 0.2);
     assert_eq!(first["stream"], true);
     assert_eq!(first["messages"][0]["role"], "system");
-    assert_eq!(first["messages"][0]["content"], "You are a weather assistant.\n\nAlways use Celsius.");
+    assert_eq!(
+        first["messages"][0]["content"],
+        "You are a weather assistant.\n\nAlways use Celsius."
+    );
     assert_eq!(first["tools"][0]["function"]["name"], "get_weather");
     let second = calls[1].json();
     let messages = second["messages"].as_array().unwrap();
@@ -124,7 +141,10 @@ async fn streams_a_two_round_tool_loop_from_real_llama_cpp_captures() {
     assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
     assert_eq!(messages[3]["role"], "tool");
     assert_eq!(messages[3]["tool_call_id"], call["id"]);
-    assert_eq!(messages[3]["content"], json!({"city": "Paris", "temp_c": 21}).to_string());
+    assert_eq!(
+        messages[3]["content"],
+        json!({"city": "Paris", "temp_c": 21}).to_string()
+    );
 }
 
 #[tokio::test]
@@ -138,10 +158,21 @@ async fn non_streaming_loop_returns_one_completion_with_summed_usage() {
             finish("tool_calls"),
             usage(10, 5),
         ]),
-        _ => Reply::events(vec![role(), reasoning("sunny?"), content("It is 21 °C."), finish("stop"), usage(20, 7)]),
+        _ => Reply::events(vec![
+            role(),
+            reasoning("sunny?"),
+            content("It is 21 °C."),
+            finish("stop"),
+            usage(20, 7),
+        ]),
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &format!("{}/weather", tool.url()), "    tools: [get_weather]")).await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
@@ -156,25 +187,40 @@ async fn non_streaming_loop_returns_one_completion_with_summed_usage() {
         choice["message"]["reasoning_content"],
         "Calling get_weather {\"city\":\"Paris\"}…\nsunny?"
     );
-    assert_eq!(body["usage"], json!({"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}));
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42})
+    );
 }
 
 #[tokio::test]
 async fn stream_usage_chunk_sums_all_rounds() {
     let tool = weather_tool(200).await;
     let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::events(vec![tool_call(0, "c1", "get_weather", "{\"city\":\"Oslo\"}"), finish("tool_calls"), usage(10, 5)]),
+        0 => Reply::events(vec![
+            tool_call(0, "c1", "get_weather", "{\"city\":\"Oslo\"}"),
+            finish("tool_calls"),
+            usage(10, 5),
+        ]),
         _ => Reply::events(vec![content("Cold."), finish("stop"), usage(20, 7)]),
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &format!("{}/weather", tool.url()), "    tools: [get_weather]")).await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
     let mut body = ask(true);
     body["stream_options"] = json!({"include_usage": true});
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     let events = res.events();
     let last = events.last().unwrap();
     assert_eq!(last["choices"], json!([]));
-    assert_eq!(last["usage"], json!({"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}));
+    assert_eq!(
+        last["usage"],
+        json!({"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42})
+    );
     assert!(res.ends_with_done());
 }
 
@@ -190,7 +236,12 @@ async fn client_tool_calls_go_back_to_the_client() {
         ])
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, "http://127.0.0.1:9/unused", "    tools: [get_weather]")).await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        "http://127.0.0.1:9/unused",
+        "    tools: [get_weather]",
+    ))
+    .await;
     let mut body = ask(true);
     body["tools"] = json!([{"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}]);
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
@@ -205,7 +256,10 @@ async fn client_tool_calls_go_back_to_the_client() {
         &json!([{"index": 0, "id": "call-9", "type": "function", "function": {"name": "lookup_order", "arguments": "{\"id\":42}"}}])
     );
     assert_eq!(res.delta_text("content"), "Let me look.");
-    assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
     assert_eq!(upstream.requests().len(), 1);
     // The client's tool reached the model next to the agent's.
     let names: Vec<String> = upstream.requests()[0].json()["tools"]
@@ -233,10 +287,18 @@ async fn mixed_turn_runs_local_calls_and_defers_client_calls() {
             tool_call(1, "client-1", "lookup_order", "{\"id\":1}"),
             finish("tool_calls"),
         ]),
-        _ => Reply::events(vec![tool_call(0, "client-2", "lookup_order", "{\"id\":1}"), finish("tool_calls")]),
+        _ => Reply::events(vec![
+            tool_call(0, "client-2", "lookup_order", "{\"id\":1}"),
+            finish("tool_calls"),
+        ]),
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &format!("{}/weather", tool.url()), "    tools: [get_weather]")).await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
     let mut body = ask(false);
     body["tools"] = json!([{"type": "function", "function": {"name": "lookup_order"}}]);
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
@@ -247,13 +309,24 @@ async fn mixed_turn_runs_local_calls_and_defers_client_calls() {
     let results: Vec<(&str, &str)> = messages
         .iter()
         .filter(|m| m["role"] == "tool")
-        .map(|m| (m["tool_call_id"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap(),
+                m["content"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(results.len(), 2, "every call got a result");
     assert_eq!(results[0].0, "local-1");
     assert!(results[0].1.contains("temp_c"));
     assert_eq!(results[1].0, "client-1");
-    assert!(results[1].1.starts_with("error: `lookup_order` was not run"), "{}", results[1].1);
+    assert!(
+        results[1]
+            .1
+            .starts_with("error: `lookup_order` was not run"),
+        "{}",
+        results[1].1
+    );
     let choice = &res.json()["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["tool_calls"][0]["id"], "client-2");
@@ -263,7 +336,10 @@ async fn mixed_turn_runs_local_calls_and_defers_client_calls() {
 async fn max_tool_rounds_ends_with_a_note_and_finish_reason_length() {
     let tool = weather_tool(200).await;
     let upstream = FakeServer::start(|_, i| {
-        Reply::events(vec![tool_call(0, &format!("c{i}"), "get_weather", "{\"city\":\"Nice\"}"), finish("tool_calls")])
+        Reply::events(vec![
+            tool_call(0, &format!("c{i}"), "get_weather", "{\"city\":\"Nice\"}"),
+            finish("tool_calls"),
+        ])
     })
     .await;
     let proxy = Proxy::start(&config(
@@ -276,8 +352,13 @@ async fn max_tool_rounds_ends_with_a_note_and_finish_reason_length() {
     assert_eq!(upstream.requests().len(), 3);
     assert_eq!(tool.requests().len(), 2);
     let events = res.events();
-    assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "length");
-    assert!(res.delta_text("content").contains("stopped after 2 tool rounds"));
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    assert!(res
+        .delta_text("content")
+        .contains("stopped after 2 tool rounds"));
     assert!(res.ends_with_done());
 }
 
@@ -302,8 +383,15 @@ async fn failing_tools_and_bad_arguments_become_results_not_failures() {
     .await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
-    assert_eq!(res.json()["choices"][0]["message"]["content"], "Sorry, no data.");
-    assert_eq!(tool.requests().len(), 1, "invalid JSON arguments are not executed");
+    assert_eq!(
+        res.json()["choices"][0]["message"]["content"],
+        "Sorry, no data."
+    );
+    assert_eq!(
+        tool.requests().len(),
+        1,
+        "invalid JSON arguments are not executed"
+    );
     let second = upstream.requests()[1].json();
     let results: Vec<String> = second["messages"]
         .as_array()
@@ -312,7 +400,11 @@ async fn failing_tools_and_bad_arguments_become_results_not_failures() {
         .filter(|m| m["role"] == "tool")
         .map(|m| m["content"].as_str().unwrap().to_owned())
         .collect();
-    assert!(results[0].starts_with("error: HTTP status 500"), "{}", results[0]);
+    assert!(
+        results[0].starts_with("error: HTTP status 500"),
+        "{}",
+        results[0]
+    );
     assert!(results[1].contains("not valid JSON"), "{}", results[1]);
     // Shell metacharacters reach the command as inert data on stdin.
     assert_eq!(results[2], "{\"x\": \"$(rm -rf /); `id`\"}");
@@ -321,16 +413,27 @@ async fn failing_tools_and_bad_arguments_become_results_not_failures() {
 #[tokio::test]
 async fn a_tool_that_hangs_times_out_into_an_error_result() {
     let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::events(vec![tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"), finish("tool_calls")]),
+        0 => Reply::events(vec![
+            tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
+            finish("tool_calls"),
+        ]),
         _ => Reply::events(vec![content("ok"), finish("stop")]),
     })
     .await;
     let hanging = FakeServer::start(|_, _| Reply::Stall).await;
-    let proxy = Proxy::start(&config(&upstream, &format!("{}/weather", hanging.url()), "    tools: [get_weather]")).await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", hanging.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200);
     let second = upstream.requests()[1].json();
-    let result = second["messages"][3]["content"].as_str().unwrap().to_owned();
+    let result = second["messages"][3]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert_eq!(result, "error: timed out after 2000 ms");
 }
 
@@ -339,16 +442,31 @@ async fn reasoning_deltas_are_forwarded_as_they_arrive() {
     let upstream = FakeServer::start(|_, _| {
         let mut steps = Vec::new();
         for word in ["one ", "two ", "three ", "four ", "five "] {
-            steps.push(Step::Bytes(format!("data: {}\n\n", reasoning(word)).into_bytes()));
+            steps.push(Step::Bytes(
+                format!("data: {}\n\n", reasoning(word)).into_bytes(),
+            ));
             steps.push(Step::Sleep(Duration::from_millis(150)));
         }
-        steps.push(Step::Bytes(format!("data: {}\n\ndata: {}\n\ndata: [DONE]\n\n", content("done"), finish("stop")).into_bytes()));
-        Reply::Sse { steps, complete: true }
+        steps.push(Step::Bytes(
+            format!(
+                "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+                content("done"),
+                finish("stop")
+            )
+            .into_bytes(),
+        ));
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "http://127.0.0.1:9/x", "")).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
-    assert_eq!(res.delta_text("reasoning_content"), "one two three four five ");
+    assert_eq!(
+        res.delta_text("reasoning_content"),
+        "one two three four five "
+    );
     let first_reasoning = res
         .chunks
         .iter()
@@ -368,7 +486,12 @@ async fn reasoning_deltas_are_forwarded_as_they_arrive() {
 #[tokio::test]
 async fn think_tags_split_across_chunks_become_reasoning_content() {
     let upstream = FakeServer::start(|_, _| {
-        Reply::events(vec![content("<thi"), content("nk>let me think</th"), content("ink>\n\nAnswer: 4"), finish("stop")])
+        Reply::events(vec![
+            content("<thi"),
+            content("nk>let me think</th"),
+            content("ink>\n\nAnswer: 4"),
+            finish("stop"),
+        ])
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "http://127.0.0.1:9/x", "")).await;
@@ -380,19 +503,31 @@ async fn think_tags_split_across_chunks_become_reasoning_content() {
 #[tokio::test]
 async fn enable_thinking_false_drops_reasoning_and_reaches_the_template() {
     let upstream = FakeServer::start(|_, _| {
-        Reply::events(vec![reasoning("secret thoughts"), vec_reasoning_alias("more"), content("Hi!"), finish("stop")])
+        Reply::events(vec![
+            reasoning("secret thoughts"),
+            vec_reasoning_alias("more"),
+            content("Hi!"),
+            finish("stop"),
+        ])
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "http://127.0.0.1:9/x", "")).await;
     let mut body = ask(true);
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
-    assert_eq!(res.delta_text("reasoning_content"), "secret thoughtsmore", "`reasoning` (vLLM) is shown as reasoning_content");
+    assert_eq!(
+        res.delta_text("reasoning_content"),
+        "secret thoughtsmore",
+        "`reasoning` (vLLM) is shown as reasoning_content"
+    );
     body["enable_thinking"] = json!(false);
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     assert_eq!(res.delta_text("reasoning_content"), "");
     assert_eq!(res.delta_text("content"), "Hi!");
     let sent = upstream.requests()[1].json();
-    assert_eq!(sent["chat_template_kwargs"], json!({"enable_thinking": false}));
+    assert_eq!(
+        sent["chat_template_kwargs"],
+        json!({"enable_thinking": false})
+    );
 }
 
 fn vec_reasoning_alias(text: &str) -> Value {
@@ -402,7 +537,10 @@ fn vec_reasoning_alias(text: &str) -> Value {
 #[tokio::test]
 async fn heartbeats_keep_a_stream_alive_while_a_tool_runs() {
     let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::events(vec![tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"), finish("tool_calls")]),
+        0 => Reply::events(vec![
+            tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
+            finish("tool_calls"),
+        ]),
         _ => Reply::events(vec![content("ok"), finish("stop")]),
     })
     .await;
@@ -411,10 +549,19 @@ async fn heartbeats_keep_a_stream_alive_while_a_tool_runs() {
         Reply::json(200, json!({"ok": true}))
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &format!("{}/weather", slow_tool.url()), "    tools: [get_weather]")).await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", slow_tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
     let heartbeats = res.text().matches(": keep-alive\n\n").count();
-    assert!(heartbeats >= 2, "expected heartbeats during a 600 ms tool, got {heartbeats}:\n{}", res.text());
+    assert!(
+        heartbeats >= 2,
+        "expected heartbeats during a 600 ms tool, got {heartbeats}:\n{}",
+        res.text()
+    );
     assert_eq!(res.delta_text("content"), "ok");
 }
 
@@ -422,7 +569,10 @@ async fn heartbeats_keep_a_stream_alive_while_a_tool_runs() {
 async fn tool_events_setting_controls_progress_lines() {
     let tool = weather_tool(200).await;
     let upstream = FakeServer::start(|_, i| match i % 2 {
-        0 => Reply::events(vec![tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"), finish("tool_calls")]),
+        0 => Reply::events(vec![
+            tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
+            finish("tool_calls"),
+        ]),
         _ => Reply::events(vec![content("ok"), finish("stop")]),
     })
     .await;
@@ -433,7 +583,10 @@ async fn tool_events_setting_controls_progress_lines() {
     ))
     .await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
-    assert_eq!(res.delta_text("content"), "Calling get_weather {\"city\":\"Oslo\"}…\nok");
+    assert_eq!(
+        res.delta_text("content"),
+        "Calling get_weather {\"city\":\"Oslo\"}…\nok"
+    );
     assert_eq!(res.delta_text("reasoning_content"), "");
 }
 
@@ -442,15 +595,27 @@ async fn client_disconnect_mid_stream_cancels_the_upstream_request() {
     let upstream = FakeServer::start(|_, _| {
         let mut steps = Vec::new();
         for i in 0..100 {
-            steps.push(Step::Bytes(format!("data: {}\n\n", content(&format!("w{i} "))).into_bytes()));
+            steps.push(Step::Bytes(
+                format!("data: {}\n\n", content(&format!("w{i} "))).into_bytes(),
+            ));
             steps.push(Step::Sleep(Duration::from_millis(50)));
         }
-        Reply::Sse { steps, complete: true }
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "http://127.0.0.1:9/x", "")).await;
     let body = ask(true).to_string();
-    let mut conn = Connection::open(proxy.port, "POST", "/v1/chat/completions", &[], body.as_bytes()).await;
+    let mut conn = Connection::open(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.as_bytes(),
+    )
+    .await;
     let mut head = conn.head().await;
     assert_eq!(head.status, 200);
     conn.next_chunk(&mut head).await.expect("a first chunk");
@@ -459,7 +624,11 @@ async fn client_disconnect_mid_stream_cancels_the_upstream_request() {
     while upstream.hangups() == 0 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(upstream.hangups(), 1, "the upstream connection was closed when the client left");
+    assert_eq!(
+        upstream.hangups(),
+        1,
+        "the upstream connection was closed when the client left"
+    );
 }
 
 #[tokio::test]
@@ -490,7 +659,14 @@ agents:
     );
     let proxy = Proxy::start(&yaml).await;
     let body = ask(true).to_string();
-    let mut conn = Connection::open(proxy.port, "POST", "/v1/chat/completions", &[], body.as_bytes()).await;
+    let mut conn = Connection::open(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.as_bytes(),
+    )
+    .await;
     let head = conn.head().await;
     assert_eq!(head.status, 200);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -511,5 +687,8 @@ agents:
     }
     // A killed child may linger as a zombie until reaped; either way it no longer runs.
     let state = std::fs::read_to_string(format!("{proc_path}/stat")).unwrap_or_default();
-    assert!(state.is_empty() || state.contains(") Z"), "tool process {pid} still running: {state}");
+    assert!(
+        state.is_empty() || state.contains(") Z"),
+        "tool process {pid} still running: {state}"
+    );
 }

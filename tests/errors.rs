@@ -44,19 +44,47 @@ async fn malformed_and_incomplete_requests_are_400_with_param() {
     let proxy = Proxy::start(&config(&upstream.url(), "")).await;
     let json_header = [("content-type", "application/json")];
 
-    let res = request(proxy.port, "POST", "/v1/chat/completions", &json_header, &fixture("requests/error-invalid-json.body")).await;
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &json_header,
+        &fixture("requests/error-invalid-json.body"),
+    )
+    .await;
     assert_error(&res, 400, "invalid_request_error");
 
-    let res = post_json(proxy.port, "/v1/chat/completions", &json!({"model": "helper"})).await;
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "helper"}),
+    )
+    .await;
     let error = assert_error(&res, 400, "invalid_request_error");
     assert_eq!(error["param"], "messages");
 
-    let res = post_json(proxy.port, "/v1/chat/completions", &json!({"model": "x", "messages": []})).await;
-    assert_eq!(assert_error(&res, 400, "invalid_request_error")["param"], "messages");
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "x", "messages": []}),
+    )
+    .await;
+    assert_eq!(
+        assert_error(&res, 400, "invalid_request_error")["param"],
+        "messages"
+    );
 
-    let res = post_json(proxy.port, "/v1/chat/completions", &json!({"model": "helper", "messages": [{"content": "no role"}]})).await;
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "helper", "messages": [{"content": "no role"}]}),
+    )
+    .await;
     assert_error(&res, 400, "invalid_request_error");
-    assert!(upstream.requests().is_empty(), "nothing invalid reached the upstream");
+    assert!(
+        upstream.requests().is_empty(),
+        "nothing invalid reached the upstream"
+    );
 }
 
 #[tokio::test]
@@ -72,30 +100,81 @@ async fn body_over_the_limit_is_413() {
 
 #[tokio::test]
 async fn auth_on_requires_a_configured_key_and_never_forwards_it() {
-    let upstream = FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
     let proxy = Proxy::start_with_env(
-        &config(&upstream.url(), "auth: { api_keys: [\"${PROXY_KEY}\", other-key] }"),
+        &config(
+            &upstream.url(),
+            "auth: { api_keys: [\"${PROXY_KEY}\", other-key] }",
+        ),
         &[("PROXY_KEY", "sk-proxy-123")],
     )
     .await;
     let body = chat("helper", true).to_string();
     let json_header = ("content-type", "application/json");
 
-    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header], body.as_bytes()).await;
-    assert_eq!(assert_error(&res, 401, "invalid_request_error")["code"], "invalid_api_key");
-    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header, ("authorization", "Bearer sk-wrong")], body.as_bytes()).await;
-    assert_eq!(assert_error(&res, 401, "invalid_request_error")["code"], "invalid_api_key");
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[json_header],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        assert_error(&res, 401, "invalid_request_error")["code"],
+        "invalid_api_key"
+    );
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[json_header, ("authorization", "Bearer sk-wrong")],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        assert_error(&res, 401, "invalid_request_error")["code"],
+        "invalid_api_key"
+    );
     let res = request(proxy.port, "GET", "/v1/models", &[], b"").await;
     assert_eq!(res.status, 401);
 
-    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header, ("authorization", "Bearer sk-proxy-123")], body.as_bytes()).await;
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[json_header, ("authorization", "Bearer sk-proxy-123")],
+        body.as_bytes(),
+    )
+    .await;
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(res.delta_text("content"), "hi");
-    let res = request(proxy.port, "POST", "/v1/chat/completions", &[json_header, ("authorization", "Bearer other-key")], body.as_bytes()).await;
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[json_header, ("authorization", "Bearer other-key")],
+        body.as_bytes(),
+    )
+    .await;
     assert_eq!(res.status, 200);
-    assert!(upstream.requests().iter().all(|r| r.header("authorization").is_none()), "the proxy's key is not sent upstream");
-    assert_eq!(get(proxy.port, "/healthz").await.status, 200, "health needs no key");
-    assert!(!proxy.logs().contains("sk-proxy-123"), "the key never reaches the logs");
+    assert!(
+        upstream
+            .requests()
+            .iter()
+            .all(|r| r.header("authorization").is_none()),
+        "the proxy's key is not sent upstream"
+    );
+    assert_eq!(
+        get(proxy.port, "/healthz").await.status,
+        200,
+        "health needs no key"
+    );
+    assert!(
+        !proxy.logs().contains("sk-proxy-123"),
+        "the key never reaches the logs"
+    );
 }
 
 #[tokio::test]
@@ -170,14 +249,20 @@ async fn upstream_breaking_mid_stream_ends_with_an_error_event_not_a_clean_end()
             Step::Bytes(format!("data: {}\n\n", content("answer")).into_bytes()),
         ];
         let _ = req;
-        Reply::Sse { steps, complete: false }
+        Reply::Sse {
+            steps,
+            complete: false,
+        }
     })
     .await;
     let proxy = Proxy::start(&config(&upstream.url(), "")).await;
     for model in ["helper", "some-upstream-model"] {
         let res = post_json(proxy.port, "/v1/chat/completions", &chat(model, true)).await;
         assert_eq!(res.status, 200);
-        assert!(!res.complete, "{model}: a broken stream must not end cleanly");
+        assert!(
+            !res.complete,
+            "{model}: a broken stream must not end cleanly"
+        );
         assert!(!res.ends_with_done());
         let data = sse_data(&res.body);
         let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
@@ -187,14 +272,12 @@ async fn upstream_breaking_mid_stream_ends_with_an_error_event_not_a_clean_end()
 
 #[tokio::test]
 async fn garbage_in_an_upstream_stream_is_an_error_event() {
-    let upstream = FakeServer::start(|_, _| {
-        Reply::Sse {
-            steps: vec![
-                Step::Bytes(format!("data: {}\n\n", content("ok ")).into_bytes()),
-                Step::Bytes(b"data: {this is not json\n\n".to_vec()),
-            ],
-            complete: true,
-        }
+    let upstream = FakeServer::start(|_, _| Reply::Sse {
+        steps: vec![
+            Step::Bytes(format!("data: {}\n\n", content("ok ")).into_bytes()),
+            Step::Bytes(b"data: {this is not json\n\n".to_vec()),
+        ],
+        complete: true,
     })
     .await;
     let proxy = Proxy::start(&config(&upstream.url(), "")).await;

@@ -27,14 +27,19 @@ agents:
 async fn non_agent_chat_streams_byte_for_byte() {
     let captured = fixture("plain-stream.sse");
     let replay = captured.clone();
-    let upstream = FakeServer::start(move |_, _| Reply::replay(&replay, Duration::from_millis(5))).await;
+    let upstream =
+        FakeServer::start(move |_, _| Reply::replay(&replay, Duration::from_millis(5))).await;
     let proxy = Proxy::start(&config(&upstream, "")).await;
     let body = fixture("requests/plain-stream.json");
     let res = request(
         proxy.port,
         "POST",
         "/v1/chat/completions",
-        &[("content-type", "application/json"), ("authorization", "Bearer client-key"), ("x-custom", "kept")],
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer client-key"),
+            ("x-custom", "kept"),
+        ],
         &body,
     )
     .await;
@@ -47,7 +52,11 @@ async fn non_agent_chat_streams_byte_for_byte() {
     assert_eq!(sent.body, body, "the body is passed on unchanged");
     assert_eq!(sent.path, "/v1/chat/completions");
     assert_eq!(sent.header("x-custom"), Some("kept"));
-    assert_eq!(sent.header("authorization"), Some("Bearer sk-upstream-secret"), "the upstream's key replaces the client's");
+    assert_eq!(
+        sent.header("authorization"),
+        Some("Bearer sk-upstream-secret"),
+        "the upstream's key replaces the client's"
+    );
     assert!(!proxy.logs().contains("sk-upstream-secret"));
 }
 
@@ -63,11 +72,25 @@ async fn non_agent_json_answer_and_error_pass_through() {
     .await;
     let proxy = Proxy::start(&config(&upstream, "")).await;
     let body = fixture("requests/plain-nonstream.json");
-    let res = request(proxy.port, "POST", "/v1/chat/completions", &[("content-type", "application/json")], &body).await;
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        &body,
+    )
+    .await;
     assert_eq!(res.status, 200);
     assert_eq!(res.body, fixture("plain-nonstream.json"));
     let body = fixture("requests/error-n-unsupported.json");
-    let res = request(proxy.port, "POST", "/v1/chat/completions", &[("content-type", "application/json")], &body).await;
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        &body,
+    )
+    .await;
     assert_eq!(res.status, 400);
     assert_eq!(res.body, fixture("error-n-unsupported.json"));
 }
@@ -75,22 +98,36 @@ async fn non_agent_json_answer_and_error_pass_through() {
 #[tokio::test]
 async fn other_paths_are_proxied_through_pingora() {
     let upstream = FakeServer::start(|req, _| match req.path.as_str() {
-        "/v1/embeddings" => Reply::json(200, json!({"object": "list", "data": [{"embedding": [0.5]}], "echo": req.json()})),
+        "/v1/embeddings" => Reply::json(
+            200,
+            json!({"object": "list", "data": [{"embedding": [0.5]}], "echo": req.json()}),
+        ),
         "/health" => Reply::json(200, json!({"status": "ok"})),
         _ => Reply::raw_json(404, &fixture("error-not-found.json")),
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "")).await;
-    let res = post_json(proxy.port, "/v1/embeddings", &json!({"input": "hello", "model": "e5"})).await;
+    let res = post_json(
+        proxy.port,
+        "/v1/embeddings",
+        &json!({"input": "hello", "model": "e5"}),
+    )
+    .await;
     assert_eq!(res.status, 200);
     assert_eq!(res.json()["echo"], json!({"input": "hello", "model": "e5"}));
-    assert_eq!(get(proxy.port, "/health").await.json(), json!({"status": "ok"}));
+    assert_eq!(
+        get(proxy.port, "/health").await.json(),
+        json!({"status": "ok"})
+    );
     let res = get(proxy.port, "/v1/no-such-endpoint").await;
     assert_eq!(res.status, 404);
     assert_eq!(res.body, fixture("error-not-found.json"));
     let paths: Vec<String> = upstream.requests().iter().map(|r| r.path.clone()).collect();
     assert_eq!(paths, ["/v1/embeddings", "/health", "/v1/no-such-endpoint"]);
-    assert!(upstream.requests().iter().all(|r| r.header("authorization") == Some("Bearer sk-upstream-secret")));
+    assert!(upstream
+        .requests()
+        .iter()
+        .all(|r| r.header("authorization") == Some("Bearer sk-upstream-secret")));
 }
 
 #[tokio::test]
@@ -110,7 +147,10 @@ async fn models_lists_agents_then_upstream_models() {
     assert_eq!(weather["description"], "Answers with live forecasts");
     assert_eq!(weather["owned_by"], "agent-proxy");
     assert!(weather["created"].is_u64());
-    assert_eq!(data[0]["name"], "helper", "a one-line agent is named by its id");
+    assert_eq!(
+        data[0]["name"], "helper",
+        "a one-line agent is named by its id"
+    );
 }
 
 #[tokio::test]
@@ -121,7 +161,12 @@ async fn models_still_lists_agents_when_the_upstream_is_down() {
     let proxy = Proxy::start(&yaml).await;
     let res = get(proxy.port, "/v1/models").await;
     assert_eq!(res.status, 200);
-    let ids: Vec<Value> = res.json()["data"].as_array().unwrap().iter().map(|m| m["id"].clone()).collect();
+    let ids: Vec<Value> = res.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
     assert_eq!(ids, [json!("helper"), json!("weather")]);
     let ready = get(proxy.port, "/readyz").await;
     assert_eq!(ready.status, 503);

@@ -19,10 +19,13 @@ fn test_pki() -> TestPki {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(DnType::CommonName, "agent-proxy test CA");
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "agent-proxy test CA");
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    let params =
+        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
     let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
 
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -70,13 +73,17 @@ agents:
     );
     let proxy = Proxy::start_with_env(&yaml, &[("TEST_OPENAI_KEY", "sk-test-openai")]).await;
 
-    let body = json!({"model": "coder", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let body =
+        json!({"model": "coder", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     assert_eq!(res.status, 200, "{}\n{}", res.text(), proxy.logs());
     assert_eq!(res.delta_text("content"), "secure hello");
     let sent = &upstream.requests()[0];
     assert_eq!(sent.header("authorization"), Some("Bearer sk-test-openai"));
-    assert_eq!(sent.header("host"), Some(format!("127.0.0.1:{}", upstream.port).as_str()));
+    assert_eq!(
+        sent.header("host"),
+        Some(format!("127.0.0.1:{}", upstream.port).as_str())
+    );
 
     let res = post_json(proxy.port, "/v1/embeddings", &json!({"input": "x"})).await;
     assert_eq!(res.status, 200, "{}", res.text());
@@ -87,7 +94,11 @@ agents:
 async fn an_upstream_certificate_from_an_unknown_ca_is_refused() {
     let pki = test_pki();
     let other = test_pki();
-    let upstream = FakeServer::start_with(|_, _| Reply::json(200, json!({})), Some(pki.acceptor.clone())).await;
+    let upstream = FakeServer::start_with(
+        |_, _| Reply::json(200, json!({})),
+        Some(pki.acceptor.clone()),
+    )
+    .await;
     let dir = scratch_dir();
     let ca_file = dir.join("other-ca.pem");
     std::fs::write(&ca_file, &other.ca_pem).unwrap();

@@ -59,7 +59,9 @@ impl Assembler {
     fn guess_index(&self, id: Option<&str>) -> u32 {
         match self.calls.last() {
             None => 0,
-            Some(last) if id.is_some_and(|id| !last.id.is_empty() && id != last.id) => last.index + 1,
+            Some(last) if id.is_some_and(|id| !last.id.is_empty() && id != last.id) => {
+                last.index + 1
+            }
             Some(last) => last.index,
         }
     }
@@ -96,7 +98,14 @@ mod tests {
         let mut asm = Assembler::default();
         for e in events {
             let chunk: ChunkIn = serde_json::from_str(e).unwrap();
-            for delta in chunk.choices[0].delta.as_ref().unwrap().tool_calls.as_ref().unwrap() {
+            for delta in chunk.choices[0]
+                .delta
+                .as_ref()
+                .unwrap()
+                .tool_calls
+                .as_ref()
+                .unwrap()
+            {
                 asm.push(delta);
             }
         }
@@ -112,7 +121,10 @@ mod tests {
             r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":"}"}}]}}]}"#,
         ]);
         assert_eq!(calls.len(), 2);
-        assert_eq!((calls[0].id.as_str(), calls[0].function.name.as_str()), ("a", "f"));
+        assert_eq!(
+            (calls[0].id.as_str(), calls[0].function.name.as_str()),
+            ("a", "f")
+        );
         assert_eq!(calls[0].function.arguments, r#"{"x":1}"#);
         assert_eq!(calls[1].function.arguments, "{}");
     }
@@ -129,7 +141,11 @@ mod tests {
             }
             let chunk: ChunkIn = serde_json::from_slice(&event.data).unwrap();
             for choice in &chunk.choices {
-                for d in choice.delta.iter().flat_map(|d| d.tool_calls.iter().flatten()) {
+                for d in choice
+                    .delta
+                    .iter()
+                    .flat_map(|d| d.tool_calls.iter().flatten())
+                {
                     asm.push(d);
                 }
             }
@@ -151,7 +167,9 @@ mod tests {
         ]);
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1].function.arguments, "{}");
-        let calls = assemble(&[r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]}"#]);
+        let calls = assemble(&[
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]}"#,
+        ]);
         assert!(calls[0].id.starts_with("call_"));
     }
 }

@@ -51,7 +51,11 @@ impl ThinkSplitter {
             }
             let keep = (1..tag.len())
                 .rev()
-                .find(|&n| tail.len() >= n && tail.is_char_boundary(tail.len() - n) && tag.starts_with(&tail[tail.len() - n..]))
+                .find(|&n| {
+                    tail.len() >= n
+                        && tail.is_char_boundary(tail.len() - n)
+                        && tag.starts_with(&tail[tail.len() - n..])
+                })
                 .unwrap_or(0);
             let emit = &tail[..tail.len() - keep];
             if !emit.is_empty() {

@@ -133,7 +133,11 @@ impl Reply {
     }
 
     /// Tool calls the client runs itself, in standard OpenAI form.
-    pub async fn tool_calls(&mut self, client: &mut Client<'_>, calls: Vec<ToolCall>) -> Result<(), Gone> {
+    pub async fn tool_calls(
+        &mut self,
+        client: &mut Client<'_>,
+        calls: Vec<ToolCall>,
+    ) -> Result<(), Gone> {
         if self.stream {
             let indexed = calls
                 .iter()
@@ -151,7 +155,11 @@ impl Reply {
     }
 
     /// Ends the answer with `finish_reason` (and the summed usage).
-    pub async fn finish(mut self, client: &mut Client<'_>, finish_reason: &str) -> Result<(), Gone> {
+    pub async fn finish(
+        mut self,
+        client: &mut Client<'_>,
+        finish_reason: &str,
+    ) -> Result<(), Gone> {
         if !self.stream {
             let body = CompletionOut {
                 id: &self.id,
@@ -164,8 +172,10 @@ impl Reply {
                         role: "assistant",
                         content: (!self.content.is_empty() || self.tool_calls.is_empty())
                             .then_some(self.content.as_str()),
-                        reasoning_content: (!self.reasoning.is_empty()).then_some(self.reasoning.as_str()),
-                        tool_calls: (!self.tool_calls.is_empty()).then_some(self.tool_calls.as_slice()),
+                        reasoning_content: (!self.reasoning.is_empty())
+                            .then_some(self.reasoning.as_str()),
+                        tool_calls: (!self.tool_calls.is_empty())
+                            .then_some(self.tool_calls.as_slice()),
                     },
                     logprobs: None,
                     finish_reason,
@@ -176,7 +186,8 @@ impl Reply {
             return client.respond_json(200, Bytes::from(json), &[]).await;
         }
         self.start(client).await?;
-        self.send_chunk(client, DeltaOut::default(), Some(finish_reason)).await?;
+        self.send_chunk(client, DeltaOut::default(), Some(finish_reason))
+            .await?;
         if self.include_usage {
             self.buf.clear();
             let chunk = ChunkOut {
@@ -271,8 +282,12 @@ pub fn openai_error_body(status: u16, body: &[u8]) -> Bytes {
         Some(Value::Object(mut top)) if top.get("error").is_some_and(Value::is_object) => {
             let mut error = top.remove("error").unwrap_or(Value::Null);
             if let Some(fields) = error.as_object_mut() {
-                fields.entry("message").or_insert_with(|| json!(format!("upstream error {status}")));
-                fields.entry("type").or_insert_with(|| json!("upstream_error"));
+                fields
+                    .entry("message")
+                    .or_insert_with(|| json!(format!("upstream error {status}")));
+                fields
+                    .entry("type")
+                    .or_insert_with(|| json!("upstream_error"));
                 fields.entry("param").or_insert(Value::Null);
                 let code = fields.entry("code").or_insert(Value::Null);
                 if let Value::Number(n) = code {

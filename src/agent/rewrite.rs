@@ -17,9 +17,7 @@ pub fn rewrite(agent: &Agent, mut req: ChatRequest) -> ChatRequest {
     req.tools = merge_tools(agent, req.tools.take());
     req.model = agent.model.clone();
     for (key, value) in &agent.params {
-        if !req.rest.contains_key(key) && !(key == "enable_thinking" && req.enable_thinking.is_some()) {
-            req.rest.insert(key.clone(), value.clone());
-        }
+        req.set_default(key, value);
     }
     if req.enable_thinking == Some(false) {
         let kwargs = req
@@ -99,7 +97,11 @@ agents:
     params: {{ temperature: 0.2, top_p: 0.9 }}
 "
         );
-        Config::parse(&yaml, |_| None).unwrap().agent("a").unwrap().clone()
+        Config::parse(&yaml, |_| None)
+            .unwrap()
+            .agent("a")
+            .unwrap()
+            .clone()
     }
 
     fn request(body: Value) -> ChatRequest {
@@ -140,7 +142,10 @@ agents:
         assert_eq!(out["x_vendor"], json!({"k": 1}));
         assert_eq!(out["stream"], true);
         assert_eq!(out["stream_options"], json!({"include_usage": true}));
-        assert_eq!(out["chat_template_kwargs"], json!({"enable_thinking": false}));
+        assert_eq!(
+            out["chat_template_kwargs"],
+            json!({"enable_thinking": false})
+        );
         let names: Vec<&str> = out["tools"]
             .as_array()
             .unwrap()

@@ -44,18 +44,32 @@ pub struct Summary {
     pub cut: bool,
 }
 
-pub async fn run(agent: &Agent, request: ChatRequest, client: &mut Client<'_>, limits: &Limits) -> Summary {
+pub async fn run(
+    agent: &Agent,
+    request: ChatRequest,
+    client: &mut Client<'_>,
+    limits: &Limits,
+) -> Summary {
     let stream = request.stream.unwrap_or(false);
     let include_usage = request
         .stream_options
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let show_reasoning = agent.reasoning == ReasoningMode::Pass && request.enable_thinking != Some(false);
+    let show_reasoning =
+        agent.reasoning == ReasoningMode::Pass && request.enable_thinking != Some(false);
     let mut reply = Reply::new(&agent.id, stream, include_usage, show_reasoning);
     let mut upstream_request = rewrite(agent, request);
     let mut summary = Summary::default();
-    let outcome = drive(agent, &mut upstream_request, client, &mut reply, limits, &mut summary).await;
+    let outcome = drive(
+        agent,
+        &mut upstream_request,
+        client,
+        &mut reply,
+        limits,
+        &mut summary,
+    )
+    .await;
     summary.usage = reply.usage();
     summary.cut = match outcome {
         Ok(finish_reason) => reply.finish(client, finish_reason).await.is_err(),
@@ -85,7 +99,11 @@ async fn drive(
         if round.calls.is_empty() {
             return Ok(finish_reason(round.finish_reason.as_deref()));
         }
-        let local = round.calls.iter().filter(|c| agent.tool(&c.function.name).is_some()).count();
+        let local = round
+            .calls
+            .iter()
+            .filter(|c| agent.tool(&c.function.name).is_some())
+            .count();
         if local == 0 {
             reply.tool_calls(client, round.calls).await?;
             return Ok("tool_calls");
@@ -129,7 +147,10 @@ async fn run_tools(
     client: &mut Client<'_>,
     reply: &mut Reply,
 ) -> Result<Vec<Message>, Failure> {
-    for call in calls.iter().filter(|c| agent.tool(&c.function.name).is_some()) {
+    for call in calls
+        .iter()
+        .filter(|c| agent.tool(&c.function.name).is_some())
+    {
         let note = progress_note(call);
         match agent.tool_events {
             ToolEvents::Reasoning => reply.proxy_note(client, &note).await?,
@@ -172,7 +193,11 @@ fn progress_note(call: &ToolCall) -> String {
         cut -= 1;
     }
     let ellipsis = if cut < args.len() { "…" } else { "" };
-    format!("Calling {} {}{ellipsis}…\n", call.function.name, &args[..cut])
+    format!(
+        "Calling {} {}{ellipsis}…\n",
+        call.function.name,
+        &args[..cut]
+    )
 }
 
 /// One model call as it streamed.
@@ -212,12 +237,20 @@ async fn read_round(
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();
     if !(200..300).contains(&status) {
-        let retry_after = exchange.header().headers.get(http::header::RETRY_AFTER).cloned();
+        let retry_after = exchange
+            .header()
+            .headers
+            .get(http::header::RETRY_AFTER)
+            .cloned();
         let body = client
             .wait(exchange.read_to_end(limits.max_upstream_body_bytes))
             .await?
             .unwrap_or_default();
-        return Err(Failure::Upstream { status, body, retry_after });
+        return Err(Failure::Upstream {
+            status,
+            body,
+            retry_after,
+        });
     }
     let mut reader = RoundReader {
         reply,
@@ -267,12 +300,18 @@ async fn read_round(
 
 impl RoundReader<'_> {
     /// Handles one SSE event; returns whether it was `[DONE]`.
-    async fn event(&mut self, client: &mut Client<'_>, event: &sse::Event) -> Result<bool, Failure> {
+    async fn event(
+        &mut self,
+        client: &mut Client<'_>,
+        event: &sse::Event,
+    ) -> Result<bool, Failure> {
         if event.is_done() {
             return Ok(true);
         }
         let chunk: ChunkIn = serde_json::from_slice(&event.data).map_err(|e| {
-            ApiError::bad_gateway(format!("upstream sent an event that is not a chat chunk: {e}"))
+            ApiError::bad_gateway(format!(
+                "upstream sent an event that is not a chat chunk: {e}"
+            ))
         })?;
         if chunk.error.is_some() || event.name.as_deref() == Some("error") {
             return Err(Failure::Upstream {
@@ -289,7 +328,10 @@ impl RoundReader<'_> {
             return Ok(false);
         };
         if let Some(delta) = choice.delta {
-            let reasoning = delta.reasoning_content.as_deref().or(delta.reasoning.as_deref());
+            let reasoning = delta
+                .reasoning_content
+                .as_deref()
+                .or(delta.reasoning.as_deref());
             if let Some(text) = reasoning {
                 self.reply.reasoning(client, text).await?;
             }
@@ -313,7 +355,12 @@ impl RoundReader<'_> {
         Ok(())
     }
 
-    async fn piece(&mut self, client: &mut Client<'_>, kind: Kind, text: &str) -> Result<(), Failure> {
+    async fn piece(
+        &mut self,
+        client: &mut Client<'_>,
+        kind: Kind,
+        text: &str,
+    ) -> Result<(), Failure> {
         match kind {
             Kind::Content => {
                 self.round.content.push_str(text);
@@ -334,7 +381,11 @@ impl RoundReader<'_> {
             return Err(ApiError::bad_gateway("upstream answered without choices").into());
         };
         let message = choice.message;
-        if let Some(text) = message.reasoning_content.as_deref().or(message.reasoning.as_deref()) {
+        if let Some(text) = message
+            .reasoning_content
+            .as_deref()
+            .or(message.reasoning.as_deref())
+        {
             self.reply.reasoning(client, text).await?;
         }
         if let Some(text) = message.content.as_deref() {

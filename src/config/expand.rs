@@ -24,11 +24,7 @@ pub fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<St
                 Some((name, default)) => (name, Some(default)),
                 None => (expr, None),
             };
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!("invalid variable name `{name}`"));
             }
             match (lookup(name), default) {
@@ -68,7 +64,10 @@ mod tests {
         assert_eq!(expand("${MISSING:-x}-${KEY}", env).unwrap(), "x-sk-1");
         assert_eq!(expand("${MISSING:-}", env).unwrap(), "");
         assert_eq!(expand("${EMPTY:-d}", env).unwrap(), "");
-        assert_eq!(expand("cost $5 and $$HOME", env).unwrap(), "cost $5 and $HOME");
+        assert_eq!(
+            expand("cost $5 and $$HOME", env).unwrap(),
+            "cost $5 and $HOME"
+        );
     }
 
     #[test]

@@ -77,7 +77,10 @@ impl Config {
         expand_strings(&mut yaml, &mut String::new(), &env)?;
         let file: ConfigFile = serde_path_to_error::deserialize(yaml).map_err(|e| {
             let key = e.path().to_string();
-            error(if key == "." { String::new() } else { key }, e.into_inner().to_string())
+            error(
+                if key == "." { String::new() } else { key },
+                e.into_inner().to_string(),
+            )
         })?;
         resolve(file)
     }
@@ -128,8 +131,8 @@ const MANAGED_FIELDS: &[&str] = &["model", "messages", "tools", "stream", "strea
 fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
     let mut upstreams = BTreeMap::new();
     for (name, upstream) in file.upstreams {
-        let resolved =
-            Upstream::from_file(&name, upstream).map_err(|m| error(format!("upstreams.{name}"), m))?;
+        let resolved = Upstream::from_file(&name, upstream)
+            .map_err(|m| error(format!("upstreams.{name}"), m))?;
         upstreams.insert(name, Arc::new(resolved));
     }
     let default_upstream = upstreams
@@ -150,7 +153,8 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
                 "a tool name must be 1-64 letters, digits, `_` or `-`",
             ));
         }
-        let resolved = Tool::from_file(&name, tool).map_err(|m| error(format!("tools.{name}"), m))?;
+        let resolved =
+            Tool::from_file(&name, tool).map_err(|m| error(format!("tools.{name}"), m))?;
         tools.insert(name, Arc::new(resolved));
     }
     let find_tool = |key: String, name: &str| {
@@ -181,7 +185,11 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
                 .cloned()
                 .ok_or_else(|| error(key("upstream"), format!("no upstream named `{name}`")))?,
         };
-        if let Some(field) = agent.params.keys().find(|k| MANAGED_FIELDS.contains(&k.as_str())) {
+        if let Some(field) = agent
+            .params
+            .keys()
+            .find(|k| MANAGED_FIELDS.contains(&k.as_str()))
+        {
             return Err(error(
                 key(&format!("params.{field}")),
                 "set by the proxy; not allowed in params",
@@ -198,9 +206,12 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
             add_tool(find_tool(key(&format!("tools[{i}]")), name)?);
         }
         for (i, name) in agent.skills.iter().enumerate() {
-            let (prompt, skill_tools) = skills
-                .get(name)
-                .ok_or_else(|| error(key(&format!("skills[{i}]")), format!("no skill named `{name}`")))?;
+            let (prompt, skill_tools) = skills.get(name).ok_or_else(|| {
+                error(
+                    key(&format!("skills[{i}]")),
+                    format!("no skill named `{name}`"),
+                )
+            })?;
             prompt_parts.extend(prompt.iter().cloned());
             skill_tools.iter().cloned().for_each(&mut add_tool);
         }
@@ -229,7 +240,12 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
     }
     Ok(Config {
         listen: file.listen,
-        api_keys: file.auth.api_keys.into_iter().filter(|k| !k.is_empty()).collect(),
+        api_keys: file
+            .auth
+            .api_keys
+            .into_iter()
+            .filter(|k| !k.is_empty())
+            .collect(),
         default_upstream,
         agents,
         passthrough: file.passthrough,

@@ -18,10 +18,9 @@ pub fn allowed(config: &Config, req: &RequestHeader) -> bool {
         return false;
     };
     // Check every key, so the time taken does not tell which one was close.
-    config
-        .api_keys
-        .iter()
-        .fold(false, |found, key| constant_time_eq(key.as_bytes(), presented) | found)
+    config.api_keys.iter().fold(false, |found, key| {
+        constant_time_eq(key.as_bytes(), presented) | found
+    })
 }
 
 /// Compares without an early exit on the first differing byte.

@@ -20,15 +20,28 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
     };
     let peek: RoutingPeek = match serde_json::from_slice(&body) {
         Ok(peek) => peek,
-        Err(e) => return reject(session, &ApiError::bad_request(format!("invalid JSON body: {e}"))).await,
+        Err(e) => {
+            return reject(
+                session,
+                &ApiError::bad_request(format!("invalid JSON body: {e}")),
+            )
+            .await
+        }
     };
     match &peek.messages {
         None => {
-            return reject(session, &ApiError::bad_request("`messages` is required").with_param("messages")).await
+            return reject(
+                session,
+                &ApiError::bad_request("`messages` is required").with_param("messages"),
+            )
+            .await
         }
         Some(m) if m.is_empty() => {
-            return reject(session, &ApiError::bad_request("`messages` must not be empty").with_param("messages"))
-                .await
+            return reject(
+                session,
+                &ApiError::bad_request("`messages` must not be empty").with_param("messages"),
+            )
+            .await
         }
         Some(_) => {}
     }
@@ -50,7 +63,13 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
     };
     let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
-        Err(e) => return reject(session, &ApiError::bad_request(format!("invalid chat request: {e}"))).await,
+        Err(e) => {
+            return reject(
+                session,
+                &ApiError::bad_request(format!("invalid chat request: {e}")),
+            )
+            .await
+        }
     };
     ctx.agent = Some(agent.id.clone());
     let mut client = Client::new(session, config.limits.heartbeat);
@@ -92,7 +111,12 @@ async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, ApiErro
                 body.extend_from_slice(&piece);
             }
             Ok(None) => return Ok(body.freeze()),
-            Err(e) => return Err(ApiError::bad_request(format!("cannot read the request body: {}", e.etype().as_str()))),
+            Err(e) => {
+                return Err(ApiError::bad_request(format!(
+                    "cannot read the request body: {}",
+                    e.etype().as_str()
+                )))
+            }
         }
     }
 }

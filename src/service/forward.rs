@@ -60,25 +60,43 @@ async fn relay(client: &mut Client<'_>, config: &Config, body: Bytes) -> Result<
         });
     let header = match header {
         Ok(header) => header,
-        Err(_) => return client.respond_error(&ApiError::bad_request("invalid request headers")).await,
+        Err(_) => {
+            return client
+                .respond_error(&ApiError::bad_request("invalid request headers"))
+                .await
+        }
     };
-    let mut exchange = match client.wait(upstream.endpoint.send(header, Some(body))).await? {
+    let mut exchange = match client
+        .wait(upstream.endpoint.send(header, Some(body)))
+        .await?
+    {
         Ok(exchange) => exchange,
-        Err(e) => return client.respond_error(&from_upstream(&upstream.name, &e)).await,
+        Err(e) => {
+            return client
+                .respond_error(&from_upstream(&upstream.name, &e))
+                .await
+        }
     };
     let from = exchange.header();
-    let mut header = ResponseHeader::build(from.status, Some(from.headers.len() + 2)).map_err(|_| Gone)?;
+    let mut header =
+        ResponseHeader::build(from.status, Some(from.headers.len() + 2)).map_err(|_| Gone)?;
     for (name, value) in from.headers.iter() {
         if !DROPPED_RESPONSE_HEADERS.contains(&name.as_str()) {
-            header.append_header(name.clone(), value.clone()).map_err(|_| Gone)?;
+            header
+                .append_header(name.clone(), value.clone())
+                .map_err(|_| Gone)?;
         }
     }
     let event_stream = exchange.is_event_stream();
     if header.headers.get(http::header::CONTENT_LENGTH).is_none() {
-        header.insert_header("transfer-encoding", "chunked").map_err(|_| Gone)?;
+        header
+            .insert_header("transfer-encoding", "chunked")
+            .map_err(|_| Gone)?;
     }
     if event_stream && header.headers.get("x-accel-buffering").is_none() {
-        header.insert_header("x-accel-buffering", "no").map_err(|_| Gone)?;
+        header
+            .insert_header("x-accel-buffering", "no")
+            .map_err(|_| Gone)?;
     }
     client.send_header(header, false).await?;
     loop {

@@ -22,7 +22,11 @@ pub async fn ready(session: &mut Session, config: &Config) -> Result<bool> {
     let upstream = &config.default_upstream;
     let probe = async {
         let req = upstream.get("/models").map_err(|e| e.to_string())?;
-        let mut exchange = upstream.endpoint.send(req, None).await.map_err(|e| e.etype().as_str().to_string())?;
+        let mut exchange = upstream
+            .endpoint
+            .send(req, None)
+            .await
+            .map_err(|e| e.etype().as_str().to_string())?;
         let status = exchange.status();
         // Drain so the connection can go back to the pool.
         let _ = exchange.read_to_end(4 << 20).await;
@@ -35,7 +39,14 @@ pub async fn ready(session: &mut Session, config: &Config) -> Result<bool> {
         .await
         .unwrap_or_else(|_| Err("timed out".into()));
     match outcome {
-        Ok(()) => respond(session, 200, json!({"status": "ready", "upstream": upstream.name})).await,
+        Ok(()) => {
+            respond(
+                session,
+                200,
+                json!({"status": "ready", "upstream": upstream.name}),
+            )
+            .await
+        }
         Err(reason) => {
             respond(
                 session,

@@ -96,11 +96,21 @@ impl ProxyHttp for AgentProxy {
             ("GET", "/v1/models") => models::list(session, &config).await,
             ("POST", "/v1/chat/completions") => chat::handle(session, ctx).await,
             _ if config.passthrough => Ok(false),
-            _ => reject(session, &ApiError::not_found(format!("no route for {method} {path}"))).await,
+            _ => {
+                reject(
+                    session,
+                    &ApiError::not_found(format!("no route for {method} {path}")),
+                )
+                .await
+            }
         }
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         Ok(Box::new(ctx.config.default_upstream.endpoint.peer().await?))
     }
 
@@ -128,7 +138,12 @@ impl ProxyHttp for AgentProxy {
         error.esource() == &ErrorSource::Downstream || error.etype() == &ErrorType::ConnectionClosed
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, _ctx: &mut RequestCtx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut RequestCtx,
+    ) -> FailToProxy {
         let error = match (e.etype(), e.esource()) {
             (ErrorType::HTTPStatus(code), _) => Some(ApiError::bad_request(format!("HTTP {code}"))),
             (_, ErrorSource::Downstream) => None,

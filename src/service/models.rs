@@ -38,12 +38,14 @@ pub async fn list(session: &mut Session, config: &Config) -> Result<bool> {
         .collect();
     if config.passthrough {
         match upstream_models(&config.default_upstream).await {
-            Ok(models) => data.extend(
-                models
-                    .into_iter()
-                    .filter(|m| m.get("id").and_then(Value::as_str).is_none_or(|id| config.agent(id).is_none())),
-            ),
-            Err(reason) => warn!(upstream = %config.default_upstream.name, %reason, "model list without the upstream's models"),
+            Ok(models) => data.extend(models.into_iter().filter(|m| {
+                m.get("id")
+                    .and_then(Value::as_str)
+                    .is_none_or(|id| config.agent(id).is_none())
+            })),
+            Err(reason) => {
+                warn!(upstream = %config.default_upstream.name, %reason, "model list without the upstream's models")
+            }
         }
     }
     let body = serde_json::json!({ "object": "list", "data": data });
@@ -57,11 +59,18 @@ pub async fn list(session: &mut Session, config: &Config) -> Result<bool> {
 async fn upstream_models(upstream: &Upstream) -> std::result::Result<Vec<Value>, String> {
     let fetch = async {
         let req = upstream.get("/models").map_err(|e| e.to_string())?;
-        let mut exchange = upstream.endpoint.send(req, None).await.map_err(|e| e.etype().as_str().to_string())?;
+        let mut exchange = upstream
+            .endpoint
+            .send(req, None)
+            .await
+            .map_err(|e| e.etype().as_str().to_string())?;
         if exchange.status() != 200 {
             return Err(format!("HTTP {}", exchange.status()));
         }
-        let body = exchange.read_to_end(4 << 20).await.map_err(|e| e.etype().as_str().to_string())?;
+        let body = exchange
+            .read_to_end(4 << 20)
+            .await
+            .map_err(|e| e.etype().as_str().to_string())?;
         let mut list: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
         match list.get_mut("data").map(Value::take) {
             Some(Value::Array(models)) => Ok(models),

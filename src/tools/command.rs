@@ -71,8 +71,11 @@ impl CommandTool {
                 // A command that ignores stdin may close it early; that is fine.
                 let _ = stdin.write_all(&input).await;
             };
-            let ((), (out, out_overflow), (err, _)) =
-                tokio::join!(feed, read_capped(stdout, cap), read_capped(stderr, STDERR_CAP));
+            let ((), (out, out_overflow), (err, _)) = tokio::join!(
+                feed,
+                read_capped(stdout, cap),
+                read_capped(stderr, STDERR_CAP)
+            );
             if out_overflow {
                 // It would block on a full pipe forever: stop it now.
                 return (out, err, None);

@@ -64,15 +64,22 @@ impl HttpTool {
     }
 
     async fn exchange(&self, arguments: &str, cap: usize) -> Outcome {
-        let request = self.endpoint.request_header("POST", &self.path).and_then(|mut req| {
-            req.insert_header(::http::header::CONTENT_TYPE, "application/json")?;
-            for (name, value) in &self.headers {
-                req.insert_header(name.clone(), value.clone())?;
-            }
-            Ok(req)
-        });
+        let request = self
+            .endpoint
+            .request_header("POST", &self.path)
+            .and_then(|mut req| {
+                req.insert_header(::http::header::CONTENT_TYPE, "application/json")?;
+                for (name, value) in &self.headers {
+                    req.insert_header(name.clone(), value.clone())?;
+                }
+                Ok(req)
+            });
         let mut exchange = match request {
-            Ok(req) => match self.endpoint.send(req, Some(Bytes::copy_from_slice(arguments.as_bytes()))).await {
+            Ok(req) => match self
+                .endpoint
+                .send(req, Some(Bytes::copy_from_slice(arguments.as_bytes())))
+                .await
+            {
                 Ok(exchange) => exchange,
                 Err(e) => return Outcome::error(format!("request failed: {}", e.etype().as_str())),
             },
@@ -91,7 +98,12 @@ impl HttpTool {
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return Outcome::error(format!("reading the response failed: {}", e.etype().as_str())),
+                Err(e) => {
+                    return Outcome::error(format!(
+                        "reading the response failed: {}",
+                        e.etype().as_str()
+                    ))
+                }
             }
         }
         let text = capped_text(&body, cap, truncated);

@@ -63,10 +63,16 @@ impl Tool {
     /// Runs the tool with the model's `arguments` (JSON text). Arguments that
     /// are not a JSON object are not executed.
     pub async fn call(&self, arguments: &str) -> Outcome {
-        let arguments = if arguments.trim().is_empty() { "{}" } else { arguments };
+        let arguments = if arguments.trim().is_empty() {
+            "{}"
+        } else {
+            arguments
+        };
         match serde_json::from_str::<Value>(arguments) {
             Ok(Value::Object(_)) => {}
-            Ok(_) => return Outcome::error("arguments must be a JSON object; the tool was not run"),
+            Ok(_) => {
+                return Outcome::error("arguments must be a JSON object; the tool was not run")
+            }
             Err(e) => {
                 return Outcome::error(format!(
                     "arguments are not valid JSON ({e}); the tool was not run"

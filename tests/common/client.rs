@@ -26,8 +26,12 @@ impl Response {
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 
     pub fn text(&self) -> String {
@@ -56,7 +60,10 @@ impl Response {
     }
 
     pub fn error_type(&self) -> String {
-        self.json()["error"]["type"].as_str().unwrap_or_default().to_owned()
+        self.json()["error"]["type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
 }
 
@@ -68,14 +75,27 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
 }
 
 pub async fn post_json(port: u16, path: &str, body: &Value) -> Response {
-    request(port, "POST", path, &[("content-type", "application/json")], body.to_string().as_bytes()).await
+    request(
+        port,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+    .await
 }
 
 pub async fn get(port: u16, path: &str) -> Response {
     request(port, "GET", path, &[], b"").await
 }
 
-pub async fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+pub async fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
     let mut conn = Connection::open(port, method, path, headers, body).await;
     let mut response = conn.head().await;
     while let Some(chunk) = conn.next_chunk(&mut response).await {
@@ -94,16 +114,32 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub async fn open(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Connection {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect to proxy");
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n", body.len());
+    pub async fn open(
+        port: u16,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Connection {
+        let mut stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect to proxy");
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n",
+            body.len()
+        );
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         head.push_str("\r\n");
         stream.write_all(head.as_bytes()).await.unwrap();
         stream.write_all(body).await.unwrap();
-        Connection { reader: BufReader::new(stream), chunked: false, remaining: None, finished: false }
+        Connection {
+            reader: BufReader::new(stream),
+            chunked: false,
+            remaining: None,
+            finished: false,
+        }
     }
 
     pub async fn head(&mut self) -> Response {
@@ -112,7 +148,11 @@ impl Connection {
             .await
             .expect("response head within 30 s")
             .unwrap();
-        let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         let mut headers = Vec::new();
         loop {
             let mut line = String::new();
@@ -127,9 +167,19 @@ impl Connection {
                 headers.push((k.trim().to_owned(), v.trim().to_owned()));
             }
         }
-        let response = Response { status, headers, body: Vec::new(), chunks: Vec::new(), complete: false };
-        self.chunked = response.header("transfer-encoding").is_some_and(|v| v.contains("chunked"));
-        self.remaining = response.header("content-length").and_then(|v| v.parse().ok());
+        let response = Response {
+            status,
+            headers,
+            body: Vec::new(),
+            chunks: Vec::new(),
+            complete: false,
+        };
+        self.chunked = response
+            .header("transfer-encoding")
+            .is_some_and(|v| v.contains("chunked"));
+        self.remaining = response
+            .header("content-length")
+            .and_then(|v| v.parse().ok());
         response
     }
 
@@ -138,7 +188,9 @@ impl Connection {
         if self.finished {
             return None;
         }
-        let read = tokio::time::timeout(Duration::from_secs(30), self.read_piece()).await.expect("body read within 30 s");
+        let read = tokio::time::timeout(Duration::from_secs(30), self.read_piece())
+            .await
+            .expect("body read within 30 s");
         match read {
             Some(piece) if !piece.is_empty() => Some(piece),
             Some(_) => {

@@ -34,7 +34,11 @@ pub enum Step {
 }
 
 pub enum Reply {
-    Json { status: u16, body: Vec<u8>, headers: Vec<(String, String)> },
+    Json {
+        status: u16,
+        body: Vec<u8>,
+        headers: Vec<(String, String)>,
+    },
     /// A chunked `text/event-stream` body written step by step.
     Sse { steps: Vec<Step>, complete: bool },
     /// Accept the request and never answer.
@@ -43,11 +47,19 @@ pub enum Reply {
 
 impl Reply {
     pub fn json(status: u16, body: Value) -> Reply {
-        Reply::Json { status, body: body.to_string().into_bytes(), headers: vec![] }
+        Reply::Json {
+            status,
+            body: body.to_string().into_bytes(),
+            headers: vec![],
+        }
     }
 
     pub fn raw_json(status: u16, body: &[u8]) -> Reply {
-        Reply::Json { status, body: body.to_vec(), headers: vec![] }
+        Reply::Json {
+            status,
+            body: body.to_vec(),
+            headers: vec![],
+        }
     }
 
     /// Each JSON value as one `data:` event, then `[DONE]`.
@@ -57,7 +69,10 @@ impl Reply {
             .map(|e| Step::Bytes(format!("data: {e}\n\n").into_bytes()))
             .collect();
         steps.push(Step::Bytes(b"data: [DONE]\n\n".to_vec()));
-        Reply::Sse { steps, complete: true }
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
     }
 
     /// A captured SSE body replayed event by event, `gap` apart.
@@ -70,12 +85,18 @@ impl Reply {
                 steps.push(Step::Sleep(gap));
             }
         }
-        Reply::Sse { steps, complete: true }
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
     }
 }
 
 pub fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/llama.cpp/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/fixtures/llama.cpp/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
@@ -99,7 +120,10 @@ pub fn tool_call(index: u32, id: &str, name: &str, args: &str) -> Value {
     )
 }
 pub fn tool_args(index: u32, args: &str) -> Value {
-    chunk(json!({"tool_calls":[{"index":index,"function":{"arguments":args}}]}), Value::Null)
+    chunk(
+        json!({"tool_calls":[{"index":index,"function":{"arguments":args}}]}),
+        Value::Null,
+    )
 }
 pub fn finish(reason: &str) -> Value {
     chunk(json!({}), json!(reason))
@@ -121,7 +145,9 @@ pub struct FakeServer {
 
 impl FakeServer {
     /// Serves plain HTTP. The handler gets each request and its 0-based index.
-    pub async fn start(handler: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> FakeServer {
+    pub async fn start(
+        handler: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
+    ) -> FakeServer {
         Self::start_with(handler, None).await
     }
 
@@ -137,8 +163,11 @@ impl FakeServer {
         let (reqs, hups) = (requests.clone(), hangups.clone());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((socket, _)) = listener.accept().await else { return };
-                let (handler, reqs, hups, tls) = (handler.clone(), reqs.clone(), hups.clone(), tls.clone());
+                let Ok((socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let (handler, reqs, hups, tls) =
+                    (handler.clone(), reqs.clone(), hups.clone(), tls.clone());
                 tokio::spawn(async move {
                     match tls {
                         None => serve(socket, handler, reqs, hups).await,
@@ -151,7 +180,12 @@ impl FakeServer {
                 });
             }
         });
-        FakeServer { port, requests, hangups, task }
+        FakeServer {
+            port,
+            requests,
+            hangups,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -181,7 +215,9 @@ async fn serve<S: tokio::io::AsyncRead + AsyncWrite + Unpin>(
 ) {
     let mut stream = BufReader::new(stream);
     loop {
-        let Some(request) = read_request(&mut stream).await else { return };
+        let Some(request) = read_request(&mut stream).await else {
+            return;
+        };
         let index = {
             let mut all = requests.lock().unwrap();
             all.push(request.clone());
@@ -215,7 +251,12 @@ async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Opt
         let (k, v) = line.split_once(':')?;
         headers.push((k.trim().to_owned(), v.trim().to_owned()));
     }
-    let find = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+    let find = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
     let mut body = Vec::new();
     if let Some(len) = find("content-length") {
         body.resize(len.parse().ok()?, 0);
@@ -233,13 +274,22 @@ async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Opt
             body.extend_from_slice(&chunk[..size]);
         }
     }
-    Some(Recorded { method, path, headers, body })
+    Some(Recorded {
+        method,
+        path,
+        headers,
+        body,
+    })
 }
 
 /// Writes a reply; false when the peer went away while we wrote.
 async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
     match reply {
-        Reply::Json { status, body, headers } => {
+        Reply::Json {
+            status,
+            body,
+            headers,
+        } => {
             let mut head = format!(
                 "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
                 body.len()
@@ -248,7 +298,9 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
                 head.push_str(&format!("{k}: {v}\r\n"));
             }
             head.push_str("\r\n");
-            w.write_all(head.as_bytes()).await.is_ok() && w.write_all(&body).await.is_ok() && w.flush().await.is_ok()
+            w.write_all(head.as_bytes()).await.is_ok()
+                && w.write_all(&body).await.is_ok()
+                && w.flush().await.is_ok()
         }
         Reply::Sse { steps, complete } => {
             let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nX-Accel-Buffering: no\r\n\r\n";
@@ -259,7 +311,12 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
                 match step {
                     Step::Sleep(d) => tokio::time::sleep(d).await,
                     Step::Bytes(bytes) => {
-                        let framed = [format!("{:x}\r\n", bytes.len()).into_bytes(), bytes, b"\r\n".to_vec()].concat();
+                        let framed = [
+                            format!("{:x}\r\n", bytes.len()).into_bytes(),
+                            bytes,
+                            b"\r\n".to_vec(),
+                        ]
+                        .concat();
                         if w.write_all(&framed).await.is_err() || w.flush().await.is_err() {
                             return false;
                         }

@@ -1,7 +1,7 @@
 //! Test harness: a scripted fake upstream that speaks real HTTP/1.1 and SSE
 //! framing, the real proxy binary on an ephemeral port, and a raw HTTP client
 //! that records when each chunk arrived.
-#![allow(dead_code)] // each test crate uses its own part of the harness
+#![allow(dead_code, unused_imports)] // each test crate uses its own part of the harness
 
 pub mod client;
 pub mod fake;

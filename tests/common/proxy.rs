@@ -26,7 +26,11 @@ pub fn scratch_dir() -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Proxy {
@@ -61,14 +65,20 @@ impl Proxy {
             .await
             {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+                let _ = s
+                    .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await;
                 let mut buf = Vec::new();
                 let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut buf)).await;
                 if buf.starts_with(b"HTTP/1.1 200") {
                     return proxy;
                 }
             }
-            assert!(Instant::now() < deadline, "proxy did not start:\n{}", proxy.logs());
+            assert!(
+                Instant::now() < deadline,
+                "proxy did not start:\n{}",
+                proxy.logs()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
