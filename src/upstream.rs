@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use pingora::http::RequestHeader;
 
 use crate::config::file::UpstreamFile;
@@ -80,6 +81,29 @@ impl Upstream {
             .request_header("GET", &self.endpoint.path(suffix))?;
         self.authorize(&mut req, true)?;
         Ok(req)
+    }
+}
+
+impl Upstream {
+    /// `GET <url>/models` within `wait`: the status and body, or why not.
+    /// Used by the model list and the readiness probe.
+    pub async fn fetch_models(&self, wait: Duration) -> Result<(u16, Bytes), String> {
+        let fetch = async {
+            let req = self.get("/models").map_err(|e| e.to_string())?;
+            let mut exchange = self
+                .endpoint
+                .send(req, None)
+                .await
+                .map_err(|e| e.etype().as_str().to_owned())?;
+            let body = exchange
+                .read_to_end(4 << 20)
+                .await
+                .map_err(|e| e.etype().as_str().to_owned())?;
+            Ok((exchange.status(), body))
+        };
+        tokio::time::timeout(wait, fetch)
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()))
     }
 }
 

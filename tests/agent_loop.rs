@@ -38,6 +38,16 @@ limits: {{ heartbeat_ms: 100 }}
     )
 }
 
+/// An upstream that answers `first` to the first call and `answer` after.
+async fn tool_round_then(first: Vec<Value>, answer: &'static str) -> FakeServer {
+    let first = std::sync::Mutex::new(Some(first));
+    FakeServer::start(move |_, i| match (i, first.lock().unwrap().take()) {
+        (0, Some(events)) => Reply::events(events),
+        _ => Reply::events(vec![content(answer), finish("stop")]),
+    })
+    .await
+}
+
 async fn weather_tool(status: u16) -> FakeServer {
     FakeServer::start(move |_, _| Reply::json(status, json!({"city": "Paris", "temp_c": 21}))).await
 }
@@ -365,15 +375,15 @@ async fn max_tool_rounds_ends_with_a_note_and_finish_reason_length() {
 #[tokio::test]
 async fn failing_tools_and_bad_arguments_become_results_not_failures() {
     let tool = weather_tool(500).await;
-    let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::events(vec![
+    let upstream = tool_round_then(
+        vec![
             tool_call(0, "a", "get_weather", "{\"city\":\"Lima\"}"),
             tool_call(1, "b", "get_weather", "{not json"),
             tool_call(2, "c", "echo_args", "{\"x\": \"$(rm -rf /); `id`\"}"),
             finish("tool_calls"),
-        ]),
-        _ => Reply::events(vec![content("Sorry, no data."), finish("stop")]),
-    })
+        ],
+        "Sorry, no data.",
+    )
     .await;
     let proxy = Proxy::start(&config(
         &upstream,
@@ -412,13 +422,13 @@ async fn failing_tools_and_bad_arguments_become_results_not_failures() {
 
 #[tokio::test]
 async fn a_tool_that_hangs_times_out_into_an_error_result() {
-    let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::events(vec![
+    let upstream = tool_round_then(
+        vec![
             tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
             finish("tool_calls"),
-        ]),
-        _ => Reply::events(vec![content("ok"), finish("stop")]),
-    })
+        ],
+        "ok",
+    )
     .await;
     let hanging = FakeServer::start(|_, _| Reply::Stall).await;
     let proxy = Proxy::start(&config(
@@ -536,13 +546,13 @@ fn vec_reasoning_alias(text: &str) -> Value {
 
 #[tokio::test]
 async fn heartbeats_keep_a_stream_alive_while_a_tool_runs() {
-    let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::events(vec![
+    let upstream = tool_round_then(
+        vec![
             tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
             finish("tool_calls"),
-        ]),
-        _ => Reply::events(vec![content("ok"), finish("stop")]),
-    })
+        ],
+        "ok",
+    )
     .await;
     let slow_tool = FakeServer::start(|_, _| {
         std::thread::sleep(Duration::from_millis(600));
@@ -691,4 +701,101 @@ agents:
         state.is_empty() || state.contains(") Z"),
         "tool process {pid} still running: {state}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_in_one_turn_run_concurrently() {
+    use std::sync::{Arc, Condvar, Mutex};
+    // Each tool request waits (up to 5 s) until both have arrived: run one
+    // after the other, the first would give up alone.
+    let arrived = Arc::new((Mutex::new(0u32), Condvar::new()));
+    let tool = FakeServer::start(move |_, _| {
+        let (count, cvar) = &*arrived;
+        let mut n = count.lock().unwrap();
+        *n += 1;
+        cvar.notify_all();
+        let (n, _) = cvar
+            .wait_timeout_while(n, Duration::from_secs(5), |n| *n < 2)
+            .unwrap();
+        Reply::json(200, json!({ "met": *n >= 2 }))
+    })
+    .await;
+    let upstream = tool_round_then(
+        vec![
+            tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
+            tool_call(1, "b", "get_weather", "{\"city\":\"Rome\"}"),
+            finish("tool_calls"),
+        ],
+        "done",
+    )
+    .await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(res.status, 200);
+    let second = upstream.requests()[1].json();
+    let results: Vec<&str> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["{\"met\":true}", "{\"met\":true}"]);
+}
+
+#[tokio::test]
+async fn command_output_is_capped_and_a_failing_exit_is_reported() {
+    let upstream = tool_round_then(
+        vec![
+            tool_call(0, "a", "flood", "{}"),
+            tool_call(1, "b", "fail", "{}"),
+            finish("tool_calls"),
+        ],
+        "ok",
+    )
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: local
+upstreams: {{ local: {{ url: "{}/v1" }} }}
+tools:
+  flood:
+    command: {{ argv: ["python3", "-c", "import sys; sys.stdout.write('x' * 10_000_000)"] }}
+    max_output_bytes: 1000
+  fail:
+    command: {{ argv: ["python3", "-c", "import sys; print('partial'); sys.stderr.write('boom'); sys.exit(3)"] }}
+agents:
+  weather: {{ tools: [flood, fail] }}
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let second = upstream.requests()[1].json();
+    let results: Vec<String> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        results[0],
+        format!(
+            "{}\n[truncated: output exceeded 1000 bytes]",
+            "x".repeat(1000)
+        )
+    );
+    assert!(
+        results[1].starts_with("error: exit status: 3\npartial"),
+        "{}",
+        results[1]
+    );
+    assert!(results[1].ends_with("stderr: boom"), "{}", results[1]);
 }

@@ -9,10 +9,8 @@ use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
 use crate::sse;
 
-/// Request headers not carried to the upstream: hop-by-hop ones, and those
-/// the proxy sets itself.
-const DROPPED_REQUEST_HEADERS: &[&str] = &[
-    "host",
+/// Hop-by-hop headers: they describe one connection, not the message.
+const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -20,19 +18,14 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
     "te",
     "trailer",
     "upgrade",
-    "content-length",
-    "expect",
 ];
 
-const DROPPED_RESPONSE_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-];
+/// Request headers the proxy sets itself for the upstream.
+const SET_BY_PROXY: &[&str] = &["host", "content-length", "expect"];
+
+fn is_hop_by_hop(name: &http::HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
 
 /// Returns whether the response was cut mid-stream.
 pub async fn forward(client: &mut Client<'_>, config: &Config, body: Bytes) -> bool {
@@ -51,7 +44,7 @@ async fn relay(client: &mut Client<'_>, config: &Config, body: Bytes) -> Result<
         .request_header("POST", &upstream.map_path(path))
         .and_then(|mut req| {
             for (name, value) in incoming.headers.iter() {
-                if !DROPPED_REQUEST_HEADERS.contains(&name.as_str()) {
+                if !is_hop_by_hop(name) && !SET_BY_PROXY.contains(&name.as_str()) {
                     req.append_header(name.clone(), value.clone())?;
                 }
             }
@@ -81,7 +74,7 @@ async fn relay(client: &mut Client<'_>, config: &Config, body: Bytes) -> Result<
     let mut header =
         ResponseHeader::build(from.status, Some(from.headers.len() + 2)).map_err(|_| Gone)?;
     for (name, value) in from.headers.iter() {
-        if !DROPPED_RESPONSE_HEADERS.contains(&name.as_str()) {
+        if !is_hop_by_hop(name) {
             header
                 .append_header(name.clone(), value.clone())
                 .map_err(|_| Gone)?;

@@ -20,24 +20,11 @@ pub async fn live(session: &mut Session) -> Result<bool> {
 
 pub async fn ready(session: &mut Session, config: &Config) -> Result<bool> {
     let upstream = &config.default_upstream;
-    let probe = async {
-        let req = upstream.get("/models").map_err(|e| e.to_string())?;
-        let mut exchange = upstream
-            .endpoint
-            .send(req, None)
-            .await
-            .map_err(|e| e.etype().as_str().to_string())?;
-        let status = exchange.status();
-        // Drain so the connection can go back to the pool.
-        let _ = exchange.read_to_end(4 << 20).await;
-        if status >= 500 {
-            return Err(format!("HTTP {status}"));
-        }
-        Ok(())
+    let outcome = match upstream.fetch_models(PROBE_WAIT).await {
+        Ok((status, _)) if status >= 500 => Err(format!("HTTP {status}")),
+        Ok(_) => Ok(()),
+        Err(reason) => Err(reason),
     };
-    let outcome = tokio::time::timeout(PROBE_WAIT, probe)
-        .await
-        .unwrap_or_else(|_| Err("timed out".into()));
     match outcome {
         Ok(()) => {
             respond(

@@ -57,27 +57,13 @@ pub async fn list(session: &mut Session, config: &Config) -> Result<bool> {
 /// The upstream's `data` array; an upstream that is down yields an error,
 /// never a failed listing.
 async fn upstream_models(upstream: &Upstream) -> std::result::Result<Vec<Value>, String> {
-    let fetch = async {
-        let req = upstream.get("/models").map_err(|e| e.to_string())?;
-        let mut exchange = upstream
-            .endpoint
-            .send(req, None)
-            .await
-            .map_err(|e| e.etype().as_str().to_string())?;
-        if exchange.status() != 200 {
-            return Err(format!("HTTP {}", exchange.status()));
-        }
-        let body = exchange
-            .read_to_end(4 << 20)
-            .await
-            .map_err(|e| e.etype().as_str().to_string())?;
-        let mut list: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        match list.get_mut("data").map(Value::take) {
-            Some(Value::Array(models)) => Ok(models),
-            _ => Err("no `data` array".into()),
-        }
-    };
-    tokio::time::timeout(UPSTREAM_WAIT, fetch)
-        .await
-        .map_err(|_| "timed out".to_string())?
+    let (status, body) = upstream.fetch_models(UPSTREAM_WAIT).await?;
+    if status != 200 {
+        return Err(format!("HTTP {status}"));
+    }
+    let mut list: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    match list.get_mut("data").map(Value::take) {
+        Some(Value::Array(models)) => Ok(models),
+        _ => Err("no `data` array".into()),
+    }
 }
