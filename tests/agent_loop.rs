@@ -799,3 +799,62 @@ agents:
     );
     assert!(results[1].ends_with("stderr: boom"), "{}", results[1]);
 }
+
+#[tokio::test]
+async fn an_upstream_answering_json_to_a_stream_request_still_drives_the_loop() {
+    let tool = weather_tool(200).await;
+    // Real llama.cpp non-streamed answers: a tool call, then reasoning and content.
+    let upstream = FakeServer::start(|_, i| match i {
+        0 => Reply::raw_json(200, &fixture("toolcall-nonstream.json")),
+        _ => Reply::raw_json(200, &fixture("reasoning-nonstream.json")),
+    })
+    .await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let answer: Value = serde_json::from_slice(&fixture("reasoning-nonstream.json")).unwrap();
+    assert_eq!(
+        res.delta_text("content"),
+        answer["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert!(res
+        .delta_text("reasoning_content")
+        .contains("Calling get_weather {\"city\":\"Paris\"}"));
+    assert_eq!(tool.requests().len(), 1);
+    let second = upstream.requests()[1].json();
+    assert_eq!(
+        second["messages"][2]["tool_calls"][0]["id"],
+        "dHhX0c9VFj1w5vWk0mgT5DyqIJ7cZ7Oh"
+    );
+}
+
+#[tokio::test]
+async fn reasoning_strip_drops_the_models_reasoning_but_keeps_tool_progress() {
+    let tool = weather_tool(200).await;
+    let upstream = tool_round_then(
+        vec![
+            reasoning("hidden"),
+            tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
+            finish("tool_calls"),
+        ],
+        "Cold.",
+    )
+    .await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]\n    reasoning: strip",
+    ))
+    .await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
+    assert_eq!(
+        res.delta_text("reasoning_content"),
+        "Calling get_weather {\"city\":\"Oslo\"}…\n"
+    );
+    assert_eq!(res.delta_text("content"), "Cold.");
+}

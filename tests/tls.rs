@@ -15,6 +15,10 @@ struct TestPki {
 }
 
 fn test_pki() -> TestPki {
+    test_pki_with_alpn(vec![])
+}
+
+fn test_pki_with_alpn(alpn: Vec<Vec<u8>>) -> TestPki {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -29,7 +33,7 @@ fn test_pki() -> TestPki {
     let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
 
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
@@ -38,6 +42,7 @@ fn test_pki() -> TestPki {
             rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
         )
         .unwrap();
+    config.alpn_protocols = alpn;
     TestPki {
         ca_pem: ca.pem(),
         acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
@@ -112,4 +117,108 @@ async fn an_upstream_certificate_from_an_unknown_ca_is_refused() {
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     assert_eq!(res.status, 502, "{}", res.text());
     assert!(upstream.requests().is_empty());
+}
+
+/// An HTTP/2-only TLS server, as api.openai.com negotiates by ALPN: answers
+/// chat completions with an SSE body in several DATA frames and records the
+/// request's path, authority and authorization.
+async fn h2_upstream(
+    acceptor: tokio_rustls::TlsAcceptor,
+) -> (u16, Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((socket, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, record) = (acceptor.clone(), record.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(socket).await else {
+                    return;
+                };
+                let Ok(mut conn) = h2::server::handshake(tls).await else {
+                    return;
+                };
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let record = record.clone();
+                    tokio::spawn(async move {
+                        let (parts, mut body) = request.into_parts();
+                        while let Some(Ok(data)) = body.data().await {
+                            let _ = body.flow_control().release_capacity(data.len());
+                        }
+                        let header = |name: &str| {
+                            parts
+                                .headers
+                                .get(name)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_owned()
+                        };
+                        let authority = parts
+                            .uri
+                            .authority()
+                            .map(|a| a.to_string())
+                            .unwrap_or_default();
+                        record.lock().unwrap().push((
+                            parts.uri.path().to_owned(),
+                            authority,
+                            header("authorization"),
+                        ));
+                        let response = http::Response::builder()
+                            .status(200)
+                            .header("content-type", "text/event-stream")
+                            .body(())
+                            .unwrap();
+                        let Ok(mut stream) = respond.send_response(response, false) else {
+                            return;
+                        };
+                        for event in [role(), content("over "), content("h2"), finish("stop")] {
+                            let _ = stream.send_data(format!("data: {event}\n\n").into(), false);
+                        }
+                        let _ = stream.send_data("data: [DONE]\n\n".into(), true);
+                    });
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_only_upstream_is_spoken_to_over_h2() {
+    let pki = test_pki_with_alpn(vec![b"h2".to_vec()]);
+    let (port, seen) = h2_upstream(pki.acceptor.clone()).await;
+    let dir = scratch_dir();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &pki.ca_pem).unwrap();
+    let yaml = format!(
+        "default_upstream: openai\nupstreams:\n  openai: {{ url: \"https://127.0.0.1:{port}/v1\", api_key: sk-h2, ca_file: \"{}\" }}\nagents:\n  coder: {{ model: gpt-4o-mini }}\n",
+        ca_file.display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let body =
+        json!({"model": "coder", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..2 {
+        let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+        assert_eq!(res.status, 200, "{}\n{}", res.text(), proxy.logs());
+        assert_eq!(res.delta_text("content"), "over h2");
+        assert!(res.ends_with_done());
+    }
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(res.status, 200, "non-agent chat over h2: {}", res.text());
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    for (path, authority, auth) in &seen {
+        assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(authority, &format!("127.0.0.1:{port}"));
+        assert_eq!(auth, "Bearer sk-h2");
+    }
 }

@@ -225,7 +225,9 @@ async fn serve<S: tokio::io::AsyncRead + AsyncWrite + Unpin>(
         };
         // Handlers may block (a slow tool); keep them off the runtime's workers.
         let handler = handler.clone();
-        let reply = tokio::task::spawn_blocking(move || handler(&request, index)).await.unwrap();
+        let reply = tokio::task::spawn_blocking(move || handler(&request, index))
+            .await
+            .unwrap();
         let ok = write_reply(stream.get_mut(), reply).await;
         if !ok {
             *hangups.lock().unwrap() += 1;
