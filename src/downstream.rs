@@ -10,7 +10,8 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
 use crate::error::ApiError;
-use crate::sse;
+use crate::metrics::StreamGuard;
+use crate::{request_id, sse};
 
 /// The client went away; whatever was in flight for it is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,8 +20,8 @@ pub struct Gone;
 pub struct Client<'s> {
     session: &'s mut Session,
     heartbeat: Duration,
-    /// SSE headers were sent: heartbeats are allowed.
-    streaming: bool,
+    /// SSE headers were sent: heartbeats are allowed, and the stream is counted.
+    streaming: Option<StreamGuard>,
     watching: bool,
 }
 
@@ -29,13 +30,17 @@ impl<'s> Client<'s> {
         Client {
             session,
             heartbeat,
-            streaming: false,
+            streaming: None,
             watching: true,
         }
     }
 
     pub fn session(&self) -> &Session {
         self.session
+    }
+
+    pub fn request_id(&self) -> &str {
+        request_id::of(self.session.req_header())
     }
 
     pub fn header_sent(&self) -> bool {
@@ -47,7 +52,7 @@ impl<'s> Client<'s> {
     pub async fn wait<F: Future>(&mut self, work: F) -> Result<F::Output, Gone> {
         tokio::pin!(work);
         loop {
-            let (streaming, watching) = (self.streaming, self.watching);
+            let (streaming, watching) = (self.streaming.is_some(), self.watching);
             tokio::select! {
                 biased;
                 out = &mut work => return Ok(out),
@@ -78,11 +83,21 @@ impl<'s> Client<'s> {
             header.insert_header(name, value).map_err(|_| Gone)?;
         }
         self.send_header(header, false).await?;
-        self.streaming = true;
+        self.mark_streaming();
         Ok(())
     }
 
-    pub async fn send_header(&mut self, header: ResponseHeader, end: bool) -> Result<(), Gone> {
+    /// The response being sent is an event stream (heartbeats allowed).
+    pub fn mark_streaming(&mut self) {
+        self.streaming.get_or_insert_with(StreamGuard::open);
+    }
+
+    /// Sends a response header, with the request's id.
+    pub async fn send_header(&mut self, mut header: ResponseHeader, end: bool) -> Result<(), Gone> {
+        let id = self.request_id().to_owned();
+        header
+            .insert_header(request_id::HEADER, id)
+            .map_err(|_| Gone)?;
         self.session
             .write_response_header(Box::new(header), end)
             .await
@@ -96,7 +111,7 @@ impl<'s> Client<'s> {
             .map_err(|_| Gone)
     }
 
-    /// A complete JSON response.
+    /// A complete response, JSON unless `extra` sets another content type.
     pub async fn respond_json(
         &mut self,
         status: u16,

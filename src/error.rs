@@ -126,6 +126,7 @@ impl std::error::Error for ApiError {}
 /// a timeout is a 504, anything else on the way to the upstream is a 502.
 pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
     use pingora::ErrorType::*;
+    crate::metrics::metrics().upstream_error(upstream, err.etype().as_str());
     match err.etype() {
         ConnectTimedout | ReadTimedout | WriteTimedout => ApiError::gateway_timeout(format!(
             "upstream `{upstream}` timed out ({})",

@@ -27,7 +27,7 @@ struct Args {
     #[arg(long)]
     check: bool,
     /// Log as JSON lines instead of text.
-    #[arg(long, env = "AGENT_PROXY_LOG_JSON")]
+    #[arg(long, env = "AGENT_PROXY_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     log_json: bool,
     /// Seconds in-flight requests get to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]

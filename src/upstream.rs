@@ -65,11 +65,12 @@ impl Upstream {
     }
 
     /// A POST of a JSON body to `suffix` under the base URL.
-    pub fn json_post(&self, suffix: &str) -> pingora::Result<RequestHeader> {
+    pub fn json_post(&self, suffix: &str, request_id: &str) -> pingora::Result<RequestHeader> {
         let mut req = self
             .endpoint
             .request_header("POST", &self.endpoint.path(suffix))?;
         req.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+        req.insert_header(crate::request_id::HEADER, request_id)?;
         self.authorize(&mut req, true)?;
         Ok(req)
     }

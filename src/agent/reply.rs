@@ -20,6 +20,7 @@ pub struct Reply {
     include_usage: bool,
     show_reasoning: bool,
     usage: Usage,
+    first_token_at: Option<std::time::Instant>,
     /// Serialization buffer reused for every chunk.
     buf: Vec<u8>,
     // What a non-streaming answer accumulates.
@@ -67,6 +68,7 @@ impl Reply {
             include_usage,
             show_reasoning,
             usage: Usage::default(),
+            first_token_at: None,
             buf: Vec::with_capacity(512),
             content: String::new(),
             reasoning: String::new(),
@@ -76,6 +78,11 @@ impl Reply {
 
     pub fn usage(&self) -> Usage {
         self.usage
+    }
+
+    /// When the model's first content or reasoning was handed on.
+    pub fn first_token_at(&self) -> Option<std::time::Instant> {
+        self.first_token_at
     }
 
     pub fn add_usage(&mut self, usage: Usage) {
@@ -100,6 +107,8 @@ impl Reply {
         if text.is_empty() {
             return Ok(());
         }
+        self.first_token_at
+            .get_or_insert_with(std::time::Instant::now);
         if !self.stream {
             self.content.push_str(text);
             return Ok(());
@@ -112,7 +121,12 @@ impl Reply {
     }
 
     pub async fn reasoning(&mut self, client: &mut Client<'_>, text: &str) -> Result<(), Gone> {
-        if text.is_empty() || !self.show_reasoning {
+        if text.is_empty() {
+            return Ok(());
+        }
+        self.first_token_at
+            .get_or_insert_with(std::time::Instant::now);
+        if !self.show_reasoning {
             return Ok(());
         }
         self.proxy_note(client, text).await

@@ -10,7 +10,7 @@
 //! client tools, which go back to the client in standard form. No call is
 //! dropped without the model being told.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::join_all;
@@ -25,6 +25,7 @@ use crate::config::file::{ReasoningMode, ToolEvents};
 use crate::config::Limits;
 use crate::downstream::Client;
 use crate::error::{from_upstream, ApiError};
+use crate::metrics::metrics;
 use crate::openai::{ChatRequest, ChunkIn, CompletionIn, Message, ToolCall, Usage};
 use crate::sse;
 use crate::tools::Outcome;
@@ -39,6 +40,8 @@ pub struct Summary {
     pub rounds: u32,
     pub tool_calls: u32,
     pub usage: Usage,
+    /// From the request's start to the first content or reasoning delta.
+    pub first_token: Option<Duration>,
     /// The response was cut mid-stream: the connection must be aborted so
     /// the client cannot take it for complete.
     pub cut: bool,
@@ -49,6 +52,7 @@ pub async fn run(
     request: ChatRequest,
     client: &mut Client<'_>,
     limits: &Limits,
+    started: Instant,
 ) -> Summary {
     let stream = request.stream.unwrap_or(false);
     let include_usage = request
@@ -71,6 +75,7 @@ pub async fn run(
     )
     .await;
     summary.usage = reply.usage();
+    summary.first_token = reply.first_token_at().map(|at| at.duration_since(started));
     summary.cut = match outcome {
         Ok(finish_reason) => reply.finish(client, finish_reason).await.is_err(),
         Err(failure) => {
@@ -158,10 +163,12 @@ async fn run_tools(
             ToolEvents::Hidden => {}
         }
     }
+    let request_id = client.request_id().to_owned();
+    let request_id = request_id.as_str();
     let runs = calls.iter().map(|call| async move {
         let started = Instant::now();
         let outcome = match agent.tool(&call.function.name) {
-            Some(tool) => tool.call(&call.function.arguments).await,
+            Some(tool) => tool.call(&call.function.arguments, request_id).await,
             None => {
                 warn!(agent = %agent.id, tool = %call.function.name, "client tool call deferred: mixed with local calls");
                 Outcome::error(format!(
@@ -171,7 +178,11 @@ async fn run_tools(
                 ))
             }
         };
-        info!(agent = %agent.id, tool = %call.function.name, ok = outcome.ok, ms = started.elapsed().as_millis() as u64, "tool call");
+        let took = started.elapsed();
+        if agent.tool(&call.function.name).is_some() {
+            metrics().observe_tool(&call.function.name, outcome.ok, took);
+        }
+        info!(agent = %agent.id, tool = %call.function.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");
         outcome
     });
     let outcomes = client.wait(join_all(runs)).await?;
@@ -228,7 +239,7 @@ async fn read_round(
     let upstream = &agent.upstream;
     let body = serde_json::to_vec(request).map_err(|e| ApiError::internal(e.to_string()))?;
     let header = upstream
-        .json_post("/chat/completions")
+        .json_post("/chat/completions", client.request_id())
         .map_err(|e| ApiError::internal(format!("cannot build the upstream request: {e}")))?;
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
     let mut exchange = client
@@ -237,6 +248,12 @@ async fn read_round(
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();
     if !(200..300).contains(&status) {
+        let kind = if status >= 500 {
+            "http_5xx"
+        } else {
+            "http_4xx"
+        };
+        metrics().upstream_error(&upstream.name, kind);
         let retry_after = exchange
             .header()
             .headers

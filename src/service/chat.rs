@@ -72,8 +72,9 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
         }
     };
     ctx.agent = Some(agent.id.clone());
+    ctx.route = "agent";
     let mut client = Client::new(session, config.limits.heartbeat);
-    let summary = tool_loop::run(&agent, request, &mut client, &config.limits).await;
+    let summary = tool_loop::run(&agent, request, &mut client, &config.limits, ctx.started).await;
     let cut = summary.cut;
     ctx.summary = Some(summary);
     handled(cut)

@@ -7,6 +7,7 @@ use pingora::http::ResponseHeader;
 use crate::config::Config;
 use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
+use crate::metrics::StreamGuard;
 use crate::sse;
 
 /// Hop-by-hop headers: they describe one connection, not the message.
@@ -92,6 +93,8 @@ async fn relay(client: &mut Client<'_>, config: &Config, body: Bytes) -> Result<
             .map_err(|_| Gone)?;
     }
     client.send_header(header, false).await?;
+    // Counted, but no heartbeats: a passed-through stream stays byte for byte.
+    let _stream = event_stream.then(StreamGuard::open);
     loop {
         match client.wait(exchange.read()).await? {
             Ok(Some(piece)) => client.write(piece).await?,

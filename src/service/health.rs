@@ -1,5 +1,5 @@
-//! `GET /healthz` (the process is up) and `GET /readyz` (the config is loaded
-//! and the default upstream answers).
+//! `GET /healthz` (the process is up), `GET /readyz` (the config is loaded
+//! and the default upstream answers) and `GET /metrics`.
 
 use std::time::Duration;
 
@@ -43,6 +43,17 @@ pub async fn ready(session: &mut Session, config: &Config) -> Result<bool> {
             .await
         }
     }
+}
+
+/// `GET /metrics` in the Prometheus text format.
+pub async fn metrics(session: &mut Session) -> Result<bool> {
+    let mut client = Client::new(session, Duration::MAX);
+    let body = Bytes::from(crate::metrics::metrics().render());
+    let content_type = http::HeaderValue::from_static(crate::metrics::CONTENT_TYPE);
+    let sent = client
+        .respond_json(200, body, &[(http::header::CONTENT_TYPE, content_type)])
+        .await;
+    handled(sent.is_err())
 }
 
 async fn respond(session: &mut Session, status: u16, body: serde_json::Value) -> Result<bool> {

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
-use pingora::http::RequestHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
@@ -30,6 +30,8 @@ use crate::agent::tool_loop::Summary;
 use crate::config::Config;
 use crate::downstream::{Client, Gone};
 use crate::error::ApiError;
+use crate::metrics::{metrics, StreamGuard};
+use crate::request_id;
 
 pub struct AgentProxy {
     config: Arc<ArcSwap<Config>>,
@@ -44,8 +46,14 @@ impl AgentProxy {
 pub struct RequestCtx {
     config: Arc<Config>,
     started: Instant,
+    request_id: String,
+    /// What kind of request this is, for metrics: `agent`, `chat`, `proxy`,
+    /// `models`, `health`, `metrics`.
+    route: &'static str,
     agent: Option<String>,
     summary: Option<Summary>,
+    /// Counts a passed-through event stream while it lasts.
+    stream: Option<StreamGuard>,
 }
 
 /// The handler answered; `Err` aborts the connection when a response was
@@ -74,34 +82,43 @@ impl ProxyHttp for AgentProxy {
         RequestCtx {
             config: self.config.load_full(),
             started: Instant::now(),
+            request_id: String::new(),
+            route: "proxy",
             agent: None,
             summary: None,
+            stream: None,
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let config = ctx.config.clone();
+        ctx.request_id = request_id::ensure(session.req_header_mut());
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
-        match (method.as_str(), path.as_str()) {
-            ("GET", "/healthz") => return health::live(session).await,
-            ("GET", "/readyz") => return health::ready(session, &config).await,
+        ctx.route = match (method.as_str(), path.as_str()) {
+            ("GET", "/healthz" | "/readyz") => "health",
+            ("GET", "/metrics") => "metrics",
+            ("GET", "/v1/models") => "models",
+            ("POST", "/v1/chat/completions") => "chat",
+            _ => "proxy",
+        };
+        match path.as_str() {
+            "/healthz" if ctx.route == "health" => return health::live(session).await,
+            "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
             _ => {}
         }
         if !auth::allowed(&config, session.req_header()) {
             return reject(session, &ApiError::invalid_api_key()).await;
         }
-        match (method.as_str(), path.as_str()) {
-            ("GET", "/v1/models") => models::list(session, &config).await,
-            ("POST", "/v1/chat/completions") => chat::handle(session, ctx).await,
+        match ctx.route {
+            "metrics" => health::metrics(session).await,
+            "models" => models::list(session, &config).await,
+            "chat" => chat::handle(session, ctx).await,
             _ if config.passthrough => Ok(false),
             _ => {
-                reject(
-                    session,
-                    &ApiError::not_found(format!("no route for {method} {path}")),
-                )
-                .await
+                let error = ApiError::not_found(format!("no route for {method} {path}"));
+                reject(session, &error).await
             }
         }
     }
@@ -131,6 +148,19 @@ impl ProxyHttp for AgentProxy {
             .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "unmappable path"))?;
         upstream_request.set_uri(uri);
         upstream.authorize(upstream_request, !ctx.config.api_keys.is_empty())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        upstream_response.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
+        if is_event_stream(upstream_response) {
+            ctx.stream = Some(StreamGuard::open());
+        }
+        Ok(())
     }
 
     fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, error: &Error) -> bool {
@@ -167,21 +197,75 @@ impl ProxyHttp for AgentProxy {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
-        let status = session.response_written().map_or(0, |h| h.status.as_u16());
-        let req = session.req_header();
+        ctx.stream = None;
+        let response = session.response_written();
+        let status = response.map_or(0, |h| h.status.as_u16());
+        let stream = response.is_some_and(is_event_stream);
         let summary = ctx.summary.take().unwrap_or_default();
+        let agent = ctx.agent.as_deref().unwrap_or_default();
+        let elapsed = ctx.started.elapsed();
+        let m = metrics();
+        m.requests
+            .with_label_values(&[
+                ctx.route,
+                agent,
+                &status.to_string(),
+                if stream { "true" } else { "false" },
+            ])
+            .inc();
+        m.request_seconds
+            .with_label_values(&[ctx.route])
+            .observe(elapsed.as_secs_f64());
+        if ctx.agent.is_some() {
+            m.rounds
+                .with_label_values(&[agent])
+                .observe(f64::from(summary.rounds));
+            m.tokens
+                .with_label_values(&[agent, "prompt"])
+                .inc_by(summary.usage.prompt_tokens);
+            m.tokens
+                .with_label_values(&[agent, "completion"])
+                .inc_by(summary.usage.completion_tokens);
+            if let Some(first) = summary.first_token {
+                m.first_token_seconds
+                    .with_label_values(&[agent])
+                    .observe(first.as_secs_f64());
+            }
+        }
+        let req = session.req_header();
+        let upstream = match &ctx.agent {
+            Some(id) => ctx
+                .config
+                .agent(id)
+                .map_or("-", |a| a.upstream.name.as_str()),
+            None if ctx.route == "chat" || ctx.route == "proxy" => {
+                ctx.config.default_upstream.name.as_str()
+            }
+            None => "-",
+        };
         info!(
+            request_id = %ctx.request_id,
             method = %req.method,
             path = %req.uri.path(),
             status,
-            agent = ctx.agent.as_deref().unwrap_or("-"),
+            route = ctx.route,
+            agent = if agent.is_empty() { "-" } else { agent },
+            upstream,
             rounds = summary.rounds,
             tools = summary.tool_calls,
             prompt_tokens = summary.usage.prompt_tokens,
             completion_tokens = summary.usage.completion_tokens,
-            ms = ctx.started.elapsed().as_millis() as u64,
-            error = error.map(|e| e.etype().as_str()).unwrap_or("-"),
+            first_token_ms = summary.first_token.map(|d| d.as_millis() as u64),
+            ms = elapsed.as_millis() as u64,
+            error = error.map_or("-", |e| e.etype().as_str()),
             "request"
         );
     }
+}
+
+fn is_event_stream(header: &ResponseHeader) -> bool {
+    header
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }

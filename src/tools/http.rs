@@ -56,19 +56,21 @@ impl HttpTool {
         })
     }
 
-    pub async fn call(&self, arguments: &str, cap: usize) -> Outcome {
-        match tokio::time::timeout(self.timeout, self.exchange(arguments, cap)).await {
+    pub async fn call(&self, arguments: &str, request_id: &str, cap: usize) -> Outcome {
+        let exchange = self.exchange(arguments, request_id, cap);
+        match tokio::time::timeout(self.timeout, exchange).await {
             Ok(outcome) => outcome,
             Err(_) => Outcome::error(format!("timed out after {} ms", self.timeout.as_millis())),
         }
     }
 
-    async fn exchange(&self, arguments: &str, cap: usize) -> Outcome {
+    async fn exchange(&self, arguments: &str, request_id: &str, cap: usize) -> Outcome {
         let request = self
             .endpoint
             .request_header("POST", &self.path)
             .and_then(|mut req| {
                 req.insert_header(::http::header::CONTENT_TYPE, "application/json")?;
+                req.insert_header(crate::request_id::HEADER, request_id)?;
                 for (name, value) in &self.headers {
                     req.insert_header(name.clone(), value.clone())?;
                 }

@@ -62,7 +62,7 @@ impl Tool {
 
     /// Runs the tool with the model's `arguments` (JSON text). Arguments that
     /// are not a JSON object are not executed.
-    pub async fn call(&self, arguments: &str) -> Outcome {
+    pub async fn call(&self, arguments: &str, request_id: &str) -> Outcome {
         let arguments = if arguments.trim().is_empty() {
             "{}"
         } else {
@@ -80,7 +80,10 @@ impl Tool {
             }
         }
         match &self.executor {
-            Executor::Http(tool) => tool.call(arguments, self.max_output_bytes).await,
+            Executor::Http(tool) => {
+                tool.call(arguments, request_id, self.max_output_bytes)
+                    .await
+            }
             Executor::Command(tool) => tool.call(arguments, self.max_output_bytes).await,
         }
     }

@@ -141,6 +141,8 @@ pub struct FakeServer {
     /// Bumped when a write to the proxy fails: the proxy hung up on us.
     pub hangups: Arc<Mutex<u32>>,
     task: tokio::task::JoinHandle<()>,
+    /// Open connections, closed when the server is dropped.
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 impl FakeServer {
@@ -161,6 +163,8 @@ impl FakeServer {
         let hangups = Arc::new(Mutex::new(0));
         let handler: Arc<Handler> = Arc::new(handler);
         let (reqs, hups) = (requests.clone(), hangups.clone());
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let conns = connections.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((socket, _)) = listener.accept().await else {
@@ -168,7 +172,7 @@ impl FakeServer {
                 };
                 let (handler, reqs, hups, tls) =
                     (handler.clone(), reqs.clone(), hups.clone(), tls.clone());
-                tokio::spawn(async move {
+                let conn = tokio::spawn(async move {
                     match tls {
                         None => serve(socket, handler, reqs, hups).await,
                         Some(acceptor) => {
@@ -178,6 +182,7 @@ impl FakeServer {
                         }
                     }
                 });
+                conns.lock().unwrap().push(conn.abort_handle());
             }
         });
         FakeServer {
@@ -185,6 +190,7 @@ impl FakeServer {
             requests,
             hangups,
             task,
+            connections,
         }
     }
 
@@ -204,6 +210,9 @@ impl FakeServer {
 impl Drop for FakeServer {
     fn drop(&mut self) {
         self.task.abort();
+        for conn in self.connections.lock().unwrap().drain(..) {
+            conn.abort();
+        }
     }
 }
 

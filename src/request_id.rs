@@ -1,0 +1,56 @@
+//! `x-request-id`: kept when the client sent a sane one, generated otherwise;
+//! passed to upstreams and HTTP tools and returned to the client.
+
+use pingora::http::RequestHeader;
+
+pub const HEADER: &str = "x-request-id";
+
+/// Makes sure `req` carries a request id and returns it. The id is stored in
+/// the request header itself, so everything that forwards or answers the
+/// request finds it there.
+pub fn ensure(req: &mut RequestHeader) -> String {
+    let sent = req
+        .headers
+        .get(HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| is_sane(id))
+        .map(str::to_owned);
+    match sent {
+        Some(id) => id,
+        None => {
+            let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+            // A hex string is always a valid header value.
+            let _ = req.insert_header(HEADER, id.as_str());
+            id
+        }
+    }
+}
+
+/// The id of a request that went through [`ensure`].
+pub fn of(req: &RequestHeader) -> &str {
+    req.headers
+        .get(HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+fn is_sane(id: &str) -> bool {
+    (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_a_sane_id_and_replaces_others() {
+        let mut req = RequestHeader::build("GET", b"/", None).unwrap();
+        req.insert_header(HEADER, "abc-123").unwrap();
+        assert_eq!(ensure(&mut req), "abc-123");
+        let mut req = RequestHeader::build("GET", b"/", None).unwrap();
+        req.insert_header(HEADER, "x".repeat(200)).unwrap();
+        let id = ensure(&mut req);
+        assert_eq!(id.len(), 32);
+        assert_eq!(of(&req), id);
+    }
+}

@@ -1,0 +1,208 @@
+//! Request ids, metrics and logs, as an operator sees them.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn config(upstream: &FakeServer, tool: &FakeServer) -> String {
+    format!(
+        r#"
+default_upstream: local
+upstreams: {{ local: {{ url: "{}/v1", api_key: "sk-upstream-secret" }} }}
+tools:
+  get_weather: {{ http: {{ url: "{}/weather" }} }}
+agents:
+  weather: {{ tools: [get_weather] }}
+"#,
+        upstream.url(),
+        tool.url()
+    )
+}
+
+async fn tool_then_answer() -> FakeServer {
+    FakeServer::start(|req, _| {
+        if req.method == "GET" {
+            return Reply::raw_json(200, &fixture("models.json"));
+        }
+        let body = req.json();
+        if body["model"] == "gpt-x" {
+            return Reply::json(200, json!({"ok": true}));
+        }
+        if body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "tool")
+        {
+            Reply::events(vec![content("Sunny."), finish("stop"), usage(20, 3)])
+        } else {
+            Reply::events(vec![
+                tool_call(0, "a", "get_weather", "{}"),
+                finish("tool_calls"),
+                usage(10, 2),
+            ])
+        }
+    })
+    .await
+}
+
+fn ask() -> Value {
+    json!({"model": "weather", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+#[tokio::test]
+async fn request_ids_reach_the_upstream_the_tools_and_the_client() {
+    let tool = FakeServer::start(|_, _| Reply::json(200, json!({"sky": "clear"}))).await;
+    let upstream = tool_then_answer().await;
+    let proxy = Proxy::start(&config(&upstream, &tool)).await;
+    let body = ask().to_string();
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-request-id", "req-abc-1"),
+        ],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(res.header("x-request-id"), Some("req-abc-1"));
+    assert!(upstream
+        .requests()
+        .iter()
+        .all(|r| r.header("x-request-id") == Some("req-abc-1")));
+    assert_eq!(tool.requests()[0].header("x-request-id"), Some("req-abc-1"));
+
+    // Generated when absent, the same everywhere.
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask()).await;
+    let id = res
+        .header("x-request-id")
+        .expect("a generated id")
+        .to_owned();
+    assert_eq!(id.len(), 32);
+    assert_eq!(tool.requests()[1].header("x-request-id"), Some(id.as_str()));
+
+    // Non-agent chat, the pingora proxy path and errors carry one too.
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-x", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    let id = res.header("x-request-id").unwrap();
+    assert_eq!(
+        upstream.requests().last().unwrap().header("x-request-id"),
+        Some(id)
+    );
+    let res = get(proxy.port, "/health").await;
+    assert!(res.header("x-request-id").is_some());
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "weather"}),
+    )
+    .await;
+    assert_eq!(res.status, 400);
+    assert!(res.header("x-request-id").is_some());
+}
+
+#[tokio::test]
+async fn metrics_count_requests_tools_tokens_and_upstream_errors() {
+    let tool = FakeServer::start(|_, i| {
+        Reply::json(if i == 0 { 200 } else { 500 }, json!({"sky": "clear"}))
+    })
+    .await;
+    let upstream = tool_then_answer().await;
+    let proxy = Proxy::start(&config(&upstream, &tool)).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask()).await;
+    assert_eq!(res.status, 200);
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask()).await;
+    assert_eq!(
+        res.status, 200,
+        "a failing tool is an error result, not a failed request"
+    );
+
+    let res = get(proxy.port, "/metrics").await;
+    assert_eq!(res.status, 200);
+    assert!(res
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain"));
+    let text = res.text();
+    for line in [
+        r#"agent_proxy_requests_total{agent="weather",route="agent",status="200",stream="true"} 2"#,
+        r#"agent_proxy_tool_calls_total{outcome="ok",tool="get_weather"} 1"#,
+        r#"agent_proxy_tool_calls_total{outcome="error",tool="get_weather"} 1"#,
+        r#"agent_proxy_tokens_total{agent="weather",kind="prompt"} 60"#,
+        r#"agent_proxy_tokens_total{agent="weather",kind="completion"} 10"#,
+        r#"agent_proxy_rounds_sum{agent="weather"} 4"#,
+        r#"agent_proxy_time_to_first_token_seconds_count{agent="weather"} 2"#,
+        "agent_proxy_streams_in_flight 0",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+
+    drop(upstream);
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask()).await;
+    assert_eq!(res.status, 502);
+    let text = get(proxy.port, "/metrics").await.text();
+    assert!(
+        text.contains(r#"agent_proxy_upstream_errors_total{kind="#),
+        "{text}"
+    );
+    assert!(text.contains(r#"upstream="local"} 1"#), "{text}");
+}
+
+#[tokio::test]
+async fn json_logs_have_one_line_per_request_and_no_secrets() {
+    let tool = FakeServer::start(|_, _| Reply::json(200, json!({"sky": "clear"}))).await;
+    let upstream = tool_then_answer().await;
+    let yaml = config(&upstream, &tool) + "auth: { api_keys: [sk-proxy-secret] }\n";
+    let proxy = Proxy::start_with_env(&yaml, &[("AGENT_PROXY_LOG_JSON", "1")]).await;
+    let body = ask().to_string();
+    let auth = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer sk-proxy-secret"),
+        ("x-request-id", "log-1"),
+    ];
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &auth,
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(res.status, 200);
+    let wrong = [("authorization", "Bearer sk-wrong-guess")];
+    assert_eq!(
+        request(proxy.port, "GET", "/v1/models", &wrong, b"")
+            .await
+            .status,
+        401
+    );
+    // The log line is written after the response; give it a moment.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let logs = proxy.logs();
+    let lines: Vec<Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let line = lines
+        .iter()
+        .find(|l| l["fields"]["request_id"] == "log-1")
+        .expect("a request line");
+    let fields = &line["fields"];
+    assert_eq!(fields["agent"], "weather");
+    assert_eq!(fields["upstream"], "local");
+    assert_eq!(fields["status"], 200);
+    assert_eq!(fields["rounds"], 2);
+    assert_eq!(fields["tools"], 1);
+    assert_eq!(fields["prompt_tokens"], 30);
+    for secret in ["sk-proxy-secret", "sk-upstream-secret", "sk-wrong-guess"] {
+        assert!(!logs.contains(secret), "`{secret}` leaked into the logs");
+    }
+    assert!(!logs.contains("Sunny."), "message bodies are not logged");
+}
