@@ -3,16 +3,22 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use clap::Parser;
+use pingora::apps::http_app::HttpServer;
 use pingora::proxy::http_proxy_service;
-use pingora::server::configuration::ServerConf;
+use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
+use pingora::services::background::background_service;
+use pingora::services::listening::Service;
 use tracing::{info, warn};
 
 use agent_proxy::config::Config;
-use agent_proxy::service::AgentProxy;
+use agent_proxy::reload::Reloader;
+use agent_proxy::service::{Admin, AgentProxy};
+use agent_proxy::shutdown::Drain;
 
 #[derive(Parser)]
 #[command(
@@ -20,7 +26,7 @@ use agent_proxy::service::AgentProxy;
     about = "Turns any OpenAI-compatible LLM server into an agent server"
 )]
 struct Args {
-    /// The config file.
+    /// The config file. It is reloaded on SIGHUP and when its content changes.
     #[arg(long, short, default_value = "proxy.yaml")]
     config: PathBuf,
     /// Validate the config and exit.
@@ -29,9 +35,20 @@ struct Args {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "AGENT_PROXY_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     log_json: bool,
-    /// Seconds in-flight requests get to finish after SIGTERM.
+    /// Longest time in-flight requests get after SIGTERM; the process exits
+    /// as soon as the last one is done.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// How often the config file is checked for changes, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    reload_poll_ms: u64,
+    /// Zero-downtime upgrade: take over the listening sockets of the running
+    /// process (send it SIGQUIT) through `--upgrade-sock`.
+    #[arg(long)]
+    upgrade: bool,
+    /// Unix socket the old and new process hand the listeners over on.
+    #[arg(long, default_value = "/tmp/agent-proxy-upgrade.sock")]
+    upgrade_sock: String,
 }
 
 fn main() -> ExitCode {
@@ -69,19 +86,41 @@ fn main() -> ExitCode {
 
     let conf = ServerConf {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        // pingora's default grace period is an unconditional 300 s sleep.
-        grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(args.shutdown_grace),
+        // An upper bound only: `Drain` exits as soon as nothing is in flight
+        // (pingora's own default is an unconditional 300 s sleep).
+        grace_period_seconds: Some(args.shutdown_grace),
+        graceful_shutdown_timeout_seconds: Some(1),
+        upgrade_sock: args.upgrade_sock.clone(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = Opt {
+        upgrade: args.upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
     let listen = config.listen.clone();
+    let admin_listen = config.admin_listen.clone();
     info!(%listen, agents = config.agents.len(), "agent-proxy starting");
-    let proxy = AgentProxy::new(Arc::new(ArcSwap::from_pointee(config)));
-    let mut service = http_proxy_service(&server.configuration, proxy);
-    service.add_tcp(&listen);
-    server.add_service(service);
+    let config = Arc::new(ArcSwap::from_pointee(config));
+
+    let mut proxy = http_proxy_service(&server.configuration, AgentProxy::new(config.clone()));
+    proxy.add_tcp(&listen);
+    server.add_service(proxy);
+    if let Some(admin_listen) = admin_listen {
+        let mut admin = Service::new(
+            "admin".into(),
+            HttpServer::new_app(Admin::new(config.clone())),
+        );
+        admin.add_tcp(&admin_listen);
+        server.add_service(admin);
+    }
+    let poll = Duration::from_millis(args.reload_poll_ms.max(10));
+    server.add_service(background_service(
+        "config reload",
+        Reloader::new(args.config.clone(), config, poll),
+    ));
+    server.add_service(background_service("drain", Drain));
     server.run_forever()
 }

@@ -11,6 +11,9 @@ use serde_json::{Map, Value};
 pub struct ConfigFile {
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// A second listener for `/metrics`, `/healthz` and `/readyz` without auth.
+    #[serde(default)]
+    pub admin_listen: Option<String>,
     #[serde(default)]
     pub auth: AuthFile,
     pub default_upstream: String,

@@ -21,6 +21,7 @@ use file::ConfigFile;
 /// started with.
 pub struct Config {
     pub listen: String,
+    pub admin_listen: Option<String>,
     pub api_keys: Vec<String>,
     pub default_upstream: Arc<Upstream>,
     pub agents: BTreeMap<String, Arc<Agent>>,
@@ -240,6 +241,7 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
     }
     Ok(Config {
         listen: file.listen,
+        admin_listen: file.admin_listen,
         api_keys: file
             .auth
             .api_keys

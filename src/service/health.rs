@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use pingora::proxy::Session;
 use pingora::Result;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::handled;
 use crate::config::Config;
@@ -15,10 +15,21 @@ use crate::downstream::Client;
 const PROBE_WAIT: Duration = Duration::from_secs(2);
 
 pub async fn live(session: &mut Session) -> Result<bool> {
-    respond(session, 200, json!({"status": "ok"})).await
+    respond(session, 200, live_body()).await
+}
+
+pub fn live_body() -> Value {
+    json!({"status": "ok"})
 }
 
 pub async fn ready(session: &mut Session, config: &Config) -> Result<bool> {
+    let (status, body) = readiness(config).await;
+    respond(session, status, body).await
+}
+
+/// The readiness verdict and its JSON detail: the config is loaded (it is,
+/// or there would be no `config`) and the default upstream answers.
+pub async fn readiness(config: &Config) -> (u16, Value) {
     let upstream = &config.default_upstream;
     let outcome = match upstream.fetch_models(PROBE_WAIT).await {
         Ok((status, _)) if status >= 500 => Err(format!("HTTP {status}")),
@@ -26,22 +37,11 @@ pub async fn ready(session: &mut Session, config: &Config) -> Result<bool> {
         Err(reason) => Err(reason),
     };
     match outcome {
-        Ok(()) => {
-            respond(
-                session,
-                200,
-                json!({"status": "ready", "upstream": upstream.name}),
-            )
-            .await
-        }
-        Err(reason) => {
-            respond(
-                session,
-                503,
-                json!({"status": "not ready", "upstream": upstream.name, "reason": reason}),
-            )
-            .await
-        }
+        Ok(()) => (200, json!({"status": "ready", "upstream": upstream.name})),
+        Err(reason) => (
+            503,
+            json!({"status": "not ready", "upstream": upstream.name, "reason": reason}),
+        ),
     }
 }
 
@@ -56,7 +56,7 @@ pub async fn metrics(session: &mut Session) -> Result<bool> {
     handled(sent.is_err())
 }
 
-async fn respond(session: &mut Session, status: u16, body: serde_json::Value) -> Result<bool> {
+async fn respond(session: &mut Session, status: u16, body: Value) -> Result<bool> {
     let mut client = Client::new(session, Duration::MAX);
     let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
     handled(client.respond_json(status, bytes, &[]).await.is_err())

@@ -9,6 +9,7 @@
 //! 3. `fail_to_proxy` turns proxy-path failures into OpenAI-format errors;
 //!    `logging` writes one line per request.
 
+mod admin;
 mod auth;
 mod chat;
 mod forward;
@@ -32,6 +33,9 @@ use crate::downstream::{Client, Gone};
 use crate::error::ApiError;
 use crate::metrics::{metrics, StreamGuard};
 use crate::request_id;
+use crate::shutdown::InFlight;
+
+pub use admin::Admin;
 
 pub struct AgentProxy {
     config: Arc<ArcSwap<Config>>,
@@ -54,6 +58,7 @@ pub struct RequestCtx {
     summary: Option<Summary>,
     /// Counts a passed-through event stream while it lasts.
     stream: Option<StreamGuard>,
+    _in_flight: InFlight,
 }
 
 /// The handler answered; `Err` aborts the connection when a response was
@@ -87,6 +92,7 @@ impl ProxyHttp for AgentProxy {
             agent: None,
             summary: None,
             stream: None,
+            _in_flight: InFlight::enter(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! The real `agent-proxy` binary on an ephemeral port.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `yaml` with a `listen` line for `port` in front.
+pub fn with_listen(port: u16, yaml: &str) -> String {
+    format!("listen: \"127.0.0.1:{port}\"\n{yaml}")
+}
+
 impl Proxy {
     /// Starts the proxy with `yaml` (without `listen`, which the harness sets)
     /// and waits until `/healthz` answers.
@@ -41,14 +46,31 @@ impl Proxy {
     }
 
     pub async fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Proxy {
+        Self::start_with(yaml, env, &[]).await
+    }
+
+    pub async fn start_with(yaml: &str, env: &[(&str, &str)], args: &[&str]) -> Proxy {
         let dir = scratch_dir();
         let port = free_port();
         let config = dir.join("proxy.yaml");
-        std::fs::write(&config, format!("listen: \"127.0.0.1:{port}\"\n{yaml}")).unwrap();
+        std::fs::write(&config, with_listen(port, yaml)).unwrap();
+        Self::launch(dir, &config, port, env, args).await
+    }
+
+    /// Starts the proxy on a config file the test wrote itself (with `listen`
+    /// on `port`).
+    pub async fn launch(
+        dir: PathBuf,
+        config: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Proxy {
         let log = std::fs::File::create(dir.join("proxy.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_agent-proxy"))
             .arg("--config")
-            .arg(&config)
+            .arg(config)
+            .args(args)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -85,6 +107,27 @@ impl Proxy {
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(self.dir.join("proxy.log")).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 }
 

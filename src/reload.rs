@@ -1,0 +1,105 @@
+//! Hot reload: the config lives in an `ArcSwap`; every request takes the
+//! snapshot current when it started and keeps it to its end. A new config is
+//! loaded on SIGHUP and when the file's content changes. Content, not
+//! inotify: a Kubernetes ConfigMap update swaps a `..data` symlink, which
+//! naive watchers miss, but reading the path sees the new file.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+use crate::config::{Config, ConfigError};
+use crate::metrics::metrics;
+
+pub struct Reloader {
+    path: PathBuf,
+    config: Arc<ArcSwap<Config>>,
+    poll: Duration,
+}
+
+impl Reloader {
+    pub fn new(path: PathBuf, config: Arc<ArcSwap<Config>>, poll: Duration) -> Self {
+        Reloader { path, config, poll }
+    }
+
+    /// Loads the file again; an invalid config is rejected whole and the
+    /// current one keeps serving.
+    async fn reload(&self, reason: &str) {
+        let path = self.path.clone();
+        let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+            .await
+            .unwrap_or_else(|e| {
+                Err(ConfigError {
+                    key: String::new(),
+                    message: e.to_string(),
+                })
+            });
+        match loaded {
+            Ok(new) => {
+                let old = self.config.load();
+                if new.listen != old.listen {
+                    warn!(old = %old.listen, new = %new.listen, "`listen` changes take effect at the next restart");
+                }
+                info!(reason, agents = new.agents.len(), "config reloaded");
+                self.config.store(Arc::new(new));
+                metrics().config_reloads.with_label_values(&["ok"]).inc();
+            }
+            Err(e) => {
+                error!(
+                    reason,
+                    "config reload rejected, the current config stays: {e}"
+                );
+                metrics()
+                    .config_reloads
+                    .with_label_values(&["failed"])
+                    .inc();
+            }
+        }
+    }
+
+    async fn fingerprint(&self) -> Option<u64> {
+        let bytes = tokio::fs::read(&self.path).await.ok()?;
+        let mut hasher = DefaultHasher::new();
+        bytes.hash(&mut hasher);
+        Some(hasher.finish())
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Reloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(hangups) => Some(hangups),
+            Err(e) => {
+                warn!("cannot listen for SIGHUP ({e}); reloading on file changes only");
+                None
+            }
+        };
+        let mut seen = self.fingerprint().await;
+        let mut poll = tokio::time::interval(self.poll);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                Some(()) = async { hangups.as_mut()?.recv().await } => {
+                    seen = self.fingerprint().await;
+                    self.reload("SIGHUP").await;
+                }
+                _ = poll.tick() => {
+                    let now = self.fingerprint().await;
+                    if now.is_some() && now != seen {
+                        seen = now;
+                        self.reload("file changed").await;
+                    }
+                }
+            }
+        }
+    }
+}

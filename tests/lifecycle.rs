@@ -1,0 +1,283 @@
+//! Hot reload under load, and graceful shutdown that drains live streams.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+/// An upstream that streams the system prompt it was given back, slowly, so
+/// each answer shows which config served it and spans a reload.
+async fn echo_prompt_upstream(events: usize, gap: Duration) -> FakeServer {
+    FakeServer::start(move |req, _| {
+        let prompt = req.json()["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let mut steps = vec![Step::Bytes(
+            format!("data: {}\n\n", content(&prompt)).into_bytes(),
+        )];
+        for _ in 1..events {
+            steps.push(Step::Sleep(gap));
+            steps.push(Step::Bytes(
+                format!("data: {}\n\n", content(".")).into_bytes(),
+            ));
+        }
+        steps.push(Step::Bytes(
+            format!("data: {}\n\ndata: [DONE]\n\n", finish("stop")).into_bytes(),
+        ));
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
+    })
+    .await
+}
+
+fn config(upstream: &FakeServer, generation: u32) -> String {
+    let extra = if generation % 2 == 0 {
+        "  extra: { description: even }\n"
+    } else {
+        ""
+    };
+    format!(
+        "default_upstream: up\nupstreams: {{ up: {{ url: \"{}/v1\" }} }}\nagents:\n  bot: {{ system_prompt: \"gen-{generation}\" }}\n{extra}",
+        upstream.url()
+    )
+}
+
+/// Replaces the file atomically, as editors and config managers do.
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn ask() -> Value {
+    json!({"model": "bot", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+async fn model_ids(port: u16) -> Vec<String> {
+    get(port, "/v1/models").await.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reloads_under_load_fail_no_request_and_reject_invalid_configs() {
+    let upstream = echo_prompt_upstream(4, Duration::from_millis(40)).await;
+    let dir = scratch_dir();
+    let port = free_port();
+    let path = dir.join("proxy.yaml");
+    std::fs::write(&path, with_listen(port, &config(&upstream, 1))).unwrap();
+    let proxy = Proxy::launch(dir, &path, port, &[], &["--reload-poll-ms", "50"]).await;
+
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                let until = Instant::now() + Duration::from_millis(2500);
+                while Instant::now() < until {
+                    let res = post_json(port, "/v1/chat/completions", &ask()).await;
+                    assert_eq!(res.status, 200, "{}", res.text());
+                    assert!(res.complete && res.ends_with_done(), "{}", res.text());
+                    answers.push(res.delta_text("content"));
+                }
+                answers
+            })
+        })
+        .collect();
+    for generation in 2..=6 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        write_atomically(&path, &with_listen(port, &config(&upstream, generation)));
+        if generation == 4 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            write_atomically(&path, &with_listen(port, "agents: [this is not a config"));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert_eq!(
+                post_json(port, "/v1/chat/completions", &ask()).await.status,
+                200,
+                "the old config keeps serving"
+            );
+            write_atomically(&path, &with_listen(port, &config(&upstream, generation)));
+        }
+    }
+    let mut total = 0;
+    let mut generations = std::collections::BTreeSet::new();
+    for client in clients {
+        for answer in client.await.unwrap() {
+            total += 1;
+            let generation = answer.trim_end_matches('.').to_owned();
+            assert!(generation.starts_with("gen-"), "{answer}");
+            generations.insert(generation);
+        }
+    }
+    assert!(total >= 40, "only {total} requests completed");
+    assert!(
+        generations.len() >= 3,
+        "requests saw the reloads: {generations:?}"
+    );
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        model_ids(port).await,
+        ["bot", "extra"],
+        "generation 6 has the extra agent"
+    );
+    let res = post_json(port, "/v1/chat/completions", &ask()).await;
+    assert!(res.delta_text("content").starts_with("gen-6"));
+    let metrics = get(port, "/metrics").await.text();
+    assert!(
+        metrics.contains(r#"agent_proxy_config_reloads_total{result="failed"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"agent_proxy_config_reloads_total{result="ok"} 6"#),
+        "{metrics}"
+    );
+    assert!(proxy.logs().contains("config reload rejected"));
+}
+
+#[tokio::test]
+async fn a_configmap_symlink_swap_is_picked_up() {
+    let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
+    let dir = scratch_dir();
+    let port = free_port();
+    // The layout kubelet writes for a mounted ConfigMap.
+    let first = dir.join("..2026_11_21_first");
+    std::fs::create_dir(&first).unwrap();
+    std::fs::write(
+        first.join("proxy.yaml"),
+        with_listen(port, &config(&upstream, 1)),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..2026_11_21_first", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/proxy.yaml", dir.join("proxy.yaml")).unwrap();
+    let proxy = Proxy::launch(
+        dir.clone(),
+        &dir.join("proxy.yaml"),
+        port,
+        &[],
+        &["--reload-poll-ms", "50"],
+    )
+    .await;
+    assert_eq!(model_ids(port).await, ["bot"]);
+
+    let second = dir.join("..2026_11_21_second");
+    std::fs::create_dir(&second).unwrap();
+    std::fs::write(
+        second.join("proxy.yaml"),
+        with_listen(port, &config(&upstream, 2)),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..2026_11_21_second", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    std::fs::remove_dir_all(&first).unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while model_ids(port).await != ["bot", "extra"] {
+        assert!(
+            Instant::now() < deadline,
+            "the swap was not picked up:\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn sighup_reloads() {
+    let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
+    let dir = scratch_dir();
+    let port = free_port();
+    let path = dir.join("proxy.yaml");
+    std::fs::write(&path, with_listen(port, &config(&upstream, 1))).unwrap();
+    // Polling effectively off: only the signal can reload.
+    let proxy = Proxy::launch(dir, &path, port, &[], &["--reload-poll-ms", "3600000"]).await;
+    std::fs::write(&path, with_listen(port, &config(&upstream, 2))).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(model_ids(port).await, ["bot"]);
+    proxy.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while model_ids(port).await != ["bot", "extra"] {
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP did not reload:\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_a_live_stream_then_exits_at_once() {
+    let upstream = echo_prompt_upstream(20, Duration::from_millis(100)).await;
+    let mut proxy =
+        Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "60"]).await;
+    let body = ask().to_string();
+    let mut conn = Connection::open(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.as_bytes(),
+    )
+    .await;
+    let mut res = conn.head().await;
+    assert_eq!(res.status, 200);
+    let first = conn.next_chunk(&mut res).await.expect("the stream started");
+    res.body.extend_from_slice(&first);
+    let signalled = Instant::now();
+    proxy.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+            .await
+            .is_err(),
+        "new connections are refused while draining"
+    );
+    while let Some(chunk) = conn.next_chunk(&mut res).await {
+        res.body.extend_from_slice(&chunk);
+    }
+    assert!(
+        res.complete && res.ends_with_done(),
+        "the live stream finished: {}",
+        res.text()
+    );
+    let status = proxy
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("exited after the last stream");
+    assert!(status.success(), "{status:?}");
+    // 60 s of grace were allowed; the process left with the stream (~2 s).
+    assert!(signalled.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grace_period_bounds_a_drain() {
+    let upstream = echo_prompt_upstream(100, Duration::from_millis(100)).await;
+    let mut proxy = Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "1"]).await;
+    let body = ask().to_string();
+    let mut conn = Connection::open(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.as_bytes(),
+    )
+    .await;
+    let mut res = conn.head().await;
+    conn.next_chunk(&mut res).await.expect("the stream started");
+    proxy.signal("TERM");
+    while conn.next_chunk(&mut res).await.is_some() {}
+    assert!(
+        !res.complete,
+        "a stream longer than the grace period is cut"
+    );
+    assert!(proxy.wait_exit(Duration::from_secs(10)).await.is_some());
+}
