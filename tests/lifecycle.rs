@@ -37,7 +37,7 @@ async fn echo_prompt_upstream(events: usize, gap: Duration) -> FakeServer {
 }
 
 fn config(upstream: &FakeServer, generation: u32) -> String {
-    let extra = if generation % 2 == 0 {
+    let extra = if generation.is_multiple_of(2) {
         "  extra: { description: even }\n"
     } else {
         ""
