@@ -27,16 +27,39 @@ pub struct Endpoint {
     port: u16,
     base_path: String,
     authority: String,
-    connect_timeout: Duration,
-    read_timeout: Duration,
+    timeouts: Timeouts,
     /// Roots that replace the system's for this endpoint (`ca_file`).
     ca: Option<Arc<[WrappedX509]>>,
     resolved: Mutex<Option<(Instant, SocketAddr)>>,
 }
 
+/// How long each phase of an exchange may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// TCP and TLS connect.
+    pub connect: Duration,
+    /// From the request sent to the response header.
+    pub first_byte: Duration,
+    /// Between two reads of the body.
+    pub idle: Duration,
+    /// The whole exchange, body included; `None`: unbounded.
+    pub total: Option<Duration>,
+}
+
+impl Timeouts {
+    /// One limit for every phase (tools).
+    pub fn all(limit: Duration) -> Self {
+        Timeouts {
+            connect: limit,
+            first_byte: limit,
+            idle: limit,
+            total: Some(limit),
+        }
+    }
+}
+
 pub struct EndpointOptions {
-    pub connect_timeout: Duration,
-    pub read_timeout: Duration,
+    pub timeouts: Timeouts,
     /// PEM CA bundle replacing the system roots (for private CAs and tests).
     pub ca_file: Option<String>,
 }
@@ -71,8 +94,7 @@ impl Endpoint {
             host,
             port,
             base_path,
-            connect_timeout: options.connect_timeout,
-            read_timeout: options.read_timeout,
+            timeouts: options.timeouts,
             ca,
             resolved: Mutex::new(None),
         })
@@ -96,8 +118,8 @@ impl Endpoint {
     pub async fn peer(&self) -> Result<HttpPeer> {
         let addr = self.resolve().await?;
         let mut peer = HttpPeer::new(addr, self.tls, self.host.clone());
-        peer.options.connection_timeout = Some(self.connect_timeout);
-        peer.options.read_timeout = Some(self.read_timeout);
+        peer.options.connection_timeout = Some(self.timeouts.connect);
+        peer.options.read_timeout = Some(self.timeouts.first_byte);
         peer.options.idle_timeout = Some(POOL_IDLE);
         if self.tls {
             peer.options.set_http_version(2, 1);
@@ -143,31 +165,59 @@ impl Endpoint {
     }
 
     /// Sends `req` with an optional body and waits for the response header.
-    pub async fn send(&self, mut req: RequestHeader, body: Option<Bytes>) -> Result<Exchange> {
+    pub async fn send(&self, req: RequestHeader, body: Option<Bytes>) -> Result<Exchange> {
+        let deadline = self.timeouts.total.map(|t| tokio::time::Instant::now() + t);
+        within(deadline, self.exchange(req, body, deadline)).await
+    }
+
+    async fn exchange(
+        &self,
+        mut req: RequestHeader,
+        body: Option<Bytes>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Exchange> {
         let peer = self.peer().await?;
-        let (mut session, _reused) = connector()
-            .get_http_session(&peer)
-            .await
-            .map_err(|e| e.into_up())?;
-        // The connector leaves per-read timeouts to the caller.
-        session.set_read_timeout(Some(self.read_timeout));
-        session.set_write_timeout(Some(self.read_timeout));
         if let Some(body) = &body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
         }
-        let result = async {
-            session.write_request_header(Box::new(req)).await?;
-            if let Some(body) = body {
-                session.write_request_body(body, true).await?;
+        let mut attempt = 0;
+        let mut session = loop {
+            let (mut session, reused) = connector()
+                .get_http_session(&peer)
+                .await
+                .map_err(|e| e.into_up())?;
+            // The connector leaves per-read timeouts to the caller.
+            session.set_read_timeout(Some(self.timeouts.first_byte));
+            session.set_write_timeout(Some(self.timeouts.first_byte));
+            let result = async {
+                session.write_request_header(Box::new(req.clone())).await?;
+                if let Some(body) = body.clone() {
+                    session.write_request_body(body, true).await?;
+                }
+                session.finish_request_body().await?;
+                session.read_response_header().await
             }
-            session.finish_request_body().await?;
-            session.read_response_header().await
-        }
-        .await;
-        if let Err(e) = result {
-            session.shutdown().await;
-            return Err(e.into_up());
-        }
+            .await;
+            match result {
+                Ok(()) => break session,
+                Err(e) => {
+                    session.shutdown().await;
+                    // A pooled connection the server closed while idle: the
+                    // request never reached it, so a fresh one may try again.
+                    let stale = reused
+                        && matches!(
+                            e.etype(),
+                            ErrorType::ConnectionClosed
+                                | ErrorType::WriteError
+                                | ErrorType::ReadError
+                        );
+                    attempt += 1;
+                    if !stale || attempt > 2 {
+                        return Err(e.into_up());
+                    }
+                }
+            }
+        };
         let header = match session.response_header() {
             Some(header) => header.clone(),
             None => {
@@ -176,11 +226,29 @@ impl Endpoint {
                 )
             }
         };
+        session.set_read_timeout(Some(self.timeouts.idle));
         Ok(Exchange {
             session: Some(session),
             header,
             peer,
+            deadline,
+            _busy: None,
         })
+    }
+}
+
+/// Runs `work` unless `deadline` passes first (then a read timeout).
+async fn within<T>(
+    deadline: Option<tokio::time::Instant>,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match deadline {
+        None => work.await,
+        Some(deadline) => tokio::time::timeout_at(deadline, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::explain(ErrorType::ReadTimedout, "total timeout").into_up())
+            }),
     }
 }
 
@@ -221,11 +289,19 @@ pub struct Exchange {
     session: Option<HttpSession>,
     header: ResponseHeader,
     peer: HttpPeer,
+    deadline: Option<tokio::time::Instant>,
+    /// Held while the exchange lives (counts the pool member's load).
+    _busy: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Exchange {
     pub fn header(&self) -> &ResponseHeader {
         &self.header
+    }
+
+    /// Keeps `guard` alive as long as this exchange.
+    pub fn hold(&mut self, guard: impl std::any::Any + Send + Sync) {
+        self._busy = Some(Box::new(guard));
     }
 
     pub fn status(&self) -> u16 {
@@ -244,7 +320,7 @@ impl Exchange {
         let Some(session) = self.session.as_mut() else {
             return Ok(None);
         };
-        match session.read_response_body().await {
+        match within(self.deadline, session.read_response_body()).await {
             Ok(Some(bytes)) => Ok(Some(bytes)),
             Ok(None) => {
                 self.release().await;

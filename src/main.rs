@@ -19,6 +19,7 @@ use agent_proxy::config::Config;
 use agent_proxy::reload::Reloader;
 use agent_proxy::service::{Admin, AgentProxy};
 use agent_proxy::shutdown::Drain;
+use agent_proxy::upstream::HealthChecks;
 
 #[derive(Parser)]
 #[command(
@@ -116,6 +117,10 @@ fn main() -> ExitCode {
         admin.add_tcp(&admin_listen);
         server.add_service(admin);
     }
+    server.add_service(background_service(
+        "health checks",
+        HealthChecks::new(config.clone()),
+    ));
     let poll = Duration::from_millis(args.reload_poll_ms.max(10));
     server.add_service(background_service(
         "config reload",

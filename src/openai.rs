@@ -151,13 +151,37 @@ impl ToolDef {
     }
 }
 
-/// Just enough of a request to route it without parsing the messages.
+/// Just enough of a request to route it: the model, and each message's
+/// role with its content left as raw JSON.
 #[derive(Deserialize)]
 pub struct RoutingPeek<'a> {
     #[serde(default, borrow)]
     pub model: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub messages: Option<Vec<serde::de::IgnoredAny>>,
+    #[serde(default, borrow)]
+    pub messages: Option<Vec<PeekMessage<'a>>>,
+}
+
+#[derive(Deserialize)]
+pub struct PeekMessage<'a> {
+    #[serde(default, borrow)]
+    pub role: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub content: Option<&'a serde_json::value::RawValue>,
+}
+
+impl RoutingPeek<'_> {
+    /// The raw content of the first system/developer message and of the
+    /// first user message: what stays the same over a conversation.
+    pub fn prefix(&self) -> (Option<&str>, Option<&str>) {
+        let messages = self.messages.as_deref().unwrap_or_default();
+        let content_of = |roles: &[&str]| {
+            messages
+                .iter()
+                .find(|m| m.role.as_deref().is_some_and(|r| roles.contains(&r)))
+                .and_then(|m| m.content.map(|c| c.get()))
+        };
+        (content_of(&["system", "developer"]), content_of(&["user"]))
+    }
 }
 
 // ------------------------------------------------------- upstream answers

@@ -14,7 +14,7 @@ fn config(upstream_url: &str, extra: &str) -> String {
         r#"
 default_upstream: local
 upstreams:
-  local: {{ url: "{upstream_url}/v1", read_timeout_ms: 400, connect_timeout_ms: 400 }}
+  local: {{ url: "{upstream_url}/v1", first_byte_timeout_ms: 400, idle_timeout_ms: 400, connect_timeout_ms: 400 }}
 agents:
   helper: {{ system_prompt: "Be brief." }}
 {extra}

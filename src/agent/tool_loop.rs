@@ -27,8 +27,9 @@ use crate::downstream::Client;
 use crate::error::{from_upstream, ApiError};
 use crate::metrics::metrics;
 use crate::openai::{ChatRequest, ChunkIn, CompletionIn, Message, ToolCall, Usage};
-use crate::sse;
 use crate::tools::Outcome;
+use crate::upstream::{affinity_key, Outbound};
+use crate::{request_id, sse};
 
 /// `finish_reason` when `max_tool_rounds` stops the loop: the answer was cut
 /// by a limit, as with `max_tokens`.
@@ -97,8 +98,23 @@ async fn drive(
     summary: &mut Summary,
 ) -> Result<&'static str, Failure> {
     let mut tool_rounds = 0;
+    // Rounds of one conversation share a prefix: keep them on one replica.
+    let affinity = affinity_key(
+        request
+            .messages
+            .iter()
+            .find(|m| m.is_instruction())
+            .map(Message::content_text)
+            .as_deref(),
+        request
+            .messages
+            .iter()
+            .find(|m| m.role == "user")
+            .map(Message::content_text)
+            .as_deref(),
+    );
     loop {
-        let round = read_round(agent, request, client, reply, limits).await?;
+        let round = read_round(agent, request, affinity, client, reply, limits).await?;
         summary.rounds += 1;
         reply.add_usage(round.usage);
         if round.calls.is_empty() {
@@ -232,18 +248,35 @@ struct RoundReader<'r> {
 async fn read_round(
     agent: &Agent,
     request: &ChatRequest,
+    affinity: u64,
     client: &mut Client<'_>,
     reply: &mut Reply,
     limits: &Limits,
 ) -> Result<Round, Failure> {
     let upstream = &agent.upstream;
     let body = serde_json::to_vec(request).map_err(|e| ApiError::internal(e.to_string()))?;
-    let header = upstream
-        .json_post("/chat/completions", client.request_id())
-        .map_err(|e| ApiError::internal(format!("cannot build the upstream request: {e}")))?;
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
+    let headers = [
+        (
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        ),
+        (
+            http::HeaderName::from_static(request_id::HEADER),
+            http::HeaderValue::from_str(client.request_id())
+                .map_err(|_| ApiError::internal("invalid request id"))?,
+        ),
+    ];
+    let outbound = Outbound {
+        method: "POST",
+        path: "/v1/chat/completions",
+        headers: &headers,
+        body: Some(Bytes::from(body)),
+        affinity: Some(affinity),
+        client_key_is_ours: true,
+    };
     let mut exchange = client
-        .wait(upstream.endpoint.send(header, Some(Bytes::from(body))))
+        .wait(upstream.send(&outbound))
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();

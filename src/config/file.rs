@@ -49,7 +49,11 @@ pub struct AuthFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamFile {
-    pub url: String,
+    /// One server's base URL. Give either `url` or `endpoints`.
+    pub url: Option<String>,
+    /// A pool of replicas, each a base URL like `url`.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
     #[serde(default)]
     pub api_key: Option<String>,
     /// PEM file of CAs that replaces the system roots for this upstream.
@@ -57,17 +61,86 @@ pub struct UpstreamFile {
     pub ca_file: Option<String>,
     #[serde(default = "default_connect_ms")]
     pub connect_timeout_ms: u64,
-    /// Longest wait for the first byte and between two reads of an answer.
-    #[serde(default = "default_read_ms")]
-    pub read_timeout_ms: u64,
+    /// Longest wait for the response header (prompt processing included).
+    #[serde(default = "default_first_byte_ms")]
+    pub first_byte_timeout_ms: u64,
+    /// Longest silence between two reads of an answer.
+    #[serde(default = "default_idle_ms")]
+    pub idle_timeout_ms: u64,
+    /// Longest time for one whole upstream call; unset: no limit.
+    #[serde(default)]
+    pub total_timeout_ms: Option<u64>,
+    /// How a pool picks a replica.
+    #[serde(default)]
+    pub balance: Balance,
+    /// Active health checks; on by default for pools (`GET /health`).
+    #[serde(default)]
+    pub health_check: Option<HealthCheckFile>,
+    /// Other replicas tried on a connect failure or a 5xx answer, before any
+    /// byte reached the client. Default: up to 2, fewer in smaller pools.
+    #[serde(default)]
+    pub retries: Option<u32>,
 }
 
 fn default_connect_ms() -> u64 {
     5_000
 }
 
-fn default_read_ms() -> u64 {
+fn default_first_byte_ms() -> u64 {
     300_000
+}
+
+fn default_idle_ms() -> u64 {
+    120_000
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    #[default]
+    RoundRobin,
+    LeastInFlight,
+    /// The same conversation prefix (system prompt and first user message)
+    /// goes to the same replica, so llama.cpp's prompt cache is reused.
+    PrefixAffinity,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckFile {
+    /// An absolute path on each replica's host (llama.cpp: `/health`).
+    #[serde(default = "default_health_path")]
+    pub path: String,
+    #[serde(default = "default_health_interval")]
+    pub interval_ms: u64,
+    #[serde(default = "default_health_timeout")]
+    pub timeout_ms: u64,
+    /// `false` turns the checks off for a pool.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for HealthCheckFile {
+    fn default() -> Self {
+        HealthCheckFile {
+            path: default_health_path(),
+            interval_ms: default_health_interval(),
+            timeout_ms: default_health_timeout(),
+            enabled: true,
+        }
+    }
+}
+
+fn default_health_path() -> String {
+    "/health".into()
+}
+
+fn default_health_interval() -> u64 {
+    5_000
+}
+
+fn default_health_timeout() -> u64 {
+    2_000
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -24,6 +24,8 @@ pub struct Config {
     pub admin_listen: Option<String>,
     pub api_keys: Vec<String>,
     pub default_upstream: Arc<Upstream>,
+    /// Every upstream, for health checks.
+    pub upstreams: BTreeMap<String, Arc<Upstream>>,
     pub agents: BTreeMap<String, Arc<Agent>>,
     pub passthrough: bool,
     pub limits: Limits,
@@ -249,6 +251,7 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
             .filter(|k| !k.is_empty())
             .collect(),
         default_upstream,
+        upstreams,
         agents,
         passthrough: file.passthrough,
         limits: Limits {

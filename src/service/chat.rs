@@ -11,6 +11,7 @@ use crate::agent::tool_loop;
 use crate::downstream::Client;
 use crate::error::ApiError;
 use crate::openai::{ChatRequest, RoutingPeek};
+use crate::upstream::affinity_key;
 
 pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
     let config = ctx.config.clone();
@@ -58,7 +59,9 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
             .await;
         }
         let mut client = Client::new(session, config.limits.heartbeat);
-        let cut = forward::forward(&mut client, &config, body).await;
+        let (system, first_user) = peek.prefix();
+        let affinity = affinity_key(system, first_user);
+        let cut = forward::forward(&mut client, &config, body, affinity).await;
         return handled(cut);
     };
     let request: ChatRequest = match serde_json::from_slice(&body) {

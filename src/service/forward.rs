@@ -6,9 +6,10 @@ use pingora::http::ResponseHeader;
 
 use crate::config::Config;
 use crate::downstream::{Client, Gone};
-use crate::error::{from_upstream, ApiError};
+use crate::error::from_upstream;
 use crate::metrics::StreamGuard;
 use crate::sse;
+use crate::upstream::Outbound;
 
 /// Hop-by-hop headers: they describe one connection, not the message.
 const HOP_BY_HOP: &[&str] = &[
@@ -29,41 +30,41 @@ fn is_hop_by_hop(name: &http::HeaderName) -> bool {
 }
 
 /// Returns whether the response was cut mid-stream.
-pub async fn forward(client: &mut Client<'_>, config: &Config, body: Bytes) -> bool {
-    match relay(client, config, body).await {
+pub async fn forward(client: &mut Client<'_>, config: &Config, body: Bytes, affinity: u64) -> bool {
+    match relay(client, config, body, affinity).await {
         Ok(()) => false,
         Err(Gone) => true,
     }
 }
 
-async fn relay(client: &mut Client<'_>, config: &Config, body: Bytes) -> Result<(), Gone> {
+async fn relay(
+    client: &mut Client<'_>,
+    config: &Config,
+    body: Bytes,
+    affinity: u64,
+) -> Result<(), Gone> {
     let upstream = &config.default_upstream;
     let incoming = client.session().req_header();
-    let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
-    let header = upstream
-        .endpoint
-        .request_header("POST", &upstream.map_path(path))
-        .and_then(|mut req| {
-            for (name, value) in incoming.headers.iter() {
-                if !is_hop_by_hop(name) && !SET_BY_PROXY.contains(&name.as_str()) {
-                    req.append_header(name.clone(), value.clone())?;
-                }
-            }
-            upstream.authorize(&mut req, !config.api_keys.is_empty())?;
-            Ok(req)
-        });
-    let header = match header {
-        Ok(header) => header,
-        Err(_) => {
-            return client
-                .respond_error(&ApiError::bad_request("invalid request headers"))
-                .await
-        }
+    let path = incoming
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let headers: Vec<_> = incoming
+        .headers
+        .iter()
+        .filter(|(name, _)| !is_hop_by_hop(name) && !SET_BY_PROXY.contains(&name.as_str()))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let outbound = Outbound {
+        method: "POST",
+        path: &path,
+        headers: &headers,
+        body: Some(body),
+        affinity: Some(affinity),
+        client_key_is_ours: !config.api_keys.is_empty(),
     };
-    let mut exchange = match client
-        .wait(upstream.endpoint.send(header, Some(body)))
-        .await?
-    {
+    let mut exchange = match client.wait(upstream.send(&outbound)).await? {
         Ok(exchange) => exchange,
         Err(e) => {
             return client

@@ -34,6 +34,7 @@ use crate::error::ApiError;
 use crate::metrics::{metrics, StreamGuard};
 use crate::request_id;
 use crate::shutdown::InFlight;
+use crate::upstream::{Busy, Upstream};
 
 pub use admin::Admin;
 
@@ -59,6 +60,9 @@ pub struct RequestCtx {
     /// Counts a passed-through event stream while it lasts.
     stream: Option<StreamGuard>,
     _in_flight: InFlight,
+    /// Pool members the proxy path tried (pingora retries on connect failure).
+    tried: Vec<usize>,
+    busy: Option<Busy>,
 }
 
 /// The handler answered; `Err` aborts the connection when a response was
@@ -93,6 +97,8 @@ impl ProxyHttp for AgentProxy {
             summary: None,
             stream: None,
             _in_flight: InFlight::enter(),
+            tried: Vec::new(),
+            busy: None,
         }
     }
 
@@ -134,7 +140,34 @@ impl ProxyHttp for AgentProxy {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(ctx.config.default_upstream.endpoint.peer().await?))
+        let pool = &ctx.config.default_upstream.pool;
+        let order = pool.order(None);
+        let index = order
+            .iter()
+            .copied()
+            .find(|i| !ctx.tried.contains(i))
+            .unwrap_or(order[0]);
+        ctx.tried.push(index);
+        let member = pool.member(index);
+        ctx.busy = Some(Busy::enter(member));
+        Ok(Box::new(member.endpoint.peer().await?))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        let upstream = &ctx.config.default_upstream;
+        if let Some(&index) = ctx.tried.last() {
+            upstream.pool.connect_failed(index);
+        }
+        if ctx.tried.len() <= upstream.retries() && ctx.tried.len() < upstream.pool.len() {
+            e.set_retry(true);
+        }
+        e
     }
 
     async fn upstream_request_filter(
@@ -144,16 +177,17 @@ impl ProxyHttp for AgentProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         let upstream = &ctx.config.default_upstream;
+        let member = upstream.pool.member(ctx.tried.last().copied().unwrap_or(0));
         let path = upstream_request
             .uri
             .path_and_query()
             .map_or("/", |p| p.as_str());
-        let mapped = upstream.map_path(path);
+        let mapped = Upstream::map_path(member, path);
         let uri = mapped
             .parse::<http::Uri>()
             .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "unmappable path"))?;
         upstream_request.set_uri(uri);
-        upstream.authorize(upstream_request, !ctx.config.api_keys.is_empty())
+        upstream.authorize(member, upstream_request, !ctx.config.api_keys.is_empty())
     }
 
     async fn response_filter(

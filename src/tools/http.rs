@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::{capped_text, Outcome};
 use crate::config::file::HttpToolFile;
-use crate::http_client::{Endpoint, EndpointOptions};
+use crate::http_client::{Endpoint, EndpointOptions, Timeouts};
 
 pub struct HttpTool {
     endpoint: Endpoint,
@@ -32,8 +32,7 @@ impl HttpTool {
         let endpoint = Endpoint::parse(
             &origin,
             EndpointOptions {
-                connect_timeout: timeout,
-                read_timeout: timeout,
+                timeouts: Timeouts::all(timeout),
                 ca_file: None,
             },
         )?;
@@ -56,15 +55,8 @@ impl HttpTool {
         })
     }
 
+    /// The endpoint enforces `timeout_ms` on the whole exchange.
     pub async fn call(&self, arguments: &str, request_id: &str, cap: usize) -> Outcome {
-        let exchange = self.exchange(arguments, request_id, cap);
-        match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(outcome) => outcome,
-            Err(_) => Outcome::error(format!("timed out after {} ms", self.timeout.as_millis())),
-        }
-    }
-
-    async fn exchange(&self, arguments: &str, request_id: &str, cap: usize) -> Outcome {
         let request = self
             .endpoint
             .request_header("POST", &self.path)
@@ -83,9 +75,9 @@ impl HttpTool {
                 .await
             {
                 Ok(exchange) => exchange,
-                Err(e) => return Outcome::error(format!("request failed: {}", e.etype().as_str())),
+                Err(e) => return self.failed("request failed", &e),
             },
-            Err(e) => return Outcome::error(format!("request failed: {}", e.etype().as_str())),
+            Err(e) => return self.failed("request failed", &e),
         };
         let mut body = Vec::new();
         let mut truncated = false;
@@ -100,12 +92,7 @@ impl HttpTool {
                     }
                 }
                 Ok(None) => break,
-                Err(e) => {
-                    return Outcome::error(format!(
-                        "reading the response failed: {}",
-                        e.etype().as_str()
-                    ))
-                }
+                Err(e) => return self.failed("reading the response failed", &e),
             }
         }
         let text = capped_text(&body, cap, truncated);
@@ -114,6 +101,16 @@ impl HttpTool {
             Outcome::success(text)
         } else {
             Outcome::error(format!("HTTP status {status}: {text}"))
+        }
+    }
+
+    fn failed(&self, what: &str, e: &pingora::Error) -> Outcome {
+        use pingora::ErrorType::*;
+        match e.etype() {
+            ConnectTimedout | ReadTimedout | WriteTimedout => {
+                Outcome::error(format!("timed out after {} ms", self.timeout.as_millis()))
+            }
+            kind => Outcome::error(format!("{what}: {}", kind.as_str())),
         }
     }
 }

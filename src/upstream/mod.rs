@@ -1,0 +1,264 @@
+//! Model servers the proxy forwards to (llama.cpp, vLLM, OpenAI, …): one base
+//! URL or a pool of replicas, their credentials, and the retry rule: another
+//! replica is tried on a connect failure or a 5xx answer, which both happen
+//! before any byte reached the client. Once streaming began, never.
+
+mod health;
+mod pool;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora::http::RequestHeader;
+use pingora::ErrorType;
+use tracing::warn;
+
+pub use health::HealthChecks;
+pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool};
+
+use crate::config::file::UpstreamFile;
+use crate::http_client::{Endpoint, EndpointOptions, Exchange, Timeouts};
+
+pub struct Upstream {
+    pub name: String,
+    pub pool: Pool,
+    api_key: Option<String>,
+    retries: usize,
+}
+
+/// A request for an upstream, built for whichever replica serves it.
+pub struct Outbound<'a> {
+    pub method: &'static str,
+    /// The client-facing path (`/v1/chat/completions`), mapped per replica.
+    pub path: &'a str,
+    pub headers: &'a [(http::HeaderName, http::HeaderValue)],
+    pub body: Option<Bytes>,
+    /// Conversation key for `prefix_affinity`.
+    pub affinity: Option<u64>,
+    /// The client's `Authorization` is the proxy's own key: never forwarded.
+    pub client_key_is_ours: bool,
+}
+
+impl Upstream {
+    pub fn from_file(name: &str, file: UpstreamFile) -> Result<Self, String> {
+        let urls = match (file.url, file.endpoints) {
+            (Some(url), endpoints) if endpoints.is_empty() => vec![url],
+            (None, endpoints) if !endpoints.is_empty() => endpoints,
+            _ => return Err("give either `url` or a non-empty `endpoints` list".into()),
+        };
+        let timeouts = Timeouts {
+            connect: Duration::from_millis(file.connect_timeout_ms),
+            first_byte: Duration::from_millis(file.first_byte_timeout_ms),
+            idle: Duration::from_millis(file.idle_timeout_ms),
+            total: file.total_timeout_ms.map(Duration::from_millis),
+        };
+        let members = urls
+            .into_iter()
+            .map(|url| {
+                let options = EndpointOptions {
+                    timeouts,
+                    ca_file: file.ca_file.clone(),
+                };
+                Endpoint::parse(&url, options).map(|endpoint| (endpoint, url))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let is_pool = members.len() > 1;
+        let health = match file.health_check {
+            Some(check) if !check.enabled => None,
+            Some(check) => Some(check),
+            None if is_pool => Some(Default::default()),
+            None => None,
+        };
+        let health = health
+            .map(|check| {
+                if !check.path.starts_with('/') {
+                    return Err(format!(
+                        "health_check.path `{}` must start with `/`",
+                        check.path
+                    ));
+                }
+                Ok(HealthCheck {
+                    path: check.path,
+                    interval: Duration::from_millis(check.interval_ms.max(10)),
+                    timeout: Duration::from_millis(check.timeout_ms.max(1)),
+                })
+            })
+            .transpose()?;
+        let retries = file
+            .retries
+            .map_or(members.len().saturating_sub(1).min(2), |r| r as usize);
+        Ok(Upstream {
+            name: name.to_owned(),
+            pool: Pool::new(name, members, file.balance, health),
+            api_key: file.api_key.filter(|k| !k.is_empty()),
+            retries,
+        })
+    }
+
+    /// Where a client path goes on `member`: `/v1/X` maps to its base URL +
+    /// `/X`; other paths (llama.cpp's `/health`, `/props`, …) keep their path
+    /// on its origin.
+    pub fn map_path(member: &Member, client_path_and_query: &str) -> String {
+        match client_path_and_query.strip_prefix("/v1") {
+            Some(rest) if rest.is_empty() || rest.starts_with(['/', '?']) => {
+                member.endpoint.path(rest)
+            }
+            _ => client_path_and_query.to_owned(),
+        }
+    }
+
+    /// Sets `Host` for `member` and the upstream's credentials. The client's
+    /// own `Authorization` is dropped when the upstream has a key of its own,
+    /// or when it was the proxy's key.
+    pub fn authorize(
+        &self,
+        member: &Member,
+        req: &mut RequestHeader,
+        client_key_is_ours: bool,
+    ) -> pingora::Result<()> {
+        req.insert_header(http::header::HOST, member.endpoint.authority())?;
+        match &self.api_key {
+            Some(key) => req.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?,
+            None if client_key_is_ours => {
+                req.remove_header(&http::header::AUTHORIZATION);
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// How many more replicas a failed attempt may move on to.
+    pub fn retries(&self) -> usize {
+        self.retries
+    }
+
+    /// Sends `request`, moving to the next replica on a connect failure or a
+    /// 5xx answer while attempts remain. The last answer, 5xx or not, is
+    /// returned for the caller to pass on.
+    pub async fn send(&self, request: &Outbound<'_>) -> pingora::Result<Exchange> {
+        let order = self.pool.order(request.affinity);
+        let attempts = order.len().min(self.retries + 1);
+        let mut failure = None;
+        for (attempt, &index) in order.iter().take(attempts).enumerate() {
+            let member = self.pool.member(index);
+            let mut header = member
+                .endpoint
+                .request_header(request.method, &Self::map_path(member, request.path))?;
+            for (name, value) in request.headers {
+                header.append_header(name.clone(), value.clone())?;
+            }
+            self.authorize(member, &mut header, request.client_key_is_ours)?;
+            let busy = Busy::enter(member);
+            let last = attempt + 1 == attempts;
+            match member.endpoint.send(header, request.body.clone()).await {
+                Ok(exchange) if exchange.status() >= 500 && !last => {
+                    warn!(upstream = %self.name, endpoint = %member.url, status = exchange.status(), "retrying on another endpoint");
+                }
+                Ok(mut exchange) => {
+                    exchange.hold(busy);
+                    return Ok(exchange);
+                }
+                Err(e) if is_connect_failure(e.etype()) => {
+                    self.pool.connect_failed(index);
+                    if !last {
+                        warn!(upstream = %self.name, endpoint = %member.url, error = e.etype().as_str(), "retrying on another endpoint");
+                    }
+                    failure = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(failure.unwrap_or_else(|| pingora::Error::new(ErrorType::ConnectNoRoute).into_up()))
+    }
+
+    /// `GET <url>/models` within `wait`: the status and body, or why not.
+    /// Used by the model list and the readiness probe.
+    pub async fn fetch_models(&self, wait: Duration) -> Result<(u16, Bytes), String> {
+        let request = Outbound {
+            method: "GET",
+            path: "/v1/models",
+            headers: &[],
+            body: None,
+            affinity: None,
+            client_key_is_ours: true,
+        };
+        let fetch = async {
+            let mut exchange = self
+                .send(&request)
+                .await
+                .map_err(|e| e.etype().as_str().to_owned())?;
+            let body = exchange
+                .read_to_end(4 << 20)
+                .await
+                .map_err(|e| e.etype().as_str().to_owned())?;
+            Ok((exchange.status(), body))
+        };
+        tokio::time::timeout(wait, fetch)
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()))
+    }
+}
+
+/// Failures where the request never reached the server: safe to send elsewhere.
+pub fn is_connect_failure(kind: &ErrorType) -> bool {
+    matches!(
+        kind,
+        ErrorType::ConnectTimedout
+            | ErrorType::ConnectRefused
+            | ErrorType::ConnectNoRoute
+            | ErrorType::ConnectError
+            | ErrorType::TLSHandshakeFailure
+            | ErrorType::TLSHandshakeTimedout
+            | ErrorType::InvalidCert
+            | ErrorType::HandshakeError
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(url: &str) -> Upstream {
+        let file: UpstreamFile = serde_yaml_ng::from_str(&format!("url: '{url}'")).unwrap();
+        Upstream::from_file("t", file).unwrap()
+    }
+
+    #[test]
+    fn maps_v1_paths_onto_the_base_url() {
+        let map = |url: &str, path: &str| {
+            let u = upstream(url);
+            Upstream::map_path(u.pool.member(0), path)
+        };
+        assert_eq!(
+            map("http://127.0.0.1:8080/v1", "/v1/embeddings"),
+            "/v1/embeddings"
+        );
+        assert_eq!(map("http://127.0.0.1:8080/v1", "/health"), "/health");
+        assert_eq!(
+            map("https://example.test/openai/v1/", "/v1/models?x=1"),
+            "/openai/v1/models?x=1"
+        );
+        assert_eq!(map("https://example.test/openai/v1/", "/v1"), "/openai/v1");
+        assert_eq!(map("https://example.test/openai/v1/", "/v1x"), "/v1x");
+        assert_eq!(
+            map("http://host:1234", "/v1/chat/completions"),
+            "/chat/completions"
+        );
+    }
+
+    #[test]
+    fn url_or_endpoints_and_pool_defaults() {
+        let file: UpstreamFile = serde_yaml_ng::from_str(
+            "endpoints: ['http://a:1/v1', 'http://b:1/v1', 'http://c:1/v1', 'http://d:1/v1']",
+        )
+        .unwrap();
+        let pool = Upstream::from_file("p", file).unwrap();
+        assert_eq!(pool.pool.len(), 4);
+        assert_eq!(pool.retries(), 2);
+        let file: UpstreamFile =
+            serde_yaml_ng::from_str("url: 'http://a:1/v1'\nendpoints: ['http://b:1/v1']").unwrap();
+        assert!(Upstream::from_file("p", file).is_err());
+        let file: UpstreamFile = serde_yaml_ng::from_str("endpoints: []").unwrap();
+        assert!(Upstream::from_file("p", file).is_err());
+    }
+}
