@@ -164,7 +164,7 @@ impl ProxyHttp for AgentProxy {
         if let Some(&index) = ctx.tried.last() {
             upstream.pool.connect_failed(index);
         }
-        if ctx.tried.len() <= upstream.retries() && ctx.tried.len() < upstream.pool.len() {
+        if ctx.tried.len() <= upstream.retries() && ctx.tried.len() < upstream.pool.size() {
             e.set_retry(true);
         }
         e

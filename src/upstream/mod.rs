@@ -253,7 +253,7 @@ mod tests {
         )
         .unwrap();
         let pool = Upstream::from_file("p", file).unwrap();
-        assert_eq!(pool.pool.len(), 4);
+        assert_eq!(pool.pool.size(), 4);
         assert_eq!(pool.retries(), 2);
         let file: UpstreamFile =
             serde_yaml_ng::from_str("url: 'http://a:1/v1'\nendpoints: ['http://b:1/v1']").unwrap();

@@ -100,7 +100,7 @@ impl Pool {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.members.len()
     }
 

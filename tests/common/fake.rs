@@ -157,7 +157,16 @@ impl FakeServer {
         handler: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
         tls: Option<tokio_rustls::TlsAcceptor>,
     ) -> FakeServer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(0, handler, tls).await
+    }
+
+    /// Serves on `port` (0: any free port), e.g. to bring a killed server back.
+    pub async fn start_on(
+        port: u16,
+        handler: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> FakeServer {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
         let hangups = Arc::new(Mutex::new(0));

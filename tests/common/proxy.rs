@@ -25,12 +25,19 @@ pub fn scratch_dir() -> PathBuf {
     dir
 }
 
+/// A port for a proxy (or a server that must not exist). Taken below the
+/// kernel's ephemeral range, so no server bound to port 0 can grab it between
+/// this check and the proxy's own bind; unique within the test process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT_PORT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id() * 97;
+    loop {
+        let n = NEXT_PORT.fetch_add(1, Ordering::SeqCst);
+        let port = 20_000 + ((offset + n) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// `yaml` with a `listen` line for `port` in front.
@@ -92,7 +99,9 @@ impl Proxy {
                     .await;
                 let mut buf = Vec::new();
                 let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut buf)).await;
-                if buf.starts_with(b"HTTP/1.1 200") {
+                // Only the proxy tags its answers with a request id.
+                let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                if head.starts_with("http/1.1 200") && head.contains("x-request-id") {
                     return proxy;
                 }
             }
