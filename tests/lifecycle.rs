@@ -281,3 +281,52 @@ async fn the_grace_period_bounds_a_drain() {
     );
     assert!(proxy.wait_exit(Duration::from_secs(10)).await.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_upgrade_hands_over_the_sockets_without_refusing_a_request() {
+    let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
+    let dir = scratch_dir();
+    let port = free_port();
+    let path = dir.join("proxy.yaml");
+    std::fs::write(&path, with_listen(port, &config(&upstream, 1))).unwrap();
+    let sock = dir.join("upgrade.sock");
+    let sock = sock.to_str().unwrap();
+    let mut old = Proxy::launch(dir.join("old"), &path, port, &[], &["--upgrade-sock", sock]).await;
+
+    let traffic = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        let until = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < until {
+            statuses.push(post_json(port, "/v1/chat/completions", &ask()).await.status);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        statuses
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The new binary waits on the socket for the old one's listeners.
+    let _new = Proxy::launch(
+        dir.join("new"),
+        &path,
+        port,
+        &[],
+        &["--upgrade", "--upgrade-sock", sock],
+    )
+    .await;
+    old.signal("QUIT");
+    let statuses = traffic.await.unwrap();
+    assert!(statuses.len() > 50);
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "every request answered: {statuses:?}"
+    );
+    let status = old
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("the old process left");
+    assert!(status.success());
+    assert_eq!(
+        post_json(port, "/v1/chat/completions", &ask()).await.status,
+        200,
+        "the new one serves"
+    );
+}

@@ -73,6 +73,7 @@ impl Proxy {
         env: &[(&str, &str)],
         args: &[&str],
     ) -> Proxy {
+        std::fs::create_dir_all(&dir).unwrap();
         let log = std::fs::File::create(dir.join("proxy.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_agent-proxy"))
             .arg("--config")
