@@ -146,3 +146,107 @@ impl<'s> Client<'s> {
 fn response_header(status: u16) -> Result<ResponseHeader, Gone> {
     ResponseHeader::build(status, Some(6)).map_err(|_| Gone)
 }
+
+/// Where an agent's answer goes: the client's connection ([`Client`]), or
+/// nowhere ([`Headless`]) when another agent called this one and takes its
+/// answer as a tool result.
+pub trait Downstream: Send {
+    fn request_id(&self) -> &str;
+    fn header_sent(&self) -> bool;
+    /// Runs `work` unless the client goes away first.
+    fn wait<F>(&mut self, work: F) -> impl Future<Output = Result<F::Output, Gone>> + Send
+    where
+        F: Future + Send,
+        F::Output: Send;
+    fn start_event_stream(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
+    fn write(&mut self, bytes: Bytes) -> impl Future<Output = Result<(), Gone>> + Send;
+    fn respond_json(
+        &mut self,
+        status: u16,
+        body: Bytes,
+        extra: &[(http::HeaderName, http::HeaderValue)],
+    ) -> impl Future<Output = Result<(), Gone>> + Send;
+}
+
+impl Downstream for Client<'_> {
+    fn request_id(&self) -> &str {
+        Client::request_id(self)
+    }
+
+    fn header_sent(&self) -> bool {
+        Client::header_sent(self)
+    }
+
+    fn wait<F>(&mut self, work: F) -> impl Future<Output = Result<F::Output, Gone>> + Send
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        Client::wait(self, work)
+    }
+
+    fn start_event_stream(&mut self) -> impl Future<Output = Result<(), Gone>> + Send {
+        Client::start_event_stream(self)
+    }
+
+    fn write(&mut self, bytes: Bytes) -> impl Future<Output = Result<(), Gone>> + Send {
+        Client::write(self, bytes)
+    }
+
+    fn respond_json(
+        &mut self,
+        status: u16,
+        body: Bytes,
+        extra: &[(http::HeaderName, http::HeaderValue)],
+    ) -> impl Future<Output = Result<(), Gone>> + Send {
+        Client::respond_json(self, status, body, extra)
+    }
+}
+
+/// The downstream of an agent called by another agent: its answer is
+/// collected, not sent, and the caller's connection watches for disconnects
+/// (dropping the caller's work drops this loop with it).
+pub struct Headless {
+    request_id: String,
+}
+
+impl Headless {
+    pub fn new(request_id: String) -> Self {
+        Headless { request_id }
+    }
+}
+
+impl Downstream for Headless {
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    fn header_sent(&self) -> bool {
+        false
+    }
+
+    async fn wait<F>(&mut self, work: F) -> Result<F::Output, Gone>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        Ok(work.await)
+    }
+
+    async fn start_event_stream(&mut self) -> Result<(), Gone> {
+        Ok(())
+    }
+
+    async fn write(&mut self, _bytes: Bytes) -> Result<(), Gone> {
+        Ok(())
+    }
+
+    async fn respond_json(
+        &mut self,
+        _status: u16,
+        _body: Bytes,
+        _extra: &[(http::HeaderName, http::HeaderValue)],
+    ) -> Result<(), Gone> {
+        Ok(())
+    }
+}

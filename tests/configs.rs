@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use agent_proxy::agent::toolset::ToolSet;
 use agent_proxy::config::Config;
 
 fn root() -> &'static Path {
@@ -20,10 +21,10 @@ fn the_example_proxy_yaml_loads_without_any_environment() {
         "without AGENT_PROXY_KEY, auth is off"
     );
     let weather = config.agent("weather").unwrap();
+    let offered = ToolSet::of(weather, &config).definitions().count();
     assert_eq!(
-        weather.tools.len(),
-        1,
-        "get_weather from both the agent and its skill, once"
+        offered, 1,
+        "get_weather from both the agent and its skill, offered once"
     );
 }
 

@@ -6,13 +6,16 @@ mod assemble;
 mod reasoning;
 mod reply;
 pub mod rewrite;
+pub mod router;
 pub mod tool_loop;
+pub mod toolset;
 
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
 use crate::config::file::{PromptMode, ReasoningMode, ToolEvents};
+use crate::mcp::McpServer;
 use crate::tools::Tool;
 use crate::upstream::Upstream;
 
@@ -27,15 +30,23 @@ pub struct Agent {
     pub instructions: Option<String>,
     pub prompt_mode: PromptMode,
     /// Its own tools and its skills' tools, each once.
-    pub tools: Vec<Arc<Tool>>,
+    pub tools: Vec<AgentTool>,
     pub params: Map<String, Value>,
     pub max_tool_rounds: u32,
     pub tool_events: ToolEvents,
     pub reasoning: ReasoningMode,
 }
 
-impl Agent {
-    pub fn tool(&self, name: &str) -> Option<&Arc<Tool>> {
-        self.tools.iter().find(|t| t.name == name)
-    }
+/// A tool an agent lists: resolved into functions per request, because an
+/// MCP server's tools are what it lists at the time.
+#[derive(Clone)]
+pub enum AgentTool {
+    Local(Arc<Tool>),
+    /// `server/*` (`tool: None`) or `server/tool`.
+    Mcp {
+        server: Arc<McpServer>,
+        tool: Option<String>,
+    },
+    /// `agent:<id>`: another agent, called with a task.
+    Agent(String),
 }

@@ -4,7 +4,9 @@
 
 use bytes::Bytes;
 
-use crate::downstream::{Client, Gone};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::downstream::{Downstream, Gone};
 use crate::error::ApiError;
 use crate::openai::{
     AssistantMessageOut, ChoiceOut, ChunkOut, CompletionChoiceOut, CompletionOut, DeltaOut,
@@ -27,6 +29,9 @@ pub struct Reply {
     content: String,
     reasoning: String,
     tool_calls: Vec<ToolCall>,
+    /// For an agent called by another: every piece of text also goes here,
+    /// to show up in the caller's stream as progress.
+    progress: Option<UnboundedSender<String>>,
 }
 
 /// How a request that failed reaches the client.
@@ -73,6 +78,28 @@ impl Reply {
             content: String::new(),
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            progress: None,
+        }
+    }
+
+    /// The answer of an agent called by another: collected, with its text
+    /// also sent to `progress`.
+    pub fn nested(model: &str, progress: Option<UnboundedSender<String>>) -> Self {
+        Reply {
+            progress,
+            ..Reply::new(model, false, false, true)
+        }
+    }
+
+    /// The collected answer text (non-streaming replies).
+    pub fn into_content(self) -> String {
+        self.content
+    }
+
+    fn report(&self, text: &str) {
+        if let Some(progress) = &self.progress {
+            // The caller may have finished already; its progress is moot then.
+            let _ = progress.send(text.to_owned());
         }
     }
 
@@ -90,7 +117,7 @@ impl Reply {
     }
 
     /// Opens the event stream (header and the role chunk) if not yet open.
-    pub async fn start(&mut self, client: &mut Client<'_>) -> Result<(), Gone> {
+    pub async fn start(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
         if !self.stream || client.header_sent() {
             return Ok(());
         }
@@ -103,13 +130,14 @@ impl Reply {
         self.write_chunk(client, delta, None).await
     }
 
-    pub async fn content(&mut self, client: &mut Client<'_>, text: &str) -> Result<(), Gone> {
+    pub async fn content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Gone> {
         if text.is_empty() {
             return Ok(());
         }
         self.first_token_at
             .get_or_insert_with(std::time::Instant::now);
         if !self.stream {
+            self.report(text);
             self.content.push_str(text);
             return Ok(());
         }
@@ -120,7 +148,11 @@ impl Reply {
         self.send_chunk(client, delta, None).await
     }
 
-    pub async fn reasoning(&mut self, client: &mut Client<'_>, text: &str) -> Result<(), Gone> {
+    pub async fn reasoning(
+        &mut self,
+        client: &mut impl Downstream,
+        text: &str,
+    ) -> Result<(), Gone> {
         if text.is_empty() {
             return Ok(());
         }
@@ -134,8 +166,13 @@ impl Reply {
 
     /// Reasoning-channel text from the proxy itself (tool progress); shown
     /// even when the model's own reasoning is stripped.
-    pub async fn proxy_note(&mut self, client: &mut Client<'_>, text: &str) -> Result<(), Gone> {
+    pub async fn proxy_note(
+        &mut self,
+        client: &mut impl Downstream,
+        text: &str,
+    ) -> Result<(), Gone> {
         if !self.stream {
+            self.report(text);
             self.reasoning.push_str(text);
             return Ok(());
         }
@@ -149,7 +186,7 @@ impl Reply {
     /// Tool calls the client runs itself, in standard OpenAI form.
     pub async fn tool_calls(
         &mut self,
-        client: &mut Client<'_>,
+        client: &mut impl Downstream,
         calls: Vec<ToolCall>,
     ) -> Result<(), Gone> {
         if self.stream {
@@ -171,7 +208,7 @@ impl Reply {
     /// Ends the answer with `finish_reason` (and the summed usage).
     pub async fn finish(
         mut self,
-        client: &mut Client<'_>,
+        client: &mut impl Downstream,
         finish_reason: &str,
     ) -> Result<(), Gone> {
         if !self.stream {
@@ -224,7 +261,7 @@ impl Reply {
     /// status; once streaming, as an OpenAI error event. Returns whether the
     /// stream was cut (the caller must then abort the connection, so the
     /// answer cannot look complete).
-    pub async fn fail(self, client: &mut Client<'_>, failure: Failure) -> bool {
+    pub async fn fail(self, client: &mut impl Downstream, failure: Failure) -> bool {
         let (status, body, retry_after) = match failure {
             Failure::Gone => return true,
             Failure::Api(e) => (e.status, e.to_json(), None),
@@ -249,7 +286,7 @@ impl Reply {
 
     async fn send_chunk(
         &mut self,
-        client: &mut Client<'_>,
+        client: &mut impl Downstream,
         delta: DeltaOut<'_>,
         finish_reason: Option<&str>,
     ) -> Result<(), Gone> {
@@ -259,7 +296,7 @@ impl Reply {
 
     async fn write_chunk(
         &mut self,
-        client: &mut Client<'_>,
+        client: &mut impl Downstream,
         delta: DeltaOut<'_>,
         finish_reason: Option<&str>,
     ) -> Result<(), Gone> {

@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 use tracing::warn;
 
+use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::PromptMode;
 use crate::openai::{ChatRequest, Message, StreamOptions, ToolDef};
@@ -12,9 +13,9 @@ use crate::openai::{ChatRequest, Message, StreamOptions, ToolDef};
 /// as the client sent it. The upstream is always asked to stream with usage,
 /// whatever the client asked: the tool loop reads rounds as streams and sums
 /// their usage.
-pub fn rewrite(agent: &Agent, mut req: ChatRequest) -> ChatRequest {
+pub fn rewrite(agent: &Agent, toolset: &ToolSet, mut req: ChatRequest) -> ChatRequest {
     combine_instructions(agent, &mut req.messages);
-    req.tools = merge_tools(agent, req.tools.take());
+    req.tools = merge_tools(agent, toolset, req.tools.take());
     req.model = agent.model.clone();
     for (key, value) in &agent.params {
         req.set_default(key, value);
@@ -62,11 +63,15 @@ fn combine_instructions(agent: &Agent, messages: &mut Vec<Message>) {
 
 /// The agent's tools first, then the client's, minus any client tool that
 /// shadows a local one (the local tool wins).
-fn merge_tools(agent: &Agent, client_tools: Option<Vec<ToolDef>>) -> Option<Vec<ToolDef>> {
-    let mut tools: Vec<ToolDef> = agent.tools.iter().map(|t| t.definition.clone()).collect();
+fn merge_tools(
+    agent: &Agent,
+    toolset: &ToolSet,
+    client_tools: Option<Vec<ToolDef>>,
+) -> Option<Vec<ToolDef>> {
+    let mut tools: Vec<ToolDef> = toolset.definitions().cloned().collect();
     for tool in client_tools.into_iter().flatten() {
         match tool.function_name() {
-            Some(name) if agent.tool(name).is_some() => {
+            Some(name) if toolset.get(name).is_some() => {
                 warn!(agent = %agent.id, tool = name, "client tool dropped: the agent has a local tool of that name");
             }
             _ => tools.push(tool),
@@ -81,7 +86,7 @@ mod tests {
     use crate::config::Config;
     use serde_json::json;
 
-    fn agent(mode: &str) -> std::sync::Arc<Agent> {
+    fn agent(mode: &str) -> (std::sync::Arc<Agent>, ToolSet) {
         let yaml = format!(
             "
 default_upstream: up
@@ -97,11 +102,15 @@ agents:
     params: {{ temperature: 0.2, top_p: 0.9 }}
 "
         );
-        Config::parse(&yaml, |_| None)
-            .unwrap()
-            .agent("a")
-            .unwrap()
-            .clone()
+        let config = Config::parse(&yaml, |_| None).unwrap();
+        let agent = config.agent("a").unwrap().clone();
+        let toolset = ToolSet::of(&agent, &config);
+        (agent, toolset)
+    }
+
+    fn rewrite_for(mode: &str, req: ChatRequest) -> ChatRequest {
+        let (agent, toolset) = agent(mode);
+        rewrite(&agent, &toolset, req)
     }
 
     fn request(body: Value) -> ChatRequest {
@@ -119,12 +128,12 @@ agents:
             {"role":"system","content":"CLIENT"},
             {"role":"developer","content":[{"type":"text","text":"DEV"}]},
             {"role":"user","content":"hi"}]});
-        let out = rewrite(&agent("prepend"), request(body.clone()));
+        let out = rewrite_for("prepend", request(body.clone()));
         assert_eq!(system_text(&out), "AGENT\n\nCLIENT\n\nDEV");
         assert_eq!(out.messages.len(), 2);
-        let out = rewrite(&agent("append"), request(body.clone()));
+        let out = rewrite_for("append", request(body.clone()));
         assert_eq!(system_text(&out), "CLIENT\n\nDEV\n\nAGENT");
-        let out = rewrite(&agent("replace"), request(body));
+        let out = rewrite_for("replace", request(body));
         assert_eq!(system_text(&out), "AGENT");
         assert_eq!(out.messages[1].content_text(), "hi");
     }
@@ -135,7 +144,7 @@ agents:
             "temperature": 0.9, "x_vendor": {"k": 1}, "enable_thinking": false,
             "tools":[{"type":"function","function":{"name":"get_weather"}},
                      {"type":"function","function":{"name":"client_tool","parameters":{}}}]});
-        let out = serde_json::to_value(rewrite(&agent("prepend"), request(body))).unwrap();
+        let out = serde_json::to_value(rewrite_for("prepend", request(body))).unwrap();
         assert_eq!(out["model"], "qwen3");
         assert_eq!(out["temperature"], 0.9, "client value wins over params");
         assert_eq!(out["top_p"], 0.9, "params fill what the client left out");

@@ -10,24 +10,27 @@
 //! client tools, which go back to the client in standard form. No call is
 //! dropped without the model being told.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::join_all;
+use futures::future::{join_all, BoxFuture};
+use tokio::sync::mpsc::unbounded_channel;
 use tracing::{debug, info, warn};
 
 use super::assemble::Assembler;
 use super::reasoning::{Kind, ThinkSplitter};
 use super::reply::{Failure, Reply};
 use super::rewrite::rewrite;
+use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::{ReasoningMode, ToolEvents};
 use crate::config::Limits;
-use crate::downstream::Client;
+use crate::downstream::{Downstream, Headless};
 use crate::error::{from_upstream, ApiError};
 use crate::metrics::metrics;
 use crate::openai::{ChatRequest, ChunkIn, CompletionIn, Message, ToolCall, Usage};
-use crate::tools::Outcome;
+use crate::tools::{CallContext, Outcome};
 use crate::upstream::{affinity_key, Outbound};
 use crate::{request_id, sse};
 
@@ -51,8 +54,8 @@ pub struct Summary {
 pub async fn run(
     agent: &Agent,
     request: ChatRequest,
-    client: &mut Client<'_>,
-    limits: &Limits,
+    client: &mut impl Downstream,
+    ctx: &CallContext,
     started: Instant,
 ) -> Summary {
     let stream = request.stream.unwrap_or(false);
@@ -61,20 +64,20 @@ pub async fn run(
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
+    let toolset = ToolSet::of(agent, &ctx.config);
+    let mut upstream_request = rewrite(agent, &toolset, request);
     let show_reasoning =
-        agent.reasoning == ReasoningMode::Pass && request.enable_thinking != Some(false);
+        agent.reasoning == ReasoningMode::Pass && upstream_request.enable_thinking != Some(false);
     let mut reply = Reply::new(&agent.id, stream, include_usage, show_reasoning);
-    let mut upstream_request = rewrite(agent, request);
     let mut summary = Summary::default();
-    let outcome = drive(
+    let turn = Turn {
         agent,
-        &mut upstream_request,
-        client,
-        &mut reply,
-        limits,
-        &mut summary,
-    )
-    .await;
+        toolset: &toolset,
+        ctx,
+    };
+    let outcome = turn
+        .drive(&mut upstream_request, client, &mut reply, &mut summary)
+        .await;
     summary.usage = reply.usage();
     summary.first_token = reply.first_token_at().map(|at| at.duration_since(started));
     summary.cut = match outcome {
@@ -89,65 +92,216 @@ pub async fn run(
     summary
 }
 
-async fn drive(
-    agent: &Agent,
-    request: &mut ChatRequest,
-    client: &mut Client<'_>,
-    reply: &mut Reply,
-    limits: &Limits,
-    summary: &mut Summary,
-) -> Result<&'static str, Failure> {
-    let mut tool_rounds = 0;
-    // Rounds of one conversation share a prefix: keep them on one replica.
-    let affinity = affinity_key(
-        request
-            .messages
-            .iter()
-            .find(|m| m.is_instruction())
-            .map(Message::content_text)
-            .as_deref(),
-        request
-            .messages
-            .iter()
-            .find(|m| m.role == "user")
-            .map(Message::content_text)
-            .as_deref(),
-    );
-    loop {
-        let round = read_round(agent, request, affinity, client, reply, limits).await?;
-        summary.rounds += 1;
-        reply.add_usage(round.usage);
-        if round.calls.is_empty() {
-            return Ok(finish_reason(round.finish_reason.as_deref()));
+/// Runs `agent` on `task` for another agent: its whole loop on its own
+/// upstream, with the task as the user message. Its text streams to the
+/// caller as progress; its final answer is the caller's tool result.
+pub fn run_nested(
+    agent: Arc<Agent>,
+    task: String,
+    ctx: CallContext,
+) -> BoxFuture<'static, Outcome> {
+    Box::pin(async move {
+        let ctx = ctx.nested(&agent.id, ctx.progress.clone());
+        let toolset = ToolSet::of(&agent, &ctx.config);
+        let request = ChatRequest {
+            model: Some(agent.id.clone()),
+            messages: vec![Message::text("user", task)],
+            tools: None,
+            stream: None,
+            stream_options: None,
+            enable_thinking: None,
+            rest: Default::default(),
+        };
+        let mut upstream_request = rewrite(&agent, &toolset, request);
+        let mut client = Headless::new(ctx.request_id.clone());
+        let mut reply = Reply::nested(&agent.id, ctx.progress.clone());
+        let mut summary = Summary::default();
+        let turn = Turn {
+            agent: &agent,
+            toolset: &toolset,
+            ctx: &ctx,
+        };
+        match turn
+            .drive(&mut upstream_request, &mut client, &mut reply, &mut summary)
+            .await
+        {
+            Ok(_) => Outcome::success(reply.into_content()),
+            Err(Failure::Api(e)) => {
+                Outcome::error(format!("agent `{}` failed: {}", agent.id, e.message))
+            }
+            Err(Failure::Upstream { status, .. }) => Outcome::error(format!(
+                "agent `{}` failed: its upstream answered HTTP {status}",
+                agent.id
+            )),
+            Err(Failure::Gone) => Outcome::error("cancelled"),
         }
-        let local = round
-            .calls
+    })
+}
+
+/// One agent's loop on one request.
+struct Turn<'a> {
+    agent: &'a Agent,
+    toolset: &'a ToolSet,
+    ctx: &'a CallContext,
+}
+
+impl Turn<'_> {
+    async fn drive<D: Downstream>(
+        &self,
+        request: &mut ChatRequest,
+        client: &mut D,
+        reply: &mut Reply,
+        summary: &mut Summary,
+    ) -> Result<&'static str, Failure> {
+        let agent = self.agent;
+        let mut tool_rounds = 0;
+        // Rounds of one conversation share a prefix: keep them on one replica.
+        let affinity = affinity_key(
+            request
+                .messages
+                .iter()
+                .find(|m| m.is_instruction())
+                .map(Message::content_text)
+                .as_deref(),
+            request
+                .messages
+                .iter()
+                .find(|m| m.role == "user")
+                .map(Message::content_text)
+                .as_deref(),
+        );
+        loop {
+            let round = read_round(
+                agent,
+                request,
+                affinity,
+                client,
+                reply,
+                &self.ctx.config.limits,
+            )
+            .await?;
+            summary.rounds += 1;
+            reply.add_usage(round.usage);
+            if round.calls.is_empty() {
+                return Ok(finish_reason(round.finish_reason.as_deref()));
+            }
+            let local = round
+                .calls
+                .iter()
+                .filter(|c| self.toolset.get(&c.function.name).is_some())
+                .count();
+            if local == 0 {
+                reply.tool_calls(client, round.calls).await?;
+                return Ok("tool_calls");
+            }
+            if tool_rounds >= agent.max_tool_rounds {
+                warn!(agent = %agent.id, rounds = tool_rounds, "max_tool_rounds reached");
+                let note = format!(
+                    "\n\n[agent-proxy: stopped after {tool_rounds} tool rounds without a final answer]"
+                );
+                reply.content(client, &note).await?;
+                return Ok(ROUNDS_EXHAUSTED);
+            }
+            tool_rounds += 1;
+            summary.tool_calls += local as u32;
+            // Open the stream before the tools run so heartbeats can flow.
+            reply.start(client).await?;
+            let results = self.run_tools(&round.calls, client, reply).await?;
+            request.messages.push(Message {
+                content: (!round.content.is_empty()).then(|| round.content.into()),
+                tool_calls: Some(round.calls),
+                ..Message::text("assistant", "")
+            });
+            request.messages.extend(results);
+        }
+    }
+
+    /// Runs the local calls of one turn concurrently; client calls in the same
+    /// turn are deferred (see the module docs). Results keep the calls' order.
+    /// Agents called as tools report progress, shown as it arrives.
+    async fn run_tools<D: Downstream>(
+        &self,
+        calls: &[ToolCall],
+        client: &mut D,
+        reply: &mut Reply,
+    ) -> Result<Vec<Message>, Failure> {
+        let agent = self.agent;
+        for call in calls
             .iter()
-            .filter(|c| agent.tool(&c.function.name).is_some())
-            .count();
-        if local == 0 {
-            reply.tool_calls(client, round.calls).await?;
-            return Ok("tool_calls");
+            .filter(|c| self.toolset.get(&c.function.name).is_some())
+        {
+            self.show(client, reply, &progress_note(call)).await?;
         }
-        if tool_rounds >= agent.max_tool_rounds {
-            warn!(agent = %agent.id, rounds = tool_rounds, "max_tool_rounds reached");
-            let note = format!(
-                "\n\n[agent-proxy: stopped after {tool_rounds} tool rounds without a final answer]"
-            );
-            reply.content(client, &note).await?;
-            return Ok(ROUNDS_EXHAUSTED);
-        }
-        tool_rounds += 1;
-        summary.tool_calls += local as u32;
-        // Open the stream before the tools run so heartbeats can flow.
-        reply.start(client).await?;
-        let results = run_tools(agent, &round.calls, client, reply).await?;
-        request.messages.push(Message {
-            content: (!round.content.is_empty()).then(|| round.content.into()),
-            tool_calls: Some(round.calls),
-            ..Message::text("assistant", "")
+        let (progress, mut notes) = unbounded_channel::<String>();
+        let ctx = CallContext {
+            progress: Some(progress),
+            ..self.ctx.clone()
+        };
+        let runs = calls.iter().map(|call| {
+            let ctx = &ctx;
+            async move {
+                let started = Instant::now();
+                let entry = self.toolset.get(&call.function.name);
+                let outcome = match entry {
+                    Some(entry) => entry.call(&call.function.arguments, ctx).await,
+                    None => {
+                        warn!(agent = %agent.id, tool = %call.function.name, "client tool call deferred: mixed with local calls");
+                        Outcome::error(format!(
+                            "`{}` was not run: it is a client tool and was requested together with agent tools. \
+                             Request it again on its own, in a turn without agent tool calls.",
+                            call.function.name
+                        ))
+                    }
+                };
+                let took = started.elapsed();
+                if entry.is_some() {
+                    metrics().observe_tool(&call.function.name, outcome.ok, took);
+                }
+                info!(agent = %agent.id, tool = %call.function.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");
+                outcome
+            }
         });
-        request.messages.extend(results);
+        let mut runs = std::pin::pin!(join_all(runs));
+        let outcomes = loop {
+            let next = client
+                .wait(async {
+                    tokio::select! {
+                        outcomes = &mut runs => Ok(outcomes),
+                        Some(note) = notes.recv() => Err(note),
+                    }
+                })
+                .await?;
+            match next {
+                Ok(outcomes) => break outcomes,
+                Err(note) => self.show(client, reply, &note).await?,
+            }
+        };
+        while let Ok(note) = notes.try_recv() {
+            self.show(client, reply, &note).await?;
+        }
+        Ok(calls
+            .iter()
+            .zip(outcomes)
+            .map(|(call, outcome)| Message {
+                tool_call_id: Some(call.id.clone()),
+                ..Message::text("tool", outcome.text)
+            })
+            .collect())
+    }
+
+    /// Tool progress, where the agent's `tool_events` puts it.
+    async fn show<D: Downstream>(
+        &self,
+        client: &mut D,
+        reply: &mut Reply,
+        note: &str,
+    ) -> Result<(), Failure> {
+        match self.agent.tool_events {
+            ToolEvents::Reasoning => reply.proxy_note(client, note).await?,
+            ToolEvents::Content => reply.content(client, note).await?,
+            ToolEvents::Hidden => {}
+        }
+        Ok(())
     }
 }
 
@@ -158,58 +312,6 @@ fn finish_reason(upstream: Option<&str>) -> &'static str {
         Some("tool_calls") => "tool_calls",
         _ => "stop",
     }
-}
-
-/// Runs the local calls of one turn concurrently; client calls in the same
-/// turn are deferred (see the module docs). Results keep the calls' order.
-async fn run_tools(
-    agent: &Agent,
-    calls: &[ToolCall],
-    client: &mut Client<'_>,
-    reply: &mut Reply,
-) -> Result<Vec<Message>, Failure> {
-    for call in calls
-        .iter()
-        .filter(|c| agent.tool(&c.function.name).is_some())
-    {
-        let note = progress_note(call);
-        match agent.tool_events {
-            ToolEvents::Reasoning => reply.proxy_note(client, &note).await?,
-            ToolEvents::Content => reply.content(client, &note).await?,
-            ToolEvents::Hidden => {}
-        }
-    }
-    let request_id = client.request_id().to_owned();
-    let request_id = request_id.as_str();
-    let runs = calls.iter().map(|call| async move {
-        let started = Instant::now();
-        let outcome = match agent.tool(&call.function.name) {
-            Some(tool) => tool.call(&call.function.arguments, request_id).await,
-            None => {
-                warn!(agent = %agent.id, tool = %call.function.name, "client tool call deferred: mixed with local calls");
-                Outcome::error(format!(
-                    "`{}` was not run: it is a client tool and was requested together with agent tools. \
-                     Request it again on its own, in a turn without agent tool calls.",
-                    call.function.name
-                ))
-            }
-        };
-        let took = started.elapsed();
-        if agent.tool(&call.function.name).is_some() {
-            metrics().observe_tool(&call.function.name, outcome.ok, took);
-        }
-        info!(agent = %agent.id, tool = %call.function.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");
-        outcome
-    });
-    let outcomes = client.wait(join_all(runs)).await?;
-    Ok(calls
-        .iter()
-        .zip(outcomes)
-        .map(|(call, outcome)| Message {
-            tool_call_id: Some(call.id.clone()),
-            ..Message::text("tool", outcome.text)
-        })
-        .collect())
 }
 
 fn progress_note(call: &ToolCall) -> String {
@@ -245,11 +347,11 @@ struct RoundReader<'r> {
     assembler: Assembler,
 }
 
-async fn read_round(
+async fn read_round<D: Downstream>(
     agent: &Agent,
     request: &ChatRequest,
     affinity: u64,
-    client: &mut Client<'_>,
+    client: &mut D,
     reply: &mut Reply,
     limits: &Limits,
 ) -> Result<Round, Failure> {
@@ -352,7 +454,7 @@ impl RoundReader<'_> {
     /// Handles one SSE event; returns whether it was `[DONE]`.
     async fn event(
         &mut self,
-        client: &mut Client<'_>,
+        client: &mut impl Downstream,
         event: &sse::Event,
     ) -> Result<bool, Failure> {
         if event.is_done() {
@@ -398,7 +500,7 @@ impl RoundReader<'_> {
         Ok(false)
     }
 
-    async fn content(&mut self, client: &mut Client<'_>, text: &str) -> Result<(), Failure> {
+    async fn content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Failure> {
         for (kind, piece) in self.splitter.split(text) {
             self.piece(client, kind, &piece).await?;
         }
@@ -407,7 +509,7 @@ impl RoundReader<'_> {
 
     async fn piece(
         &mut self,
-        client: &mut Client<'_>,
+        client: &mut impl Downstream,
         kind: Kind,
         text: &str,
     ) -> Result<(), Failure> {
@@ -421,7 +523,11 @@ impl RoundReader<'_> {
         Ok(())
     }
 
-    async fn completion(&mut self, client: &mut Client<'_>, body: &[u8]) -> Result<(), Failure> {
+    async fn completion(
+        &mut self,
+        client: &mut impl Downstream,
+        body: &[u8],
+    ) -> Result<(), Failure> {
         let completion: CompletionIn = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_gateway(format!("upstream sent invalid JSON: {e}")))?;
         if let Some(usage) = completion.usage {
@@ -446,7 +552,7 @@ impl RoundReader<'_> {
         Ok(())
     }
 
-    async fn finish(mut self, client: &mut Client<'_>) -> Result<Round, Failure> {
+    async fn finish(mut self, client: &mut impl Downstream) -> Result<Round, Failure> {
         if let Some((kind, text)) = self.splitter.flush() {
             self.piece(client, kind, &text).await?;
         }

@@ -24,6 +24,12 @@ pub struct ConfigFile {
     pub skills: BTreeMap<String, SkillFile>,
     #[serde(default)]
     pub tools: BTreeMap<String, ToolFile>,
+    /// MCP servers whose tools agents can list as `server/*` or `server/tool`.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerFile>,
+    /// With a router, the model `auto` picks an agent per request.
+    #[serde(default)]
+    pub router: Option<RouterFile>,
     /// Forward requests for non-agent models and other paths to `default_upstream`.
     #[serde(default = "yes")]
     pub passthrough: bool,
@@ -218,6 +224,61 @@ pub struct ToolFile {
     /// Cap on the result handed to the model; longer output is truncated.
     #[serde(default = "default_output_cap")]
     pub max_output_bytes: usize,
+    /// Parameters the proxy fills in from the request; the model never sees them.
+    #[serde(default)]
+    pub inject: BTreeMap<String, InjectFile>,
+}
+
+/// Where an injected parameter's value comes from: exactly one of these.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectFile {
+    /// A field of the chat request: `user`.
+    pub request: Option<String>,
+    /// A header of the client's request.
+    pub header: Option<String>,
+    /// A constant.
+    pub value: Option<Value>,
+    /// An environment variable of the proxy, read when the config loads.
+    pub env: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerFile {
+    /// A stdio server: the program and its arguments (no shell).
+    pub command: Option<Vec<String>>,
+    /// Variables added to the proxy's environment for a stdio server.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A streamable-HTTP server.
+    pub url: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Longest time for one `tools/call`.
+    #[serde(default = "default_tool_timeout")]
+    pub timeout_ms: u64,
+    #[serde(default = "default_output_cap")]
+    pub max_output_bytes: usize,
+    /// Injected parameters for every tool of this server that declares them.
+    #[serde(default)]
+    pub inject: BTreeMap<String, InjectFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterFile {
+    /// Where the routing question goes; default: `default_upstream`.
+    pub upstream: Option<String>,
+    pub model: Option<String>,
+    /// The agent that answers when routing fails or names no agent.
+    pub default_agent: String,
+    #[serde(default = "default_router_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_router_timeout() -> u64 {
+    10_000
 }
 
 fn empty_object_schema() -> Value {

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use serde_yaml_ng::Value as Yaml;
 
-use crate::agent::Agent;
+use crate::agent::router::Router;
+use crate::agent::{Agent, AgentTool};
+use crate::mcp::{self, McpServer};
 use crate::tools::Tool;
 use crate::upstream::Upstream;
 use file::ConfigFile;
@@ -27,6 +29,9 @@ pub struct Config {
     /// Every upstream, for health checks.
     pub upstreams: BTreeMap<String, Arc<Upstream>>,
     pub agents: BTreeMap<String, Arc<Agent>>,
+    pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
+    /// Present when the model `auto` routes requests to agents.
+    pub router: Option<Router>,
     pub passthrough: bool,
     pub limits: Limits,
 }
@@ -160,10 +165,39 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
             Tool::from_file(&name, tool).map_err(|m| error(format!("tools.{name}"), m))?;
         tools.insert(name, Arc::new(resolved));
     }
-    let find_tool = |key: String, name: &str| {
+    let mut mcp_servers = BTreeMap::new();
+    for (name, server) in &file.mcp_servers {
+        if !is_function_name(name) || name.contains(mcp::SEPARATOR) {
+            return Err(error(
+                format!("mcp_servers.{name}"),
+                "a server name must be 1-64 letters, digits, `_` or `-`, without `__`",
+            ));
+        }
+        let resolved =
+            mcp::server(name, server).map_err(|m| error(format!("mcp_servers.{name}"), m))?;
+        mcp_servers.insert(name.clone(), resolved);
+    }
+    let agent_ids: Vec<String> = file.agents.keys().cloned().collect();
+    // `tool`, `server/*`, `server/tool` or `agent:<id>`.
+    let find_tool = |key: String, name: &str| -> Result<AgentTool, ConfigError> {
+        if let Some(id) = name.strip_prefix("agent:") {
+            return match agent_ids.iter().any(|a| a == id) {
+                true => Ok(AgentTool::Agent(id.to_owned())),
+                false => Err(error(key, format!("no agent named `{id}`"))),
+            };
+        }
+        if let Some((server, tool)) = name.split_once('/') {
+            let server = mcp_servers
+                .get(server)
+                .cloned()
+                .ok_or_else(|| error(key, format!("no MCP server named `{server}`")))?;
+            let tool = (tool != "*").then(|| tool.to_owned());
+            return Ok(AgentTool::Mcp { server, tool });
+        }
         tools
             .get(name)
             .cloned()
+            .map(AgentTool::Local)
             .ok_or_else(|| error(key, format!("no tool named `{name}`")))
     };
 
@@ -199,12 +233,10 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
             ));
         }
         let mut prompt_parts: Vec<String> = agent.system_prompt.iter().cloned().collect();
-        let mut agent_tools: Vec<Arc<Tool>> = Vec::new();
-        let mut add_tool = |tool: Arc<Tool>| {
-            if !agent_tools.iter().any(|t| t.name == tool.name) {
-                agent_tools.push(tool);
-            }
-        };
+        // Listed twice (by the agent and a skill), a tool is offered once:
+        // the per-request tool set keeps the first of each function name.
+        let mut agent_tools: Vec<AgentTool> = Vec::new();
+        let mut add_tool = |tool: AgentTool| agent_tools.push(tool);
         for (i, name) in agent.tools.iter().enumerate() {
             add_tool(find_tool(key(&format!("tools[{i}]")), name)?);
         }
@@ -238,6 +270,30 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
         );
     }
 
+    let router = file
+        .router
+        .map(|router| {
+            let upstream = match &router.upstream {
+                None => default_upstream.clone(),
+                Some(name) => upstreams.get(name).cloned().ok_or_else(|| {
+                    error("router.upstream", format!("no upstream named `{name}`"))
+                })?,
+            };
+            if !agents.contains_key(&router.default_agent) {
+                return Err(error(
+                    "router.default_agent",
+                    format!("no agent named `{}`", router.default_agent),
+                ));
+            }
+            Ok(Router {
+                upstream,
+                model: router.model,
+                default_agent: router.default_agent,
+                timeout: Duration::from_millis(router.timeout_ms),
+            })
+        })
+        .transpose()?;
+
     if file.limits.max_body_bytes == 0 {
         return Err(error("limits.max_body_bytes", "must be greater than 0"));
     }
@@ -253,6 +309,8 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
         default_upstream,
         upstreams,
         agents,
+        mcp_servers,
+        router,
         passthrough: file.passthrough,
         limits: Limits {
             max_body_bytes: file.limits.max_body_bytes,

@@ -2,15 +2,19 @@
 //! routed here. An agent's model runs the tool loop; any other model is
 //! forwarded to `default_upstream` untouched.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 use pingora::Result;
 
 use super::{forward, handled, reject, RequestCtx};
+use crate::agent::router::AUTO;
 use crate::agent::tool_loop;
 use crate::downstream::Client;
 use crate::error::ApiError;
 use crate::openai::{ChatRequest, RoutingPeek};
+use crate::tools::CallContext;
 use crate::upstream::affinity_key;
 
 pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -46,10 +50,12 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
         }
         Some(_) => {}
     }
-    let agent = peek.model.as_deref().and_then(|m| config.agent(m)).cloned();
-    let Some(agent) = agent else {
+    let model = peek.model.as_deref();
+    let auto = model == Some(AUTO) && config.router.is_some();
+    let agent = model.and_then(|m| config.agent(m)).cloned();
+    if agent.is_none() && !auto {
         if !config.passthrough {
-            let model = peek.model.as_deref().unwrap_or_default();
+            let model = model.unwrap_or_default();
             return reject(
                 session,
                 &ApiError::not_found(format!("The model `{model}` does not exist"))
@@ -58,12 +64,12 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
             )
             .await;
         }
-        let mut client = Client::new(session, config.limits.heartbeat);
         let (system, first_user) = peek.prefix();
         let affinity = affinity_key(system, first_user);
+        let mut client = Client::new(session, config.limits.heartbeat);
         let cut = forward::forward(&mut client, &config, body, affinity).await;
         return handled(cut);
-    };
+    }
     let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => {
@@ -74,10 +80,45 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
             .await
         }
     };
+    let ctx_call = CallContext {
+        config: config.clone(),
+        request_id: ctx.request_id.clone(),
+        user: request
+            .rest
+            .get("user")
+            .and_then(|u| u.as_str())
+            .map(str::to_owned),
+        headers: Arc::new(session.req_header().headers.clone()),
+        stack: Vec::new(),
+        progress: None,
+    };
+    let mut client = Client::new(session, config.limits.heartbeat);
+    let agent = match agent {
+        Some(agent) => agent,
+        // `auto`: the router picks (it exists, or `auto` was forwarded above).
+        None => {
+            let routed = match &config.router {
+                Some(router) => {
+                    client
+                        .wait(router.choose(&config, &request, &ctx.request_id))
+                        .await
+                }
+                None => Ok(None),
+            };
+            match routed {
+                Ok(Some(agent)) => agent,
+                Ok(None) => {
+                    let error = ApiError::internal("no agent to route to");
+                    return handled(client.respond_error(&error).await.is_err());
+                }
+                Err(_) => return handled(true),
+            }
+        }
+    };
     ctx.agent = Some(agent.id.clone());
     ctx.route = "agent";
-    let mut client = Client::new(session, config.limits.heartbeat);
-    let summary = tool_loop::run(&agent, request, &mut client, &config.limits, ctx.started).await;
+    let call = ctx_call.nested(&agent.id, None);
+    let summary = tool_loop::run(&agent, request, &mut client, &call, ctx.started).await;
     let cut = summary.cut;
     ctx.summary = Some(summary);
     handled(cut)

@@ -36,11 +36,20 @@ pub async fn readiness(config: &Config) -> (u16, Value) {
         Ok(_) => Ok(()),
         Err(reason) => Err(reason),
     };
+    // MCP servers are detail, not readiness: agents without them still work.
+    let mcp: serde_json::Map<String, Value> = config
+        .mcp_servers
+        .iter()
+        .map(|(name, server)| (name.clone(), Value::String(server.status())))
+        .collect();
     match outcome {
-        Ok(()) => (200, json!({"status": "ready", "upstream": upstream.name})),
+        Ok(()) => (
+            200,
+            json!({"status": "ready", "upstream": upstream.name, "mcp": mcp}),
+        ),
         Err(reason) => (
             503,
-            json!({"status": "not ready", "upstream": upstream.name, "reason": reason}),
+            json!({"status": "not ready", "upstream": upstream.name, "reason": reason, "mcp": mcp}),
         ),
     }
 }

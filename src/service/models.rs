@@ -9,6 +9,7 @@ use serde_json::Value;
 use tracing::warn;
 
 use super::handled;
+use crate::agent::router::AUTO;
 use crate::config::Config;
 use crate::downstream::Client;
 use crate::openai::ModelCard;
@@ -36,6 +37,17 @@ pub async fn list(session: &mut Session, config: &Config) -> Result<bool> {
             .unwrap_or_default()
         })
         .collect();
+    if config.router.is_some() {
+        let auto = ModelCard {
+            id: AUTO,
+            object: "model",
+            created,
+            owned_by: "agent-proxy",
+            name: "Auto",
+            description: "Picks the best agent for each request",
+        };
+        data.push(serde_json::to_value(auto).unwrap_or_default());
+    }
     if config.passthrough {
         match upstream_models(&config.default_upstream).await {
             Ok(models) => data.extend(models.into_iter().filter(|m| {

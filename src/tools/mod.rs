@@ -3,9 +3,14 @@
 //! timeouts and oversized output all become a result the model can act on.
 
 mod command;
+mod context;
 mod http;
+mod inject;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+pub use context::CallContext;
+pub use inject::Injection;
 
 use crate::config::file::ToolFile;
 use crate::openai::ToolDef;
@@ -14,6 +19,7 @@ pub struct Tool {
     pub name: String,
     pub definition: ToolDef,
     executor: Executor,
+    injection: Injection,
     max_output_bytes: usize,
 }
 
@@ -44,9 +50,12 @@ impl Outcome {
 
 impl Tool {
     pub fn from_file(name: &str, file: ToolFile) -> Result<Self, String> {
-        if !file.parameters.is_object() {
+        let mut parameters = file.parameters;
+        if !parameters.is_object() {
             return Err("`parameters` must be a JSON schema object".into());
         }
+        let injection = Injection::from_file(&file.inject)?;
+        injection.hide(&mut parameters);
         let executor = match (file.http, file.command) {
             (Some(http), None) => Executor::Http(http::HttpTool::from_file(http)?),
             (None, Some(command)) => Executor::Command(command::CommandTool::from_file(command)?),
@@ -54,43 +63,59 @@ impl Tool {
         };
         Ok(Tool {
             name: name.to_owned(),
-            definition: ToolDef::function(name, &file.description, file.parameters),
+            definition: ToolDef::function(name, &file.description, parameters),
             executor,
+            injection,
             max_output_bytes: file.max_output_bytes,
         })
     }
 
-    /// Runs the tool with the model's `arguments` (JSON text). Arguments that
-    /// are not a JSON object are not executed.
-    pub async fn call(&self, arguments: &str, request_id: &str) -> Outcome {
-        let arguments = if arguments.trim().is_empty() {
-            "{}"
-        } else {
-            arguments
+    /// Runs the tool with the model's `arguments` (JSON text), injected
+    /// parameters set from `ctx`.
+    pub async fn call(&self, arguments: &str, ctx: &CallContext) -> Outcome {
+        let mut parsed = match parse_arguments(arguments) {
+            Ok(parsed) => parsed,
+            Err(outcome) => return outcome,
         };
-        match serde_json::from_str::<Value>(arguments) {
-            Ok(Value::Object(_)) => {}
-            Ok(_) => {
-                return Outcome::error("arguments must be a JSON object; the tool was not run")
-            }
-            Err(e) => {
-                return Outcome::error(format!(
-                    "arguments are not valid JSON ({e}); the tool was not run"
-                ))
-            }
-        }
+        // The model's own text is passed on as it is unless something is injected.
+        let injected;
+        let arguments = if self.injection.is_empty() && !arguments.trim().is_empty() {
+            arguments
+        } else {
+            self.injection.apply(&mut parsed, ctx);
+            injected = Value::Object(parsed).to_string();
+            injected.as_str()
+        };
         match &self.executor {
             Executor::Http(tool) => {
-                tool.call(arguments, request_id, self.max_output_bytes)
+                tool.call(&arguments, &ctx.request_id, self.max_output_bytes)
                     .await
             }
-            Executor::Command(tool) => tool.call(arguments, self.max_output_bytes).await,
+            Executor::Command(tool) => tool.call(&arguments, self.max_output_bytes).await,
         }
     }
 }
 
+/// The model's arguments as a JSON object; anything else is not executed.
+pub fn parse_arguments(arguments: &str) -> Result<Map<String, Value>, Outcome> {
+    let arguments = if arguments.trim().is_empty() {
+        "{}"
+    } else {
+        arguments
+    };
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Outcome::error(
+            "arguments must be a JSON object; the tool was not run",
+        )),
+        Err(e) => Err(Outcome::error(format!(
+            "arguments are not valid JSON ({e}); the tool was not run"
+        ))),
+    }
+}
+
 /// Lossy UTF-8 text of `bytes`, with a note when the output was cut at `cap`.
-fn capped_text(bytes: &[u8], cap: usize, truncated: bool) -> String {
+pub fn capped_text(bytes: &[u8], cap: usize, truncated: bool) -> String {
     let mut text = String::from_utf8_lossy(&bytes[..bytes.len().min(cap)]).into_owned();
     if truncated || bytes.len() > cap {
         text.push_str(&format!("\n[truncated: output exceeded {cap} bytes]"));

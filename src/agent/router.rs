@@ -1,0 +1,204 @@
+//! The `auto` model: a router model picks the agent for each request from
+//! the agents' ids and descriptions and the conversation's last user message.
+//! Any failure, or an answer naming no agent, falls back to `default_agent`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::reasoning::{Kind, ThinkSplitter};
+use super::Agent;
+use crate::config::Config;
+use crate::openai::{ChatRequest, CompletionIn};
+use crate::request_id;
+use crate::upstream::{Outbound, Upstream};
+
+pub const AUTO: &str = "auto";
+
+pub struct Router {
+    pub upstream: Arc<Upstream>,
+    pub model: Option<String>,
+    pub default_agent: String,
+    pub timeout: Duration,
+}
+
+impl Router {
+    /// The agent that answers `request` (always one of the config's agents).
+    pub async fn choose(
+        &self,
+        config: &Config,
+        request: &ChatRequest,
+        request_id: &str,
+    ) -> Option<Arc<Agent>> {
+        let question = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == "user")
+            .map(|m| m.content_text())
+            .unwrap_or_default();
+        let routed = match self.ask(config, &question, request_id).await {
+            Ok(answer) => {
+                let chosen = pick(config, &answer);
+                if chosen.is_none() {
+                    warn!(answer = %answer.chars().take(200).collect::<String>(), "router named no agent; using the default");
+                }
+                chosen
+            }
+            Err(reason) => {
+                warn!(%reason, "router failed; using the default agent");
+                None
+            }
+        };
+        let via = if routed.is_some() {
+            "router"
+        } else {
+            "default"
+        };
+        let agent = routed.or_else(|| config.agent(&self.default_agent).cloned())?;
+        info!(agent = %agent.id, via, "auto routed");
+        Some(agent)
+    }
+
+    async fn ask(
+        &self,
+        config: &Config,
+        question: &str,
+        request_id: &str,
+    ) -> Result<String, String> {
+        let mut prompt = String::from(
+            "You route each request to the agent best suited to answer it. \
+             Reply with the agent's id and nothing else.\n\nAgents:\n",
+        );
+        for agent in config.agents.values() {
+            let about = if agent.description.is_empty() {
+                &agent.name
+            } else {
+                &agent.description
+            };
+            prompt.push_str(&format!("- {}: {about}\n", agent.id));
+        }
+        let mut body = json!({
+            "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": question}],
+            "max_tokens": 32,
+            "temperature": 0,
+            "stream": false,
+        });
+        if let Some(model) = &self.model {
+            body["model"] = json!(model);
+        }
+        let headers = [
+            (
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            ),
+            (
+                http::HeaderName::from_static(request_id::HEADER),
+                http::HeaderValue::from_str(request_id).map_err(|e| e.to_string())?,
+            ),
+        ];
+        let outbound = Outbound {
+            method: "POST",
+            path: "/v1/chat/completions",
+            headers: &headers,
+            body: Some(Bytes::from(body.to_string())),
+            affinity: None,
+            client_key_is_ours: true,
+        };
+        let call = async {
+            let mut exchange = self
+                .upstream
+                .send(&outbound)
+                .await
+                .map_err(|e| e.etype().as_str().to_owned())?;
+            let body = exchange
+                .read_to_end(1 << 20)
+                .await
+                .map_err(|e| e.etype().as_str().to_owned())?;
+            if !(200..300).contains(&exchange.status()) {
+                return Err(format!("HTTP {}", exchange.status()));
+            }
+            let completion: CompletionIn =
+                serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+            completion
+                .choices
+                .into_iter()
+                .next()
+                .and_then(|c| c.message.content)
+                .ok_or_else(|| "no answer".to_owned())
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()))
+    }
+}
+
+/// The agent an answer names: the whole answer as an id, or else the id
+/// that appears first in it as a word. Thinking (`<think>…</think>`) is
+/// ignored.
+fn pick(config: &Config, answer: &str) -> Option<Arc<Agent>> {
+    let mut splitter = ThinkSplitter::default();
+    let mut text: String = splitter
+        .split(answer)
+        .into_iter()
+        .filter(|(kind, _)| *kind == Kind::Content)
+        .map(|(_, piece)| piece.into_owned())
+        .collect();
+    if let Some((Kind::Content, rest)) = splitter.flush() {
+        text.push_str(&rest);
+    }
+    let text = text.to_lowercase();
+    let trimmed = text
+        .trim()
+        .trim_matches(|c: char| !c.is_alphanumeric() && c != '_' && c != '-');
+    if let Some(agent) = config
+        .agents
+        .values()
+        .find(|a| a.id.to_lowercase() == trimmed)
+    {
+        return Some(agent.clone());
+    }
+    let is_word_char = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
+    config
+        .agents
+        .values()
+        .filter_map(|agent| {
+            let id = agent.id.to_lowercase();
+            text.match_indices(&id)
+                .find(|(at, _)| {
+                    let before = text[..*at].chars().next_back();
+                    let after = text[at + id.len()..].chars().next();
+                    !before.is_some_and(is_word_char) && !after.is_some_and(is_word_char)
+                })
+                .map(|(at, _)| (at, agent))
+        })
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, agent)| agent.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_named_agent_from_loose_answers() {
+        let config = Config::parse(
+            "default_upstream: u\nupstreams: { u: { url: 'http://127.0.0.1:1/v1' } }\nagents:\n  weather:\n  coder:\n  code-review:\n",
+            |_| None,
+        )
+        .unwrap();
+        let id = |answer: &str| pick(&config, answer).map(|a| a.id.clone());
+        assert_eq!(id("weather"), Some("weather".into()));
+        assert_eq!(id(" `Coder`.\n"), Some("coder".into()));
+        assert_eq!(
+            id("<think>maybe weather?</think>code-review"),
+            Some("code-review".into())
+        );
+        assert_eq!(id("I'd pick coder, not weather"), Some("coder".into()));
+        assert_eq!(id("codered"), None);
+        assert_eq!(id("nothing fits"), None);
+    }
+}

@@ -1,0 +1,145 @@
+//! The functions an agent offers the model on one request, and what runs
+//! when the model calls one: a local tool, an MCP server's tool, or another
+//! agent's whole loop.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{tool_loop, Agent, AgentTool};
+use crate::config::Config;
+use crate::mcp::{function_name, McpServer};
+use crate::openai::ToolDef;
+use crate::tools::{parse_arguments, CallContext, Outcome, Tool};
+
+/// Nested agent calls deeper than this are refused.
+pub const MAX_AGENT_DEPTH: usize = 4;
+
+pub struct ToolSet {
+    entries: Vec<Entry>,
+}
+
+pub struct Entry {
+    pub definition: ToolDef,
+    target: Target,
+}
+
+enum Target {
+    Local(Arc<Tool>),
+    Mcp {
+        server: Arc<McpServer>,
+        tool: String,
+    },
+    Agent(Arc<Agent>),
+}
+
+impl ToolSet {
+    /// `agent`'s functions as of now. A name listed twice is offered once.
+    pub fn of(agent: &Agent, config: &Config) -> ToolSet {
+        let mut set = ToolSet {
+            entries: Vec::new(),
+        };
+        for tool in &agent.tools {
+            match tool {
+                AgentTool::Local(tool) => {
+                    set.add(tool.definition.clone(), Target::Local(tool.clone()))
+                }
+                AgentTool::Mcp { server, tool } => {
+                    for listed in server.tools().iter() {
+                        if tool.as_deref().is_none_or(|t| t == listed.name) {
+                            let target = Target::Mcp {
+                                server: server.clone(),
+                                tool: listed.name.clone(),
+                            };
+                            set.add(listed.definition.clone(), target);
+                        }
+                    }
+                }
+                AgentTool::Agent(id) => {
+                    if let Some(callee) = config.agent(id) {
+                        set.add(agent_definition(callee), Target::Agent(callee.clone()));
+                    }
+                }
+            }
+        }
+        set
+    }
+
+    fn add(&mut self, definition: ToolDef, target: Target) {
+        if self
+            .get(definition.function_name().unwrap_or_default())
+            .is_none()
+        {
+            self.entries.push(Entry { definition, target });
+        }
+    }
+
+    pub fn get(&self, function: &str) -> Option<&Entry> {
+        self.entries
+            .iter()
+            .find(|e| e.definition.function_name() == Some(function))
+    }
+
+    pub fn definitions(&self) -> impl Iterator<Item = &ToolDef> {
+        self.entries.iter().map(|e| &e.definition)
+    }
+}
+
+impl Entry {
+    pub async fn call(&self, arguments: &str, ctx: &CallContext) -> Outcome {
+        match &self.target {
+            Target::Local(tool) => tool.call(arguments, ctx).await,
+            Target::Mcp { server, tool } => match parse_arguments(arguments) {
+                Ok(arguments) => server.call(tool, arguments, ctx).await,
+                Err(outcome) => outcome,
+            },
+            Target::Agent(callee) => {
+                let task = match parse_arguments(arguments) {
+                    Ok(arguments) => match arguments.get("task").and_then(Value::as_str) {
+                        Some(task) => task.to_owned(),
+                        None => return Outcome::error("`task` (a string) is required"),
+                    },
+                    Err(outcome) => return outcome,
+                };
+                if ctx.stack.iter().any(|id| *id == callee.id) {
+                    return Outcome::error(format!(
+                        "agent `{}` is already working on this request (a cycle: {} -> {}); answer without it",
+                        callee.id,
+                        ctx.stack.join(" -> "),
+                        callee.id
+                    ));
+                }
+                if ctx.stack.len() >= MAX_AGENT_DEPTH {
+                    return Outcome::error(format!(
+                        "agents may call agents at most {MAX_AGENT_DEPTH} deep"
+                    ));
+                }
+                tool_loop::run_nested(callee.clone(), task, ctx.clone()).await
+            }
+        }
+    }
+}
+
+/// How another agent looks to a model: a function taking one `task`.
+fn agent_definition(callee: &Agent) -> ToolDef {
+    let description = if callee.description.is_empty() {
+        format!(
+            "Ask the {} agent to carry out a task and answer.",
+            callee.name
+        )
+    } else {
+        format!(
+            "{} (the {} agent; give it a task)",
+            callee.description, callee.name
+        )
+    };
+    ToolDef::function(
+        &function_name("agent", &callee.id),
+        &description,
+        json!({
+            "type": "object",
+            "properties": { "task": { "type": "string", "description": "What the agent should do, with everything it needs to know" } },
+            "required": ["task"]
+        }),
+    )
+}

@@ -1,0 +1,381 @@
+//! MCP servers as tool sources, on the official `rmcp` client.
+//!
+//! Each configured server is one long-lived connection (a stdio child or a
+//! streamable-HTTP session) shared by every config that names it the same
+//! way, so a reload does not restart it. A supervisor connects servers in
+//! the background and reconnects with backoff: a server that is down never
+//! stops the proxy or other agents, and a call to one of its tools meanwhile
+//! gets a clear error result.
+
+mod supervisor;
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Map, Value};
+use tracing::{info, warn};
+
+pub use supervisor::McpSupervisor;
+
+use crate::config::file::McpServerFile;
+use crate::openai::ToolDef;
+use crate::tools::{capped_text, CallContext, Injection, Outcome};
+
+/// Separates the server from the tool in the function names models see.
+pub const SEPARATOR: &str = "__";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+type Client = RunningService<RoleClient, ()>;
+
+enum Transport {
+    Stdio {
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+    },
+    Http {
+        url: String,
+        headers: HashMap<http::HeaderName, http::HeaderValue>,
+    },
+}
+
+/// One MCP tool as the model sees it.
+#[derive(Clone)]
+pub struct McpTool {
+    /// The tool's name on the server.
+    pub name: String,
+    /// The function name the model calls: `<server>__<tool>`.
+    pub function: String,
+    pub definition: ToolDef,
+}
+
+struct State {
+    client: Option<Arc<Client>>,
+    /// The last tool list seen; kept while the server is down, so calls to
+    /// its tools get a clear error instead of vanishing from the model's view.
+    tools: Arc<Vec<McpTool>>,
+    status: String,
+    connecting: bool,
+    next_attempt: Instant,
+    backoff: Duration,
+}
+
+pub struct McpServer {
+    pub name: String,
+    transport: Transport,
+    timeout: Duration,
+    max_output_bytes: usize,
+    injection: Injection,
+    state: Mutex<State>,
+}
+
+impl McpServer {
+    fn from_file(name: &str, file: &McpServerFile) -> Result<Self, String> {
+        let transport = match (&file.command, &file.url) {
+            (Some(argv), None) if !argv.is_empty() && !argv[0].is_empty() => Transport::Stdio {
+                argv: argv.clone(),
+                env: file
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            },
+            (None, Some(url)) => {
+                let _: http::Uri = url
+                    .parse()
+                    .map_err(|e| format!("invalid URL `{url}`: {e}"))?;
+                let headers = file
+                    .headers
+                    .iter()
+                    .map(|(k, v)| {
+                        let name = http::HeaderName::try_from(k.as_str())
+                            .map_err(|_| format!("invalid header name `{k}`"))?;
+                        let value = http::HeaderValue::try_from(v.as_str())
+                            .map_err(|_| format!("invalid value for header `{k}`"))?;
+                        Ok((name, value))
+                    })
+                    .collect::<Result<_, String>>()?;
+                Transport::Http {
+                    url: url.clone(),
+                    headers,
+                }
+            }
+            _ => return Err("give either `command` (a non-empty argv) or `url`".into()),
+        };
+        Ok(McpServer {
+            name: name.to_owned(),
+            transport,
+            timeout: Duration::from_millis(file.timeout_ms),
+            max_output_bytes: file.max_output_bytes,
+            injection: Injection::from_file(&file.inject)?,
+            state: Mutex::new(State {
+                client: None,
+                tools: Arc::new(Vec::new()),
+                status: "connecting".into(),
+                connecting: false,
+                next_attempt: Instant::now(),
+                backoff: Duration::from_millis(250),
+            }),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is plain data: a poisoned lock still holds a usable value.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The tools as last listed.
+    pub fn tools(&self) -> Arc<Vec<McpTool>> {
+        self.state().tools.clone()
+    }
+
+    /// `connected (N tools)` or why not, for `/readyz`.
+    pub fn status(&self) -> String {
+        self.state().status.clone()
+    }
+
+    /// Calls `tool` with the model's arguments. Failures become error results.
+    pub async fn call(
+        &self,
+        tool: &str,
+        mut arguments: Map<String, Value>,
+        ctx: &CallContext,
+    ) -> Outcome {
+        let client = self.state().client.clone();
+        let Some(client) = client else {
+            let status = self.status();
+            return Outcome::error(format!(
+                "MCP server `{}` is not available ({status}); try again later",
+                self.name
+            ));
+        };
+        self.injection.apply(&mut arguments, ctx);
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        match tokio::time::timeout(self.timeout, client.call_tool(params)).await {
+            Err(_) => Outcome::error(format!(
+                "MCP tool `{tool}` timed out after {} ms",
+                self.timeout.as_millis()
+            )),
+            Ok(Err(e)) => {
+                if client.is_closed() {
+                    self.lost(&format!("{e}"));
+                }
+                Outcome::error(format!("MCP server `{}` failed: {e}", self.name))
+            }
+            Ok(Ok(result)) => self.outcome(result),
+        }
+    }
+
+    fn outcome(&self, result: CallToolResult) -> Outcome {
+        let mut text = String::new();
+        for block in &result.content {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&describe(block));
+        }
+        if text.is_empty() {
+            if let Some(structured) = &result.structured_content {
+                text = structured.to_string();
+            }
+        }
+        let text = capped_text(text.as_bytes(), self.max_output_bytes, false);
+        if result.is_error == Some(true) {
+            Outcome::error(text)
+        } else {
+            Outcome::success(text)
+        }
+    }
+
+    /// The connection broke: drop it and reconnect with backoff.
+    fn lost(&self, why: &str) {
+        let mut state = self.state();
+        if state.client.take().is_some() {
+            warn!(server = %self.name, reason = why, "MCP server connection lost; reconnecting");
+            state.status = format!("down: {why}");
+            state.next_attempt = Instant::now() + state.backoff;
+        }
+    }
+
+    /// Starts a connection attempt when one is due (called by the supervisor).
+    fn attempt_due(self: &Arc<Self>) -> bool {
+        let mut state = self.state();
+        if let Some(client) = &state.client {
+            if !client.is_closed() {
+                return false;
+            }
+            state.client = None;
+            state.status = "down: the connection closed".into();
+            warn!(server = %self.name, "MCP server connection closed; reconnecting");
+        }
+        if state.connecting || Instant::now() < state.next_attempt {
+            return false;
+        }
+        state.connecting = true;
+        true
+    }
+
+    async fn connect(self: Arc<Self>) {
+        let result = tokio::time::timeout(CONNECT_TIMEOUT, self.open()).await;
+        let mut state = self.state();
+        state.connecting = false;
+        match result {
+            Ok(Ok((client, tools))) => {
+                info!(server = %self.name, tools = tools.len(), "MCP server connected");
+                state.status = format!("connected ({} tools)", tools.len());
+                state.tools = Arc::new(tools);
+                state.client = Some(Arc::new(client));
+                state.backoff = Duration::from_millis(250);
+            }
+            Ok(Err(e)) => self.retry_later(&mut state, &e),
+            Err(_) => self.retry_later(&mut state, "timed out connecting"),
+        }
+    }
+
+    fn retry_later(&self, state: &mut State, why: &str) {
+        warn!(server = %self.name, reason = why, retry_in_ms = state.backoff.as_millis() as u64, "MCP server unavailable");
+        state.status = format!("down: {why}");
+        state.next_attempt = Instant::now() + state.backoff;
+        state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    async fn open(&self) -> Result<(Client, Vec<McpTool>), String> {
+        let client = match &self.transport {
+            Transport::Stdio { argv, env } => {
+                let mut command = tokio::process::Command::new(&argv[0]);
+                command
+                    .args(&argv[1..])
+                    .envs(env.iter().map(|(k, v)| (k, v)));
+                let (transport, _stderr) = TokioChildProcess::builder(command)
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .map_err(|e| format!("cannot start `{}`: {e}", argv[0]))?;
+                ().serve(transport).await.map_err(|e| e.to_string())?
+            }
+            Transport::Http { url, headers } => {
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                config.custom_headers = headers.clone();
+                let transport = StreamableHttpClientTransport::from_config(config);
+                ().serve(transport).await.map_err(|e| e.to_string())?
+            }
+        };
+        let listed = client.list_all_tools().await.map_err(|e| e.to_string())?;
+        let tools = listed
+            .into_iter()
+            .map(|tool| {
+                let mut schema = Value::Object((*tool.input_schema).clone());
+                self.injection.hide(&mut schema);
+                let function = function_name(&self.name, &tool.name);
+                let description = tool.description.as_deref().unwrap_or_default();
+                McpTool {
+                    definition: ToolDef::function(&function, description, schema),
+                    name: tool.name.into_owned(),
+                    function,
+                }
+            })
+            .collect();
+        Ok((client, tools))
+    }
+}
+
+/// How a non-text content block reaches the model.
+fn describe(block: &ContentBlock) -> String {
+    match block {
+        ContentBlock::Text(text) => text.text.clone(),
+        ContentBlock::Image(image) => format!(
+            "[image: {}, {} bytes of base64]",
+            image.mime_type,
+            image.data.len()
+        ),
+        ContentBlock::Audio(audio) => format!(
+            "[audio: {}, {} bytes of base64]",
+            audio.mime_type,
+            audio.data.len()
+        ),
+        ContentBlock::Resource(resource) => match serde_json::to_value(&resource.resource) {
+            Ok(Value::Object(r)) => match (
+                r.get("text").and_then(Value::as_str),
+                r.get("uri").and_then(Value::as_str),
+            ) {
+                (Some(text), _) => text.to_owned(),
+                (None, Some(uri)) => format!("[resource: {uri}]"),
+                _ => "[resource]".into(),
+            },
+            _ => "[resource]".into(),
+        },
+        ContentBlock::ResourceLink(link) => format!("[resource link: {}]", link.uri),
+        _ => "[content of a kind the proxy does not know]".into(),
+    }
+}
+
+/// `<server>__<tool>` within OpenAI's function-name rule
+/// (`^[a-zA-Z0-9_-]{1,64}$`): other characters become `_`, and a name that
+/// is too long keeps its start and ends in a hash of the whole.
+pub fn function_name(server: &str, tool: &str) -> String {
+    let raw = format!("{server}{SEPARATOR}{tool}");
+    let mut name: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.len() > 64 {
+        let mut hasher = DefaultHasher::new();
+        raw.hash(&mut hasher);
+        name.truncate(55);
+        name.push_str(&format!("_{:08x}", hasher.finish() as u32));
+    }
+    name
+}
+
+/// The server for `name` as configured by `file`: the running one when an
+/// earlier config had it the same way, a new one otherwise.
+pub fn server(name: &str, file: &McpServerFile) -> Result<Arc<McpServer>, String> {
+    static REGISTRY: OnceLock<Mutex<HashMap<(String, u64), Weak<McpServer>>>> = OnceLock::new();
+    let mut hasher = DefaultHasher::new();
+    format!("{file:?}").hash(&mut hasher);
+    let key = (name.to_owned(), hasher.finish());
+    let mut registry = REGISTRY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    registry.retain(|_, server| server.strong_count() > 0);
+    if let Some(server) = registry.get(&key).and_then(Weak::upgrade) {
+        return Ok(server);
+    }
+    let server = Arc::new(McpServer::from_file(name, file)?);
+    registry.insert(key, Arc::downgrade(&server));
+    Ok(server)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn function_names_follow_openai_rules() {
+        assert_eq!(function_name("files", "read_file"), "files__read_file");
+        assert_eq!(
+            function_name("my.server", "get/thing"),
+            "my_server__get_thing"
+        );
+        let long = function_name("server", &"x".repeat(100));
+        assert_eq!(long.len(), 64);
+        assert_ne!(
+            long,
+            function_name("server", &format!("{}y", "x".repeat(100)))
+        );
+    }
+}
