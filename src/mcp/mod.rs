@@ -343,7 +343,9 @@ pub fn function_name(server: &str, tool: &str) -> String {
 /// The server for `name` as configured by `file`: the running one when an
 /// earlier config had it the same way, a new one otherwise.
 pub fn server(name: &str, file: &McpServerFile) -> Result<Arc<McpServer>, String> {
-    static REGISTRY: OnceLock<Mutex<HashMap<(String, u64), Weak<McpServer>>>> = OnceLock::new();
+    /// Running servers by name and config fingerprint.
+    type Registry = Mutex<HashMap<(String, u64), Weak<McpServer>>>;
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
     let mut hasher = DefaultHasher::new();
     format!("{file:?}").hash(&mut hasher);
     let key = (name.to_owned(), hasher.finish());

@@ -88,10 +88,10 @@ impl Tool {
         };
         match &self.executor {
             Executor::Http(tool) => {
-                tool.call(&arguments, &ctx.request_id, self.max_output_bytes)
+                tool.call(arguments, &ctx.request_id, self.max_output_bytes)
                     .await
             }
-            Executor::Command(tool) => tool.call(&arguments, self.max_output_bytes).await,
+            Executor::Command(tool) => tool.call(arguments, self.max_output_bytes).await,
         }
     }
 }
