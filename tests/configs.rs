@@ -15,7 +15,8 @@ fn the_example_proxy_yaml_loads_without_any_environment() {
     let text = std::fs::read_to_string(root().join("proxy.yaml")).unwrap();
     let config = Config::parse(&text, |_| None).unwrap_or_else(|e| panic!("proxy.yaml: {e}"));
     let ids: Vec<&str> = config.agents.keys().map(String::as_str).collect();
-    assert_eq!(ids, ["coder", "helper", "weather"]);
+    assert_eq!(ids, ["coder", "docs", "helper", "team", "weather"]);
+    assert!(config.router.is_some() && config.mcp_servers.contains_key("files"));
     assert!(
         config.api_keys.is_empty(),
         "without AGENT_PROXY_KEY, auth is off"

@@ -71,7 +71,7 @@ fn merge_tools(
     let mut tools: Vec<ToolDef> = toolset.definitions().cloned().collect();
     for tool in client_tools.into_iter().flatten() {
         match tool.function_name() {
-            Some(name) if toolset.get(name).is_some() => {
+            Some(name) if toolset.is_local(name) => {
                 warn!(agent = %agent.id, tool = name, "client tool dropped: the agent has a local tool of that name");
             }
             _ => tools.push(tool),

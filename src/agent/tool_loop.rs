@@ -188,7 +188,7 @@ impl Turn<'_> {
             let local = round
                 .calls
                 .iter()
-                .filter(|c| self.toolset.get(&c.function.name).is_some())
+                .filter(|c| self.toolset.is_local(&c.function.name))
                 .count();
             if local == 0 {
                 reply.tool_calls(client, round.calls).await?;
@@ -228,7 +228,7 @@ impl Turn<'_> {
         let agent = self.agent;
         for call in calls
             .iter()
-            .filter(|c| self.toolset.get(&c.function.name).is_some())
+            .filter(|c| self.toolset.is_local(&c.function.name))
         {
             self.show(client, reply, &progress_note(call)).await?;
         }
@@ -241,10 +241,10 @@ impl Turn<'_> {
             let ctx = &ctx;
             async move {
                 let started = Instant::now();
-                let entry = self.toolset.get(&call.function.name);
-                let outcome = match entry {
-                    Some(entry) => entry.call(&call.function.arguments, ctx).await,
-                    None => {
+                let local = self.toolset.is_local(&call.function.name);
+                let outcome = match local {
+                    true => self.toolset.call(&call.function.name, &call.function.arguments, ctx).await,
+                    false => {
                         warn!(agent = %agent.id, tool = %call.function.name, "client tool call deferred: mixed with local calls");
                         Outcome::error(format!(
                             "`{}` was not run: it is a client tool and was requested together with agent tools. \
@@ -254,7 +254,7 @@ impl Turn<'_> {
                     }
                 };
                 let took = started.elapsed();
-                if entry.is_some() {
+                if local {
                     metrics().observe_tool(&call.function.name, outcome.ok, took);
                 }
                 info!(agent = %agent.id, tool = %call.function.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");

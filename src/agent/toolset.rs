@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::{tool_loop, Agent, AgentTool};
 use crate::config::Config;
-use crate::mcp::{function_name, McpServer};
+use crate::mcp::{self, function_name, McpServer};
 use crate::openai::ToolDef;
 use crate::tools::{parse_arguments, CallContext, Outcome, Tool};
 
@@ -17,9 +17,12 @@ pub const MAX_AGENT_DEPTH: usize = 4;
 
 pub struct ToolSet {
     entries: Vec<Entry>,
+    /// The agent's MCP servers: a call to `<server>__…` is theirs even when
+    /// the server is down and its tools are not listed.
+    servers: Vec<Arc<McpServer>>,
 }
 
-pub struct Entry {
+struct Entry {
     pub definition: ToolDef,
     target: Target,
 }
@@ -38,6 +41,7 @@ impl ToolSet {
     pub fn of(agent: &Agent, config: &Config) -> ToolSet {
         let mut set = ToolSet {
             entries: Vec::new(),
+            servers: Vec::new(),
         };
         for tool in &agent.tools {
             match tool {
@@ -45,6 +49,7 @@ impl ToolSet {
                     set.add(tool.definition.clone(), Target::Local(tool.clone()))
                 }
                 AgentTool::Mcp { server, tool } => {
+                    set.servers.push(server.clone());
                     for listed in server.tools().iter() {
                         if tool.as_deref().is_none_or(|t| t == listed.name) {
                             let target = Target::Mcp {
@@ -74,10 +79,38 @@ impl ToolSet {
         }
     }
 
-    pub fn get(&self, function: &str) -> Option<&Entry> {
+    fn get(&self, function: &str) -> Option<&Entry> {
         self.entries
             .iter()
             .find(|e| e.definition.function_name() == Some(function))
+    }
+
+    /// Whether the proxy runs `function` (otherwise it is the client's).
+    pub fn is_local(&self, function: &str) -> bool {
+        self.get(function).is_some() || self.unlisted_server(function).is_some()
+    }
+
+    fn unlisted_server(&self, function: &str) -> Option<&Arc<McpServer>> {
+        self.servers.iter().find(|server| {
+            function
+                .strip_prefix(server.name.as_str())
+                .is_some_and(|rest| rest.starts_with(mcp::SEPARATOR))
+        })
+    }
+
+    /// Runs `function` with the model's arguments.
+    pub async fn call(&self, function: &str, arguments: &str, ctx: &CallContext) -> Outcome {
+        if let Some(entry) = self.get(function) {
+            return entry.call(arguments, ctx).await;
+        }
+        match self.unlisted_server(function) {
+            Some(server) => Outcome::error(format!(
+                "`{function}` is not available: MCP server `{}` is {}",
+                server.name,
+                server.status()
+            )),
+            None => Outcome::error(format!("`{function}` is not a tool of this agent")),
+        }
     }
 
     pub fn definitions(&self) -> impl Iterator<Item = &ToolDef> {
@@ -86,7 +119,7 @@ impl ToolSet {
 }
 
 impl Entry {
-    pub async fn call(&self, arguments: &str, ctx: &CallContext) -> Outcome {
+    async fn call(&self, arguments: &str, ctx: &CallContext) -> Outcome {
         match &self.target {
             Target::Local(tool) => tool.call(arguments, ctx).await,
             Target::Mcp { server, tool } => match parse_arguments(arguments) {

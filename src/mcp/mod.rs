@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
-use rmcp::service::RunningService;
+use rmcp::service::{RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
@@ -165,8 +165,13 @@ impl McpServer {
                 self.timeout.as_millis()
             )),
             Ok(Err(e)) => {
-                if client.is_closed() {
-                    self.lost(&format!("{e}"));
+                // The server process died or the session broke: reconnect.
+                if matches!(
+                    e,
+                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                ) || client.is_closed()
+                {
+                    self.lost(&e.to_string());
                 }
                 Outcome::error(format!("MCP server `{}` failed: {e}", self.name))
             }

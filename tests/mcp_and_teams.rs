@@ -1,0 +1,590 @@
+//! MCP servers as tool sources (real servers on the official `mcp` Python
+//! package, over stdio and streamable HTTP), injected arguments, agents that
+//! call agents, and the `auto` model.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+fn demo_server() -> String {
+    format!("{}/tests/mcp/demo_server.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The demo server over streamable HTTP on `port`.
+struct HttpMcp(Child);
+
+impl HttpMcp {
+    async fn start(port: u16) -> HttpMcp {
+        let child = Command::new("python3")
+            .args([demo_server(), "http".into(), port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "python3 runs the demo MCP server (pip install -r tests/python/requirements.txt)",
+            );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the MCP HTTP server did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        HttpMcp(child)
+    }
+}
+
+impl Drop for HttpMcp {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `/readyz` reports `server` connected.
+async fn wait_connected(proxy: &Proxy, server: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = get(proxy.port, "/readyz").await.json()["mcp"][server]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if status.starts_with("connected") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "MCP server `{server}` never connected ({status}):\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The chat completions an upstream received (not `/readyz`'s probes).
+fn chats(upstream: &FakeServer) -> Vec<Recorded> {
+    upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect()
+}
+
+fn has_tool_result(req: &Recorded) -> bool {
+    req.json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["role"] == "tool")
+}
+
+fn tool_results(req: &Recorded) -> Vec<String> {
+    req.json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn offered(req: &Recorded) -> Vec<Value> {
+    req.json()["tools"].as_array().cloned().unwrap_or_default()
+}
+
+/// The upstream's answer to `/readyz`'s probe.
+fn models() -> Reply {
+    Reply::json(200, json!({"object": "list", "data": []}))
+}
+
+fn ask(model: &str, user: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": user}]})
+}
+
+/// An upstream whose first round makes `calls` and whose second answers `done`.
+async fn calls_then_done(calls: Vec<(&'static str, &'static str)>) -> FakeServer {
+    FakeServer::start(move |req, _| {
+        if req.method == "GET" {
+            return models();
+        }
+        if has_tool_result(req) {
+            return Reply::events(vec![content("done"), finish("stop")]);
+        }
+        let mut events: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| tool_call(i as u32, &format!("c{i}"), name, args))
+            .collect();
+        events.push(finish("tool_calls"));
+        Reply::events(events)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_mcp_servers_tools_are_offered_and_called() {
+    let upstream = calls_then_done(vec![
+        ("demo__add", r#"{"a": 2, "b": 3}"#),
+        ("demo__fail", r#"{"message": "nope"}"#),
+        ("demo__picture", "{}"),
+    ])
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+mcp_servers:
+  demo: {{ command: ["python3", "{}", "stdio"], timeout_ms: 5000 }}
+agents:
+  docs: {{ tools: ["demo/*"] }}
+  adder: {{ tools: ["demo/add"] }}
+"#,
+        upstream.url(),
+        demo_server()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    wait_connected(&proxy, "demo").await;
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("docs", "go")).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["choices"][0]["message"]["content"], "done");
+    let requests = chats(&upstream);
+    let tools = offered(&requests[0]);
+    let add = tools
+        .iter()
+        .find(|t| t["function"]["name"] == "demo__add")
+        .expect("demo__add offered");
+    assert_eq!(add["function"]["description"], "Add two integers.");
+    assert_eq!(
+        add["function"]["parameters"]["properties"]["a"]["type"],
+        "integer"
+    );
+    assert!(tools.len() >= 8, "every tool of the server: {tools:?}");
+    let results = tool_results(&requests[1]);
+    assert_eq!(results[0], "5");
+    // `isError` results reach the model as errors.
+    assert!(
+        results[1].starts_with("error: ") && results[1].contains("fail"),
+        "{}",
+        results[1]
+    );
+    assert_eq!(results[2], "[image: image/png, 12 bytes of base64]");
+
+    post_json(proxy.port, "/v1/chat/completions", &ask("adder", "go")).await;
+    let names: Vec<Value> = offered(&chats(&upstream)[2])
+        .iter()
+        .map(|t| t["function"]["name"].clone())
+        .collect();
+    assert_eq!(names, [json!("demo__add")], "one tool by name");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamable_http_server_gets_its_headers_and_injected_arguments() {
+    let port = free_port();
+    let _server = HttpMcp::start(port).await;
+    let upstream = calls_then_done(vec![
+        ("web__auth", "{}"),
+        ("web__whoami", r#"{"user_id": "mallory", "note": "hi"}"#),
+    ])
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+mcp_servers:
+  web:
+    url: "http://127.0.0.1:{port}/mcp"
+    headers: {{ Authorization: "Bearer ${{MCP_TOKEN}}" }}
+    inject: {{ user_id: {{ request: user }} }}
+agents:
+  web: {{ tools: ["web/*"] }}
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start_with_env(&yaml, &[("MCP_TOKEN", "tok-123")]).await;
+    wait_connected(&proxy, "web").await;
+    let mut body = ask("web", "who am I?");
+    body["user"] = json!("alice");
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let requests = chats(&upstream);
+    let whoami = offered(&requests[0])
+        .into_iter()
+        .find(|t| t["function"]["name"] == "web__whoami")
+        .unwrap();
+    let properties = whoami["function"]["parameters"]["properties"]
+        .as_object()
+        .unwrap();
+    assert!(
+        !properties.contains_key("user_id"),
+        "the injected parameter is hidden: {properties:?}"
+    );
+    assert!(properties.contains_key("note"));
+    let results = tool_results(&requests[1]);
+    assert_eq!(results[0], "Bearer tok-123");
+    assert_eq!(
+        results[1], "user=alice note=hi",
+        "the model's user_id was overridden"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_down_at_start_is_reported_then_picked_up() {
+    let port = free_port();
+    let upstream = calls_then_done(vec![("web__add", r#"{"a": 1, "b": 1}"#)]).await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+mcp_servers:
+  web: {{ url: "http://127.0.0.1:{port}/mcp" }}
+agents:
+  web: {{ tools: ["web/add"] }}
+  plain: {{}}
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ready = get(proxy.port, "/readyz").await;
+    assert_eq!(
+        ready.status, 200,
+        "a down MCP server does not make the proxy unready"
+    );
+    assert!(
+        ready.json()["mcp"]["web"]
+            .as_str()
+            .unwrap()
+            .starts_with("down"),
+        "{}",
+        ready.text()
+    );
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("web", "1+1")).await;
+    assert_eq!(res.status, 200);
+    let result = &tool_results(&chats(&upstream)[1])[0];
+    assert!(
+        result.contains("MCP server `web`"),
+        "a clear error for the model: {result}"
+    );
+
+    let _server = HttpMcp::start(port).await;
+    wait_connected(&proxy, "web").await;
+    post_json(proxy.port, "/v1/chat/completions", &ask("web", "1+1")).await;
+    let requests = chats(&upstream);
+    assert_eq!(tool_results(requests.last().unwrap())[0], "2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_that_dies_is_restarted() {
+    let upstream = FakeServer::start(|req, _| {
+        if req.method == "GET" {
+            return models();
+        }
+        if has_tool_result(req) {
+            return Reply::events(vec![content("done"), finish("stop")]);
+        }
+        let tool = req.json()["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        Reply::events(vec![tool_call(0, "c", &tool, "{}"), finish("tool_calls")])
+    })
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+mcp_servers:
+  demo: {{ command: ["python3", "{}", "stdio"], timeout_ms: 5000 }}
+agents:
+  demo: {{ tools: ["demo/*"] }}
+"#,
+        upstream.url(),
+        demo_server()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    wait_connected(&proxy, "demo").await;
+    let call = |tool: &'static str| {
+        let port = proxy.port;
+        let upstream = &upstream;
+        async move {
+            post_json(port, "/v1/chat/completions", &ask("demo", tool)).await;
+            tool_results(chats(upstream).last().unwrap())[0].clone()
+        }
+    };
+    let first_pid = call("demo__pid").await;
+    assert!(first_pid.parse::<u32>().is_ok(), "{first_pid}");
+    let crashed = call("demo__crash").await;
+    assert!(
+        crashed.starts_with("error: "),
+        "a crash mid-call is an error result: {crashed}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pid = call("demo__pid").await;
+        if pid.parse::<u32>().is_ok() {
+            assert_ne!(pid, first_pid, "a new server process");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server was not restarted: {pid}\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn local_tools_take_injected_arguments_from_headers_and_constants() {
+    let tool = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let upstream = calls_then_done(vec![(
+        "lookup",
+        r#"{"order": 7, "tenant": "evil", "region": "us"}"#,
+    )])
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+tools:
+  lookup:
+    parameters: {{ type: object, properties: {{ order: {{ type: integer }}, tenant: {{ type: string }}, region: {{ type: string }} }}, required: [order, tenant] }}
+    http: {{ url: "{}/lookup" }}
+    inject: {{ tenant: {{ header: x-tenant }}, region: {{ value: eu }} }}
+agents:
+  shop: {{ tools: [lookup] }}
+"#,
+        upstream.url(),
+        tool.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let body = ask("shop", "where is order 7?").to_string();
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json"), ("x-tenant", "acme")],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(res.status, 200);
+    assert_eq!(
+        tool.requests()[0].json(),
+        json!({"order": 7, "tenant": "acme", "region": "eu"})
+    );
+    let schema = &offered(&chats(&upstream)[0])[0]["function"]["parameters"];
+    assert_eq!(schema["required"], json!(["order"]));
+    assert_eq!(
+        schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["order"]
+    );
+}
+
+/// An upstream that plays each agent by its system prompt.
+async fn team_upstream() -> FakeServer {
+    FakeServer::start(|req, _| {
+        let body = req.json();
+        let system = body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let results = tool_results(req);
+        match system.as_str() {
+            "RESEARCH" => Reply::events(vec![
+                reasoning("looking it up. "),
+                content("X is 42"),
+                finish("stop"),
+            ]),
+            "BOSS" if results.is_empty() => Reply::events(vec![
+                tool_call(0, "r1", "agent__research", r#"{"task": "find X"}"#),
+                finish("tool_calls"),
+            ]),
+            "BOSS" => Reply::events(vec![
+                content(&format!("Boss says: {}", results[0])),
+                finish("stop"),
+            ]),
+            "LOOP" if results.is_empty() => Reply::events(vec![
+                tool_call(0, "l1", "agent__loop", r#"{"task": "again"}"#),
+                finish("tool_calls"),
+            ]),
+            _ => Reply::events(vec![
+                content(&format!("gave up: {}", results.join(" | "))),
+                finish("stop"),
+            ]),
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_agent_calls_another_agent_and_streams_its_progress() {
+    let upstream = team_upstream().await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+agents:
+  boss: {{ system_prompt: BOSS, tools: ["agent:research"] }}
+  research: {{ system_prompt: RESEARCH, description: "Finds facts" }}
+  loop: {{ system_prompt: LOOP, tools: ["agent:loop"] }}
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let mut body = ask("boss", "what is X?");
+    body["stream"] = json!(true);
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(res.status, 200);
+    assert_eq!(res.delta_text("content"), "Boss says: X is 42");
+    let reasoning = res.delta_text("reasoning_content");
+    assert!(
+        reasoning.contains("Calling agent__research {\"task\": \"find X\"}")
+            && reasoning.contains("looking it up. X is 42"),
+        "the callee's progress streams as tool events: {reasoning:?}"
+    );
+    let requests = chats(&upstream);
+    let boss_tools = offered(&requests[0]);
+    assert_eq!(boss_tools[0]["function"]["name"], "agent__research");
+    assert_eq!(
+        boss_tools[0]["function"]["parameters"]["required"],
+        json!(["task"])
+    );
+    let research = requests
+        .iter()
+        .find(|r| r.json()["messages"][0]["content"] == "RESEARCH")
+        .unwrap()
+        .json();
+    assert_eq!(
+        research["messages"][1],
+        json!({"role": "user", "content": "find X"})
+    );
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("loop", "go")).await;
+    let answer = res.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        answer.starts_with("gave up: error: agent `loop` is already working"),
+        "cycles are refused: {answer}"
+    );
+}
+
+#[tokio::test]
+async fn auto_routes_each_request_to_the_agent_the_router_names() {
+    let upstream = FakeServer::start(|req, _| {
+        if req.method == "GET" {
+            return models();
+        }
+        let body = req.json();
+        if body["model"] == "router-model" {
+            let question = body["messages"][1]["content"].as_str().unwrap_or_default();
+            let answer = if question.contains("rain") { "<think>hmm</think>weather" } else { "no idea, sorry" };
+            return Reply::json(200, json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}));
+        }
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
+        Reply::events(vec![content(&format!("answered by {system}")), finish("stop")])
+    })
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+router: {{ model: router-model, default_agent: helper }}
+agents:
+  weather: {{ system_prompt: WEATHER, description: "Forecasts and rain" }}
+  helper: {{ system_prompt: HELPER, description: "Anything else" }}
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let ids: Vec<Value> = get(proxy.port, "/v1/models").await.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("helper"), json!("weather"), json!("auto")]);
+
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &ask("auto", "will it rain?"),
+    )
+    .await;
+    assert_eq!(res.json()["model"], "weather");
+    assert_eq!(
+        res.json()["choices"][0]["message"]["content"],
+        "answered by WEATHER"
+    );
+    let routing = chats(&upstream)[0].json();
+    let prompt = routing["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        prompt.contains("- weather: Forecasts and rain")
+            && prompt.contains("- helper: Anything else"),
+        "{prompt}"
+    );
+
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &ask("auto", "tell me a joke"),
+    )
+    .await;
+    assert_eq!(
+        res.json()["model"],
+        "helper",
+        "an answer naming no agent falls back"
+    );
+    assert!(proxy.logs().contains("auto routed"));
+}
+
+#[tokio::test]
+async fn auto_falls_back_when_the_router_is_down() {
+    let upstream = FakeServer::start(|req, _| {
+        let system = req.json()["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        Reply::events(vec![content(&system), finish("stop")])
+    })
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams:
+  up: {{ url: "{}/v1" }}
+  router: {{ url: "http://127.0.0.1:{}/v1" }}
+router: {{ upstream: router, default_agent: helper }}
+agents:
+  weather: {{ system_prompt: WEATHER }}
+  helper: {{ system_prompt: HELPER }}
+"#,
+        upstream.url(),
+        free_port()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &ask("auto", "will it rain?"),
+    )
+    .await;
+    assert_eq!(res.status, 200);
+    assert_eq!(res.json()["model"], "helper");
+    assert_eq!(res.json()["choices"][0]["message"]["content"], "HELPER");
+}
