@@ -13,8 +13,7 @@ use super::reasoning::{Kind, ThinkSplitter};
 use super::Agent;
 use crate::config::Config;
 use crate::openai::{ChatRequest, CompletionIn};
-use crate::request_id;
-use crate::upstream::{Outbound, Upstream};
+use crate::upstream::Upstream;
 
 pub const AUTO: &str = "auto";
 
@@ -90,28 +89,11 @@ impl Router {
         if let Some(model) = &self.model {
             body["model"] = json!(model);
         }
-        let headers = [
-            (
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            ),
-            (
-                http::HeaderName::from_static(request_id::HEADER),
-                http::HeaderValue::from_str(request_id).map_err(|e| e.to_string())?,
-            ),
-        ];
-        let outbound = Outbound {
-            method: "POST",
-            path: "/v1/chat/completions",
-            headers: &headers,
-            body: Some(Bytes::from(body.to_string())),
-            affinity: None,
-            client_key_is_ours: true,
-        };
+        let body = Bytes::from(body.to_string());
         let call = async {
             let mut exchange = self
                 .upstream
-                .send(&outbound)
+                .post_chat(body, request_id, None)
                 .await
                 .map_err(|e| e.etype().as_str().to_owned())?;
             let body = exchange

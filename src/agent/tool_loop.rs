@@ -30,9 +30,9 @@ use crate::downstream::{Downstream, Headless};
 use crate::error::{from_upstream, ApiError};
 use crate::metrics::metrics;
 use crate::openai::{ChatRequest, ChunkIn, CompletionIn, Message, ToolCall, Usage};
+use crate::sse;
 use crate::tools::{CallContext, Outcome};
-use crate::upstream::{affinity_key, Outbound};
-use crate::{request_id, sse};
+use crate::upstream::affinity_key;
 
 /// `finish_reason` when `max_tool_rounds` stops the loop: the answer was cut
 /// by a limit, as with `max_tokens`.
@@ -358,27 +358,9 @@ async fn read_round<D: Downstream>(
     let upstream = &agent.upstream;
     let body = serde_json::to_vec(request).map_err(|e| ApiError::internal(e.to_string()))?;
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
-    let headers = [
-        (
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        ),
-        (
-            http::HeaderName::from_static(request_id::HEADER),
-            http::HeaderValue::from_str(client.request_id())
-                .map_err(|_| ApiError::internal("invalid request id"))?,
-        ),
-    ];
-    let outbound = Outbound {
-        method: "POST",
-        path: "/v1/chat/completions",
-        headers: &headers,
-        body: Some(Bytes::from(body)),
-        affinity: Some(affinity),
-        client_key_is_ours: true,
-    };
+    let request_id = client.request_id().to_owned();
     let mut exchange = client
-        .wait(upstream.send(&outbound))
+        .wait(upstream.post_chat(Bytes::from(body), &request_id, Some(affinity)))
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();

@@ -171,6 +171,35 @@ impl Upstream {
         Err(failure.unwrap_or_else(|| pingora::Error::new(ErrorType::ConnectNoRoute).into_up()))
     }
 
+    /// A chat completion: `body` POSTed to `/chat/completions` with the
+    /// request's id, on the replica `affinity` prefers.
+    pub async fn post_chat(
+        &self,
+        body: Bytes,
+        request_id: &str,
+        affinity: Option<u64>,
+    ) -> pingora::Result<Exchange> {
+        let id = http::HeaderValue::from_str(request_id).map_err(|_| {
+            pingora::Error::explain(ErrorType::InvalidHTTPHeader, "invalid request id")
+        })?;
+        let headers = [
+            (
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            ),
+            (http::HeaderName::from_static(crate::request_id::HEADER), id),
+        ];
+        self.send(&Outbound {
+            method: "POST",
+            path: "/v1/chat/completions",
+            headers: &headers,
+            body: Some(body),
+            affinity,
+            client_key_is_ours: true,
+        })
+        .await
+    }
+
     /// `GET <url>/models` within `wait`: the status and body, or why not.
     /// Used by the model list and the readiness probe.
     pub async fn fetch_models(&self, wait: Duration) -> Result<(u16, Bytes), String> {
