@@ -82,6 +82,15 @@ impl ApiError {
         .with_code("request_too_large")
     }
 
+    pub fn too_many_streams(limit: usize) -> Self {
+        Self::new(
+            429,
+            "rate_limit_error",
+            format!("Too many open streams for this client (the limit is {limit})."),
+        )
+        .with_code("too_many_streams")
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "server_error", message)
     }

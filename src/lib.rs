@@ -12,6 +12,7 @@ pub mod config;
 pub mod downstream;
 pub mod error;
 pub mod http_client;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
 pub mod openai;

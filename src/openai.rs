@@ -159,6 +159,8 @@ pub struct RoutingPeek<'a> {
     pub model: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     pub messages: Option<Vec<PeekMessage<'a>>>,
+    #[serde(default)]
+    pub stream: Option<bool>,
 }
 
 #[derive(Deserialize)]

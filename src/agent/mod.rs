@@ -2,8 +2,8 @@
 //! and an upstream. `rewrite` turns a client request into the upstream
 //! request; `tool_loop` runs the conversation with the model until it answers.
 
-mod assemble;
-mod reasoning;
+pub mod assemble;
+pub mod reasoning;
 mod reply;
 pub mod rewrite;
 pub mod router;

@@ -75,9 +75,15 @@ pub async fn run(
         toolset: &toolset,
         ctx,
     };
-    let outcome = turn
-        .drive(&mut upstream_request, client, &mut reply, &mut summary)
-        .await;
+    let limit = ctx.config.limits.request_timeout;
+    let drive = turn.drive(&mut upstream_request, client, &mut reply, &mut summary);
+    let outcome = match tokio::time::timeout(limit, drive).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(Failure::Api(ApiError::gateway_timeout(format!(
+            "the request took longer than limits.request_timeout_ms ({} ms)",
+            limit.as_millis()
+        )))),
+    };
     summary.usage = reply.usage();
     summary.first_token = reply.first_token_at().map(|at| at.duration_since(started));
     summary.cut = match outcome {

@@ -327,15 +327,27 @@ fn default_inherited_env() -> Vec<String> {
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsFile {
     pub max_body_bytes: usize,
+    /// Messages in one chat request.
+    pub max_messages: usize,
     /// SSE comment sent to a streaming client while it would otherwise wait in silence.
     pub heartbeat_ms: u64,
+    /// One agent request, all rounds and tools included.
+    pub request_timeout_ms: u64,
+    /// Event streams one client (API key, or address without auth) may hold open; 0: no limit.
+    pub max_streams_per_client: usize,
+    /// The largest SSE event accepted from an upstream.
+    pub max_event_bytes: usize,
 }
 
 impl Default for LimitsFile {
     fn default() -> Self {
         LimitsFile {
             max_body_bytes: 16 * 1024 * 1024,
+            max_messages: 2048,
             heartbeat_ms: 10_000,
+            request_timeout_ms: 30 * 60 * 1000,
+            max_streams_per_client: 64,
+            max_event_bytes: 8 * 1024 * 1024,
         }
     }
 }

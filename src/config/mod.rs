@@ -39,7 +39,10 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    pub max_messages: usize,
     pub heartbeat: Duration,
+    pub request_timeout: Duration,
+    pub max_streams_per_client: usize,
     /// Largest SSE event accepted from an upstream.
     pub max_event_bytes: usize,
     /// Largest non-streamed upstream body read whole (errors, JSON answers).
@@ -314,8 +317,11 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
         passthrough: file.passthrough,
         limits: Limits {
             max_body_bytes: file.limits.max_body_bytes,
+            max_messages: file.limits.max_messages,
             heartbeat: Duration::from_millis(file.limits.heartbeat_ms.max(1)),
-            max_event_bytes: 8 * 1024 * 1024,
+            request_timeout: Duration::from_millis(file.limits.request_timeout_ms.max(1)),
+            max_streams_per_client: file.limits.max_streams_per_client,
+            max_event_bytes: file.limits.max_event_bytes.max(1024),
             max_upstream_body_bytes: 16 * 1024 * 1024,
         },
     })

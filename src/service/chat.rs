@@ -13,6 +13,7 @@ use crate::agent::router::AUTO;
 use crate::agent::tool_loop;
 use crate::downstream::Client;
 use crate::error::ApiError;
+use crate::limits::{client_key, StreamSlot};
 use crate::openai::{ChatRequest, RoutingPeek};
 use crate::tools::CallContext;
 use crate::upstream::affinity_key;
@@ -48,8 +49,38 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
             )
             .await
         }
+        Some(m) if m.len() > config.limits.max_messages => {
+            let error = ApiError::bad_request(format!(
+                "`messages` has {} entries; the limit is {}",
+                m.len(),
+                config.limits.max_messages
+            ));
+            return reject(session, &error.with_param("messages")).await;
+        }
         Some(_) => {}
     }
+    // Streams hold connections for long: each client gets a bounded share.
+    let _slot = if peek.stream == Some(true) {
+        let authorization = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        let address = session.client_addr().map(|a| {
+            a.as_inet()
+                .map_or_else(|| a.to_string(), |a| a.ip().to_string())
+        });
+        let client = client_key(authorization, address);
+        match StreamSlot::acquire(client, config.limits.max_streams_per_client) {
+            Some(slot) => Some(slot),
+            None => {
+                let error = ApiError::too_many_streams(config.limits.max_streams_per_client);
+                return reject(session, &error).await;
+            }
+        }
+    } else {
+        None
+    };
     let model = peek.model.as_deref();
     let auto = model == Some(AUTO) && config.router.is_some();
     let agent = model.and_then(|m| config.agent(m)).cloned();

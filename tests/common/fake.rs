@@ -43,6 +43,9 @@ pub enum Reply {
     Sse { steps: Vec<Step>, complete: bool },
     /// Accept the request and never answer.
     Stall,
+    /// Never answer, and count a hangup when the proxy closes the connection
+    /// (it gave up on the request).
+    Hold,
 }
 
 impl Reply {
@@ -246,6 +249,12 @@ async fn serve<S: tokio::io::AsyncRead + AsyncWrite + Unpin>(
         let reply = tokio::task::spawn_blocking(move || handler(&request, index))
             .await
             .unwrap();
+        if let Reply::Hold = reply {
+            let mut byte = [0u8; 1];
+            while matches!(stream.read(&mut byte).await, Ok(n) if n > 0) {}
+            *hangups.lock().unwrap() += 1;
+            return;
+        }
         let ok = write_reply(stream.get_mut(), reply).await;
         if !ok {
             *hangups.lock().unwrap() += 1;
@@ -352,7 +361,7 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
                 false
             }
         }
-        Reply::Stall => {
+        Reply::Stall | Reply::Hold => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
             false
         }

@@ -115,6 +115,10 @@ impl Proxy {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(self.dir.join("proxy.log")).unwrap_or_default()
     }

@@ -1,0 +1,37 @@
+//! The SSE parser on untrusted upstream bytes: never panics, never holds
+//! more than its limit, and any split of the input into reads gives the
+//! same events as one read.
+#![no_main]
+
+use agent_proxy::sse::{Event, Parser};
+use libfuzzer_sys::fuzz_target;
+
+const LIMIT: usize = 4096;
+
+fn parse(reads: &[&[u8]]) -> Result<Vec<Event>, ()> {
+    let mut parser = Parser::new(LIMIT);
+    let mut events = Vec::new();
+    for read in reads {
+        parser.feed(read);
+        while let Some(event) = parser.next_event().map_err(|_| ())? {
+            assert!(event.data.len() <= LIMIT);
+            events.push(event);
+        }
+    }
+    events.extend(parser.finish());
+    Ok(events)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let whole = parse(&[data]);
+    // The first byte chooses where to split the rest.
+    if let Some((&seed, rest)) = data.split_first() {
+        let cut = usize::from(seed) % (rest.len() + 1);
+        let split = parse(&[&data[..1], &rest[..cut], &rest[cut..]]);
+        let whole_rest = parse(&[data]);
+        if let (Ok(a), Ok(b)) = (&split, &whole_rest) {
+            assert_eq!(a, b, "a split changed the events");
+        }
+    }
+    let _ = whole;
+});

@@ -1,0 +1,526 @@
+//! Faults, limits and tool safety: what happens when the upstream, a tool or
+//! the client misbehaves, and what a client can never make the proxy do.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+fn ask(model: &str, stream: bool) -> Value {
+    json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn base(upstream: &FakeServer, extra: &str) -> String {
+    format!(
+        "default_upstream: up\nupstreams: {{ up: {{ url: \"{}/v1\" }} }}\n{extra}\n",
+        upstream.url()
+    )
+}
+
+fn last_event(res: &Response) -> Value {
+    serde_json::from_str(sse_data(&res.body).last().expect("an event")).expect("JSON event")
+}
+
+/// The proxy's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn slow_stream(events: usize, gap: Duration) -> Reply {
+    let mut steps = Vec::new();
+    for _ in 0..events {
+        steps.push(Step::Bytes(
+            format!("data: {}\n\n", content(".")).into_bytes(),
+        ));
+        steps.push(Step::Sleep(gap));
+    }
+    steps.push(Step::Bytes(
+        format!("data: {}\n\ndata: [DONE]\n\n", finish("stop")).into_bytes(),
+    ));
+    Reply::Sse {
+        steps,
+        complete: true,
+    }
+}
+
+// ------------------------------------------------------------- upstream faults
+
+#[tokio::test]
+async fn upstream_faults_end_in_defined_errors() {
+    let upstream = FakeServer::start(|req, _| match req.json()["messages"][0]["content"].as_str().unwrap_or_default() {
+        "text" => Reply::Json { status: 200, body: b"this is not JSON nor SSE".to_vec(), headers: vec![("Content-Type".into(), "text/plain".into())] },
+        "no-done" => Reply::Sse { steps: vec![Step::Bytes(format!("data: {}\n\n", content("half")).into_bytes())], complete: true },
+        "finish-no-done" => Reply::Sse {
+            steps: vec![Step::Bytes(format!("data: {}\n\ndata: {}\n\n", content("whole"), finish("stop")).into_bytes())],
+            complete: true,
+        },
+        "huge" => Reply::Sse {
+            steps: vec![Step::Bytes(format!("data: {}\n\n", content(&"x".repeat(10_000))).into_bytes())],
+            complete: true,
+        },
+        "error-event" => Reply::Sse {
+            steps: vec![Step::Bytes(b"event: error\ndata: {\"error\":{\"message\":\"model crashed\",\"type\":\"server_error\"}}\n\n".to_vec())],
+            complete: true,
+        },
+        _ => Reply::events(vec![content("ok"), finish("stop")]),
+    })
+    .await;
+    let proxy = Proxy::start(&base(
+        &upstream,
+        "agents: { a: {} }\nlimits: { max_event_bytes: 2048 }",
+    ))
+    .await;
+    let say = |what: &str, stream: bool| json!({"model": "a", "stream": stream, "messages": [{"role": "user", "content": what}]});
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &say("text", true)).await;
+    assert_eq!(res.status, 502, "a non-SSE, non-JSON body: {}", res.text());
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &say("no-done", true)).await;
+    assert!(
+        !res.complete,
+        "a stream that ends without [DONE] or finish_reason is broken"
+    );
+    assert_eq!(last_event(&res)["error"]["type"], "upstream_error");
+
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &say("finish-no-done", true),
+    )
+    .await;
+    assert!(
+        res.complete && res.ends_with_done(),
+        "a finish_reason is enough: {}",
+        res.text()
+    );
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &say("huge", true)).await;
+    assert_eq!(
+        res.status,
+        502,
+        "an event over limits.max_event_bytes: {}",
+        res.text()
+    );
+    assert!(res.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("2048"));
+
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &say("error-event", false),
+    )
+    .await;
+    assert_eq!(res.status, 502);
+    assert_eq!(
+        res.json()["error"]["message"],
+        "model crashed",
+        "the upstream's error event reaches the client"
+    );
+}
+
+// ---------------------------------------------------------------- client faults
+
+#[tokio::test]
+async fn a_client_that_leaves_before_sending_its_body_costs_nothing() {
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("ok"), finish("stop")])).await;
+    let proxy = Proxy::start(&base(&upstream, "agents: { a: {} }")).await;
+    for _ in 0..20 {
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+            .await
+            .unwrap();
+        use tokio::io::AsyncWriteExt;
+        socket
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"model\":")
+            .await
+            .unwrap();
+        drop(socket);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        upstream.requests().is_empty(),
+        "nothing half-read went upstream"
+    );
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", true)).await;
+    assert_eq!(res.delta_text("content"), "ok", "the proxy serves on");
+    assert!(get(proxy.port, "/metrics")
+        .await
+        .text()
+        .contains("agent_proxy_streams_in_flight 0"));
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_while_the_upstream_thinks_cancels_the_upstream_call() {
+    let upstream = FakeServer::start(|_, _| Reply::Hold).await;
+    let proxy = Proxy::start(&base(&upstream, "agents: { a: {} }")).await;
+    for (model, stream) in [("a", true), ("a", false), ("other", true)] {
+        let before = upstream.hangups();
+        let body = ask(model, stream).to_string();
+        let conn = Connection::open(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.as_bytes(),
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while upstream.requests().len() <= before as usize && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(conn);
+        while upstream.hangups() == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            upstream.hangups(),
+            before + 1,
+            "{model} stream={stream}: the upstream request was closed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
+    // 40 MB offered as fast as the proxy takes it.
+    let chunk = format!("data: {}\n\n", content(&"y".repeat(16 * 1024)));
+    let upstream = FakeServer::start(move |_, _| {
+        let steps = (0..2500)
+            .map(|_| Step::Bytes(chunk.clone().into_bytes()))
+            .collect();
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
+    })
+    .await;
+    let mut proxy_process = Proxy::start(&base(&upstream, "agents: { a: {} }")).await;
+    let pid = proxy_process.pid();
+    for model in ["a", "other"] {
+        let start = rss_kib(pid);
+        let body = ask(model, true).to_string();
+        let mut conn = Connection::open(
+            proxy_process.port,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.as_bytes(),
+        )
+        .await;
+        let mut res = conn.head().await;
+        let mut peak = start;
+        let mut read = 0;
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            if let Some(piece) = conn.next_chunk(&mut res).await {
+                read += piece.len();
+            }
+            peak = peak.max(rss_kib(pid));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(conn);
+        eprintln!("slow reader via {model}: read {read} bytes in 3 s; proxy RSS {start} KiB -> peak {peak} KiB");
+        assert!(read < 20 << 20, "the client really was slow");
+        assert!(
+            peak - start < 24 * 1024,
+            "RSS grew by {} KiB while 40 MB were offered",
+            peak - start
+        );
+    }
+    assert!(
+        proxy_process
+            .wait_exit(Duration::from_millis(10))
+            .await
+            .is_none(),
+        "still running"
+    );
+}
+
+// ------------------------------------------------------------------------ limits
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_on_messages_open_streams_and_request_time() {
+    let upstream = FakeServer::start(|req, _| {
+        match req.json()["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+        {
+            "slow" => slow_stream(6, Duration::from_millis(100)),
+            "forever" => Reply::Stall,
+            _ => Reply::events(vec![content("ok"), finish("stop")]),
+        }
+    })
+    .await;
+    let extra = "agents: { a: {} }\nlimits: { max_messages: 3, max_streams_per_client: 1, request_timeout_ms: 1500 }";
+    let proxy = Proxy::start(&base(&upstream, extra)).await;
+
+    let many = json!({"model": "a", "messages": [{"role": "user", "content": "1"}, {"role": "user", "content": "2"}, {"role": "user", "content": "3"}, {"role": "user", "content": "4"}]});
+    let res = post_json(proxy.port, "/v1/chat/completions", &many).await;
+    assert_eq!(res.status, 400);
+    assert_eq!(res.json()["error"]["param"], "messages");
+
+    let port = proxy.port;
+    let slow =
+        json!({"model": "a", "stream": true, "messages": [{"role": "user", "content": "slow"}]});
+    let first = tokio::spawn(async move { post_json(port, "/v1/chat/completions", &slow).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", true)).await;
+    assert_eq!(res.status, 429, "a second stream of the same client");
+    assert_eq!(res.json()["error"]["code"], "too_many_streams");
+    assert_eq!(
+        post_json(proxy.port, "/v1/chat/completions", &ask("a", false))
+            .await
+            .status,
+        200,
+        "non-streaming is not limited"
+    );
+    let first = first.await.unwrap();
+    assert!(first.complete && first.ends_with_done());
+    assert_eq!(
+        post_json(proxy.port, "/v1/chat/completions", &ask("a", true))
+            .await
+            .status,
+        200,
+        "the slot was released"
+    );
+
+    let started = Instant::now();
+    let forever = json!({"model": "a", "messages": [{"role": "user", "content": "forever"}]});
+    let res = post_json(proxy.port, "/v1/chat/completions", &forever).await;
+    assert_eq!(res.status, 504, "{}", res.text());
+    assert!(res.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("request_timeout_ms"));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+// ---------------------------------------------------------------------- security
+
+#[tokio::test]
+async fn a_client_cannot_make_the_proxy_run_a_tool_outside_its_agent() {
+    let allowed = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let forbidden = FakeServer::start(|_, _| Reply::json(200, json!({"pwned": true}))).await;
+    let upstream = FakeServer::start(|_, _| {
+        Reply::events(vec![
+            tool_call(0, "c1", "delete_everything", "{}"),
+            finish("tool_calls"),
+        ])
+    })
+    .await;
+    let yaml = base(
+        &upstream,
+        &format!(
+            "tools:\n  get_weather: {{ http: {{ url: \"{}/w\" }} }}\n  delete_everything: {{ http: {{ url: \"{}/x\" }} }}\nagents:\n  a: {{ tools: [get_weather] }}",
+            allowed.url(),
+            forbidden.url()
+        ),
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let mut body = ask("a", false);
+    body["tools"] = json!([{"type": "function", "function": {"name": "delete_everything", "parameters": {"type": "object"}}}]);
+    body["tool_choice"] = json!({"type": "function", "function": {"name": "delete_everything"}});
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(res.status, 200);
+    assert_eq!(
+        res.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "delete_everything",
+        "a call to a tool the agent does not list goes back to the client"
+    );
+    assert!(
+        forbidden.requests().is_empty(),
+        "the operator's other tool never ran"
+    );
+}
+
+#[tokio::test]
+async fn command_tools_run_without_a_shell_in_a_clean_environment() {
+    let dir = scratch_dir();
+    let work = dir.join("work");
+    std::fs::create_dir(&work).unwrap();
+    let args = r#"{"path": "../../etc/passwd; rm -rf / $(id) `id` | cat > /tmp/x"}"#;
+    let upstream = FakeServer::start(move |req, _| {
+        let results: Vec<String> = req.json()["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["content"].as_str().unwrap().to_owned())
+            .collect();
+        if results.is_empty() {
+            Reply::events(vec![
+                tool_call(0, "a", "environment", args),
+                tool_call(1, "b", "directory", args),
+                tool_call(2, "c", "echo", args),
+                finish("tool_calls"),
+            ])
+        } else {
+            Reply::events(vec![
+                content(&serde_json::to_string(&results).unwrap()),
+                finish("stop"),
+            ])
+        }
+    })
+    .await;
+    let tools = format!(
+        r#"tools:
+  environment: {{ command: {{ argv: [/usr/bin/env], env: {{ MODE: test }}, inherit_env: [PATH] }} }}
+  directory: {{ command: {{ argv: [/bin/pwd], cwd: "{}" }} }}
+  echo: {{ command: {{ argv: [cat] }} }}
+agents:
+  a: {{ tools: [environment, directory, echo] }}"#,
+        work.display()
+    );
+    let yaml = base(&upstream, &tools);
+    let proxy = Proxy::start_with_env(&yaml, &[("SECRET_TOKEN", "must-not-leak")]).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
+    let results: Vec<String> = serde_json::from_str(
+        res.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let mut env: Vec<&str> = results[0]
+        .lines()
+        .map(|l| l.split('=').next().unwrap())
+        .collect();
+    env.sort();
+    assert_eq!(
+        env,
+        ["MODE", "PATH"],
+        "only the allowed variables: {}",
+        results[0]
+    );
+    assert_eq!(
+        results[1].trim(),
+        work.to_str().unwrap(),
+        "the configured working directory"
+    );
+    assert_eq!(
+        results[2], args,
+        "shell syntax arrives on stdin as inert data"
+    );
+    assert!(!std::path::Path::new("/tmp/x").exists());
+}
+
+#[tokio::test]
+async fn http_tools_post_to_the_configured_url_whatever_the_arguments_say() {
+    let tool = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let upstream = FakeServer::start(|req, _| {
+        if req.json()["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "tool")
+        {
+            Reply::events(vec![content("done"), finish("stop")])
+        } else {
+            Reply::events(vec![
+                tool_call(
+                    0,
+                    "c",
+                    "fetch",
+                    r#"{"url": "http://169.254.169.254/latest/meta-data", "host": "evil.example"}"#,
+                ),
+                finish("tool_calls"),
+            ])
+        }
+    })
+    .await;
+    let yaml = base(&upstream, &format!("tools:\n  fetch: {{ http: {{ url: \"{}/fixed/path?x=1\" }} }}\nagents:\n  a: {{ tools: [fetch] }}", tool.url()));
+    let proxy = Proxy::start(&yaml).await;
+    post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
+    let sent = &tool.requests()[0];
+    assert_eq!(sent.path, "/fixed/path?x=1");
+    assert_eq!(
+        sent.header("host"),
+        Some(format!("127.0.0.1:{}", tool.port).as_str())
+    );
+}
+
+// ------------------------------------------------------------------- tool faults
+
+#[tokio::test]
+async fn misbehaving_tools_give_bounded_error_results() {
+    let marker = format!("sleep {}", 300 + std::process::id() % 100);
+    let huge = FakeServer::start(|req, _| match req.path.as_str() {
+        "/big" => Reply::Json {
+            status: 200,
+            body: vec![b'z'; 50 << 20],
+            headers: vec![],
+        },
+        _ => Reply::Json {
+            status: 200,
+            body: vec![0xff, 0xfe, b'o', b'k'],
+            headers: vec![],
+        },
+    })
+    .await;
+    let upstream = FakeServer::start(|req, _| {
+        let results: Vec<String> = req.json()["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["content"].as_str().unwrap().to_owned())
+            .collect();
+        if results.is_empty() {
+            Reply::events(vec![
+                tool_call(0, "a", "big", "{}"),
+                tool_call(1, "b", "binary", "{}"),
+                tool_call(2, "c", "spawner", "{}"),
+                finish("tool_calls"),
+            ])
+        } else {
+            Reply::events(vec![
+                content(&serde_json::to_string(&results).unwrap()),
+                finish("stop"),
+            ])
+        }
+    })
+    .await;
+    let spawner = format!("import subprocess, time; [subprocess.Popen(['{}'.split()[0], '{}'.split()[1]]) for _ in range(3)]; time.sleep(60)", marker, marker);
+    let yaml = base(
+        &upstream,
+        &format!(
+            "tools:\n  big: {{ http: {{ url: \"{u}/big\" }}, max_output_bytes: 1000 }}\n  binary: {{ http: {{ url: \"{u}/bin\" }} }}\n  spawner: {{ command: {{ argv: [python3, -c, \"{spawner}\"], timeout_ms: 700 }} }}\nagents:\n  a: {{ tools: [big, binary, spawner] }}",
+            u = huge.url()
+        ),
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let results: Vec<String> = serde_json::from_str(
+        res.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        results[0].ends_with("[truncated: output exceeded 1000 bytes]") && results[0].len() < 1100
+    );
+    assert_eq!(
+        results[1], "\u{fffd}\u{fffd}ok",
+        "invalid UTF-8 is replaced, not fatal"
+    );
+    assert_eq!(results[2], "error: timed out after 700 ms");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &format!("^{marker}$")])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "the command's children were killed too: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
