@@ -181,3 +181,54 @@ async fn readyz_is_200_when_the_upstream_answers() {
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(res.json()["status"], "ready");
 }
+
+#[tokio::test]
+async fn passthrough_output_equals_input_for_any_body() {
+    // The upstream echoes the body; random bodies of many sizes and bytes
+    // come back unchanged through pingora's proxy path and the chat path.
+    let upstream = FakeServer::start(|req, _| Reply::Json {
+        status: 200,
+        body: req.body.clone(),
+        headers: vec![("Content-Type".into(), "application/octet-stream".into())],
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let mut seed: u64 = 0x5eed;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as usize
+    };
+    for size in [0, 1, 2, 17, 1000, 65_535, 65_536, 65_537, 300_000] {
+        let body: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/embeddings",
+            &[("content-type", "application/octet-stream")],
+            &body,
+        )
+        .await;
+        assert_eq!(res.status, 200);
+        assert!(
+            res.body == body,
+            "a {size}-byte body changed on the proxy path"
+        );
+    }
+    for size in [2, 1000, 70_000, 300_000] {
+        let filler: String = (0..size)
+            .map(|_| char::from(b'a' + (next() % 26) as u8))
+            .collect();
+        let body = serde_json::to_vec(&json!({"model": "other", "messages": [{"role": "user", "content": filler}], "x": next()})).unwrap();
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            &body,
+        )
+        .await;
+        assert!(res.body == body, "a {}-byte chat body changed", body.len());
+    }
+}
