@@ -402,14 +402,7 @@ async fn failing_tools_and_bad_arguments_become_results_not_failures() {
         1,
         "invalid JSON arguments are not executed"
     );
-    let second = upstream.requests()[1].json();
-    let results: Vec<String> = second["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect();
+    let results = upstream.requests()[1].tool_results();
     assert!(
         results[0].starts_with("error: HTTP status 500"),
         "{}",
@@ -777,14 +770,7 @@ agents:
     let proxy = Proxy::start(&yaml).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
-    let second = upstream.requests()[1].json();
-    let results: Vec<String> = second["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().to_owned())
-        .collect();
+    let results = upstream.requests()[1].tool_results();
     assert_eq!(
         results[0],
         format!(

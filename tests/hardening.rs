@@ -348,28 +348,11 @@ async fn command_tools_run_without_a_shell_in_a_clean_environment() {
     let work = dir.join("work");
     std::fs::create_dir(&work).unwrap();
     let args = r#"{"path": "../../etc/passwd; rm -rf / $(id) `id` | cat > /tmp/x"}"#;
-    let upstream = FakeServer::start(move |req, _| {
-        let results: Vec<String> = req.json()["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .map(|m| m["content"].as_str().unwrap().to_owned())
-            .collect();
-        if results.is_empty() {
-            Reply::events(vec![
-                tool_call(0, "a", "environment", args),
-                tool_call(1, "b", "directory", args),
-                tool_call(2, "c", "echo", args),
-                finish("tool_calls"),
-            ])
-        } else {
-            Reply::events(vec![
-                content(&serde_json::to_string(&results).unwrap()),
-                finish("stop"),
-            ])
-        }
-    })
+    let upstream = calls_then_echo_results(vec![
+        ("environment", args),
+        ("directory", args),
+        ("echo", args),
+    ])
     .await;
     let tools = format!(
         r#"tools:
@@ -383,12 +366,7 @@ agents:
     let yaml = base(&upstream, &tools);
     let proxy = Proxy::start_with_env(&yaml, &[("SECRET_TOKEN", "must-not-leak")]).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
-    let results: Vec<String> = serde_json::from_str(
-        res.json()["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let results = echoed_results(&res.json());
     let mut env: Vec<&str> = results[0]
         .lines()
         .map(|l| l.split('=').next().unwrap())
@@ -465,29 +443,8 @@ async fn misbehaving_tools_give_bounded_error_results() {
         },
     })
     .await;
-    let upstream = FakeServer::start(|req, _| {
-        let results: Vec<String> = req.json()["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .map(|m| m["content"].as_str().unwrap().to_owned())
-            .collect();
-        if results.is_empty() {
-            Reply::events(vec![
-                tool_call(0, "a", "big", "{}"),
-                tool_call(1, "b", "binary", "{}"),
-                tool_call(2, "c", "spawner", "{}"),
-                finish("tool_calls"),
-            ])
-        } else {
-            Reply::events(vec![
-                content(&serde_json::to_string(&results).unwrap()),
-                finish("stop"),
-            ])
-        }
-    })
-    .await;
+    let upstream =
+        calls_then_echo_results(vec![("big", "{}"), ("binary", "{}"), ("spawner", "{}")]).await;
     let spawner = format!("import subprocess, time; [subprocess.Popen(['{}'.split()[0], '{}'.split()[1]]) for _ in range(3)]; time.sleep(60)", marker, marker);
     let yaml = base(
         &upstream,
@@ -499,12 +456,7 @@ async fn misbehaving_tools_give_bounded_error_results() {
     let proxy = Proxy::start(&yaml).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
-    let results: Vec<String> = serde_json::from_str(
-        res.json()["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let results = echoed_results(&res.json());
     assert!(
         results[0].ends_with("[truncated: output exceeded 1000 bytes]") && results[0].len() < 1100
     );

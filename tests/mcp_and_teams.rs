@@ -86,16 +86,6 @@ fn has_tool_result(req: &Recorded) -> bool {
         .any(|m| m["role"] == "tool")
 }
 
-fn tool_results(req: &Recorded) -> Vec<String> {
-    req.json()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 fn offered(req: &Recorded) -> Vec<Value> {
     req.json()["tools"].as_array().cloned().unwrap_or_default()
 }
@@ -168,7 +158,7 @@ agents:
         "integer"
     );
     assert!(tools.len() >= 8, "every tool of the server: {tools:?}");
-    let results = tool_results(&requests[1]);
+    let results = requests[1].tool_results();
     assert_eq!(results[0], "5");
     // `isError` results reach the model as errors.
     assert!(
@@ -228,7 +218,7 @@ agents:
         "the injected parameter is hidden: {properties:?}"
     );
     assert!(properties.contains_key("note"));
-    let results = tool_results(&requests[1]);
+    let results = requests[1].tool_results();
     assert_eq!(results[0], "Bearer tok-123");
     assert_eq!(
         results[1], "user=alice note=hi",
@@ -270,7 +260,7 @@ agents:
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("web", "1+1")).await;
     assert_eq!(res.status, 200);
-    let result = &tool_results(&chats(&upstream)[1])[0];
+    let result = &chats(&upstream)[1].tool_results()[0];
     assert!(
         result.contains("MCP server `web`"),
         "a clear error for the model: {result}"
@@ -280,7 +270,7 @@ agents:
     wait_connected(&proxy, "web").await;
     post_json(proxy.port, "/v1/chat/completions", &ask("web", "1+1")).await;
     let requests = chats(&upstream);
-    assert_eq!(tool_results(requests.last().unwrap())[0], "2");
+    assert_eq!(requests.last().unwrap().tool_results()[0], "2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,7 +308,7 @@ agents:
         let upstream = &upstream;
         async move {
             post_json(port, "/v1/chat/completions", &ask("demo", tool)).await;
-            tool_results(chats(upstream).last().unwrap())[0].clone()
+            chats(upstream).last().unwrap().tool_results()[0].clone()
         }
     };
     let first_pid = call("demo__pid").await;
@@ -402,7 +392,7 @@ async fn team_upstream() -> FakeServer {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        let results = tool_results(req);
+        let results = req.tool_results();
         match system.as_str() {
             "RESEARCH" => Reply::events(vec![
                 reasoning("looking it up. "),
@@ -449,7 +439,12 @@ agents:
     body["stream"] = json!(true);
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     assert_eq!(res.status, 200);
-    assert_eq!(res.delta_text("content"), "Boss says: X is 42");
+    assert_eq!(
+        res.delta_text("content"),
+        "Boss says: X is 42",
+        "{}",
+        proxy.logs()
+    );
     let reasoning = res.delta_text("reasoning_content");
     assert!(
         reasoning.contains("Calling agent__research {\"task\": \"find X\"}")

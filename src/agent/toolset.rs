@@ -147,9 +147,25 @@ impl Entry {
                         "agents may call agents at most {MAX_AGENT_DEPTH} deep"
                     ));
                 }
-                tool_loop::run_nested(callee.clone(), task, ctx.clone()).await
+                // Its own task: polled from the scheduler, not deep inside
+                // the caller's poll chain (nesting would grow the stack).
+                // Dropping the call (the client left) aborts it.
+                let run = tokio::spawn(tool_loop::run_nested(callee.clone(), task, ctx.clone()));
+                let _abort_on_drop = AbortOnDrop(run.abort_handle());
+                match run.await {
+                    Ok(outcome) => outcome,
+                    Err(e) => Outcome::error(format!("agent `{}` failed: {e}", callee.id)),
+                }
             }
         }
+    }
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

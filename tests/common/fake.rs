@@ -20,6 +20,21 @@ impl Recorded {
         serde_json::from_slice(&self.body).expect("request body is JSON")
     }
 
+    /// The contents of a chat request's `tool` messages, in order.
+    pub fn tool_results(&self) -> Vec<String> {
+        let body = self.json();
+        body["messages"]
+            .as_array()
+            .map(|messages| {
+                messages
+                    .iter()
+                    .filter(|m| m["role"] == "tool")
+                    .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -101,6 +116,39 @@ pub fn fixture(name: &str) -> Vec<u8> {
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// An upstream whose first round calls `calls` (name, arguments) and whose
+/// next round answers with the tool results as a JSON array of strings.
+pub async fn calls_then_echo_results(calls: Vec<(&'static str, &'static str)>) -> FakeServer {
+    FakeServer::start(move |req, _| {
+        let results = req.tool_results();
+        if results.is_empty() {
+            let mut events: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, args))| tool_call(i as u32, &format!("c{i}"), name, args))
+                .collect();
+            events.push(finish("tool_calls"));
+            Reply::events(events)
+        } else {
+            Reply::events(vec![
+                content(&serde_json::to_string(&results).unwrap()),
+                finish("stop"),
+            ])
+        }
+    })
+    .await
+}
+
+/// The tool results an answer of [`calls_then_echo_results`] carries.
+pub fn echoed_results(answer: &Value) -> Vec<String> {
+    serde_json::from_str(
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("[]"),
+    )
+    .unwrap_or_default()
 }
 
 // Chunk builders in llama.cpp's shape.
