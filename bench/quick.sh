@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q
 work=$(mktemp -d)
-trap 'kill $(cat "$work/nginx.pid") $proxy 2>/dev/null || true; rm -rf "$work"' EXIT
+proxy=
+trap 'kill $(cat "$work/nginx.pid" 2>/dev/null) $proxy 2>/dev/null || true; rm -rf "$work"' EXIT
 up=18100 px=18787
 
 cat > "$work/nginx.conf" <<CONF

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Soak: steady load on the agent path (streaming, a real llama.cpp stream
-# replayed by nginx) and on passthrough, for a while, sampling the proxy's
+# served by nginx) and on passthrough, for a while, sampling the proxy's
 # RSS every minute. Memory that only grows is a leak.
 # Needs: nginx and wrk (apt-get install nginx-light wrk), a release build.
 #   bash bench/soak.sh [minutes, default 20]
@@ -9,10 +9,12 @@ cd "$(dirname "$0")/.."
 minutes=${1:-20}
 cargo build --release -q
 work=$(mktemp -d)
-trap 'kill $(cat "$work/nginx.pid") $proxy 2>/dev/null || true; rm -rf "$work"' EXIT
+proxy=
+trap 'kill $(cat "$work/nginx.pid" 2>/dev/null) $proxy 2>/dev/null || true; rm -rf "$work"' EXIT
 up=18110 px=18797
 
-stream=$(cat tests/fixtures/llama.cpp/reasoning-stream.sse)
+# A real llama.cpp stream with a usage chunk (nginx caps a literal at 4 KB).
+stream=$(cat tests/fixtures/llama.cpp/usage-stream.sse)
 cat > "$work/nginx.conf" <<CONF
 worker_processes 1;
 pid $work/nginx.pid;
