@@ -99,29 +99,9 @@ fn ask(model: &str, user: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": user}]})
 }
 
-/// An upstream whose first round makes `calls` and whose second answers `done`.
-async fn calls_then_done(calls: Vec<(&'static str, &'static str)>) -> FakeServer {
-    FakeServer::start(move |req, _| {
-        if req.method == "GET" {
-            return models();
-        }
-        if has_tool_result(req) {
-            return Reply::events(vec![content("done"), finish("stop")]);
-        }
-        let mut events: Vec<Value> = calls
-            .iter()
-            .enumerate()
-            .map(|(i, (name, args))| tool_call(i as u32, &format!("c{i}"), name, args))
-            .collect();
-        events.push(finish("tool_calls"));
-        Reply::events(events)
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_mcp_servers_tools_are_offered_and_called() {
-    let upstream = calls_then_done(vec![
+    let upstream = calls_then_echo_results(vec![
         ("demo__add", r#"{"a": 2, "b": 3}"#),
         ("demo__fail", r#"{"message": "nope"}"#),
         ("demo__picture", "{}"),
@@ -145,7 +125,11 @@ agents:
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("docs", "go")).await;
     assert_eq!(res.status, 200, "{}", res.text());
-    assert_eq!(res.json()["choices"][0]["message"]["content"], "done");
+    assert_eq!(
+        echoed_results(&res.json()).len(),
+        3,
+        "the loop finished with every result"
+    );
     let requests = chats(&upstream);
     let tools = offered(&requests[0]);
     let add = tools
@@ -180,7 +164,7 @@ agents:
 async fn a_streamable_http_server_gets_its_headers_and_injected_arguments() {
     let port = free_port();
     let _server = HttpMcp::start(port).await;
-    let upstream = calls_then_done(vec![
+    let upstream = calls_then_echo_results(vec![
         ("web__auth", "{}"),
         ("web__whoami", r#"{"user_id": "mallory", "note": "hi"}"#),
     ])
@@ -229,7 +213,7 @@ agents:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_is_down_at_start_is_reported_then_picked_up() {
     let port = free_port();
-    let upstream = calls_then_done(vec![("web__add", r#"{"a": 1, "b": 1}"#)]).await;
+    let upstream = calls_then_echo_results(vec![("web__add", r#"{"a": 1, "b": 1}"#)]).await;
     let yaml = format!(
         r#"
 default_upstream: up
@@ -337,7 +321,7 @@ agents:
 #[tokio::test]
 async fn local_tools_take_injected_arguments_from_headers_and_constants() {
     let tool = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
-    let upstream = calls_then_done(vec![(
+    let upstream = calls_then_echo_results(vec![(
         "lookup",
         r#"{"order": 7, "tenant": "evil", "region": "us"}"#,
     )])

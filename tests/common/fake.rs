@@ -119,9 +119,13 @@ pub fn fixture(name: &str) -> Vec<u8> {
 }
 
 /// An upstream whose first round calls `calls` (name, arguments) and whose
-/// next round answers with the tool results as a JSON array of strings.
+/// next round answers with the tool results as a JSON array of strings. It
+/// answers `/readyz`'s model-list probe with an empty list.
 pub async fn calls_then_echo_results(calls: Vec<(&'static str, &'static str)>) -> FakeServer {
     FakeServer::start(move |req, _| {
+        if req.method == "GET" {
+            return Reply::json(200, json!({"object": "list", "data": []}));
+        }
         let results = req.tool_results();
         if results.is_empty() {
             let mut events: Vec<Value> = calls
