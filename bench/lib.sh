@@ -8,6 +8,8 @@ proxy=
 trap 'kill $(cat "$work/nginx.pid" 2>/dev/null) $proxy 2>/dev/null || true; rm -rf "$work"' EXIT
 
 start_upstream() {
+  # nginx reads backslash escapes in quoted strings: keep the body's own.
+  local body=${3//\\/\\\\}
   cat > "$work/nginx.conf" <<CONF
 worker_processes 1;
 pid $work/nginx.pid;
@@ -18,7 +20,7 @@ http {
   server {
     listen 127.0.0.1:$1;
     location /v1/ { default_type application/json; return 200 '{"object":"list","data":[{"embedding":[0.1,0.2]}]}'; }
-    location = /v1/chat/completions { default_type $2; return 200 '$3'; }
+    location = /v1/chat/completions { default_type $2; return 200 '$body'; }
   }
 }
 CONF
