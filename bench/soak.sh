@@ -25,4 +25,5 @@ for minute in $(seq 1 "$minutes"); do
   pass=$(wrk -t1 -c8 -d10s "http://127.0.0.1:$px/v1/embeddings" | awk '/Requests\/sec/{print $2}')
   echo "$minute,$(rss),$(awk '/Requests\/sec/{print $2}' <<<"$out"),$(awk '/Non-2xx/{print $5}' <<<"$out" | grep . || echo 0),$pass"
 done
-echo "warning or error lines in the proxy log: $(grep -c 'WARN\|ERROR' "$work/proxy.log" || true)"
+echo "warning or error lines in the proxy log: $(grep -c 'WARN\|ERROR' "$work/proxy.log" || true), by message:"
+sed 's/\x1b\[[0-9;]*m//g' "$work/proxy.log" | grep 'WARN\|ERROR' | cut -d' ' -f3- | cut -c1-160 | sort | uniq -c | sort -rn | head -5
