@@ -610,15 +610,7 @@ async fn client_disconnect_mid_stream_cancels_the_upstream_request() {
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "http://127.0.0.1:9/x", "")).await;
-    let body = ask(true).to_string();
-    let mut conn = Connection::open(
-        proxy.port,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.as_bytes(),
-    )
-    .await;
+    let mut conn = Connection::chat(proxy.port, &ask(true)).await;
     let mut head = conn.head().await;
     assert_eq!(head.status, 200);
     conn.next_chunk(&mut head).await.expect("a first chunk");
@@ -661,15 +653,7 @@ agents:
         upstream.url()
     );
     let proxy = Proxy::start(&yaml).await;
-    let body = ask(true).to_string();
-    let mut conn = Connection::open(
-        proxy.port,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.as_bytes(),
-    )
-    .await;
+    let mut conn = Connection::chat(proxy.port, &ask(true)).await;
     let head = conn.head().await;
     assert_eq!(head.status, 200);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

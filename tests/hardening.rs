@@ -164,15 +164,7 @@ async fn a_client_that_leaves_while_the_upstream_thinks_cancels_the_upstream_cal
     let proxy = Proxy::start(&base(&upstream, "agents: { a: {} }")).await;
     for (model, stream) in [("a", true), ("a", false), ("other", true)] {
         let before = upstream.hangups();
-        let body = ask(model, stream).to_string();
-        let conn = Connection::open(
-            proxy.port,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            body.as_bytes(),
-        )
-        .await;
+        let conn = Connection::chat(proxy.port, &ask(model, stream)).await;
         let deadline = Instant::now() + Duration::from_secs(5);
         while upstream.requests().len() <= before as usize && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -207,15 +199,7 @@ async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
     let pid = proxy_process.pid();
     for model in ["a", "other"] {
         let start = rss_kib(pid);
-        let body = ask(model, true).to_string();
-        let mut conn = Connection::open(
-            proxy_process.port,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            body.as_bytes(),
-        )
-        .await;
+        let mut conn = Connection::chat(proxy_process.port, &ask(model, true)).await;
         let mut res = conn.head().await;
         let mut peak = start;
         let mut read = 0;

@@ -219,15 +219,7 @@ async fn sigterm_drains_a_live_stream_then_exits_at_once() {
     let upstream = echo_prompt_upstream(20, Duration::from_millis(100)).await;
     let mut proxy =
         Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "60"]).await;
-    let body = ask().to_string();
-    let mut conn = Connection::open(
-        proxy.port,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.as_bytes(),
-    )
-    .await;
+    let mut conn = Connection::chat(proxy.port, &ask()).await;
     let mut res = conn.head().await;
     assert_eq!(res.status, 200);
     let first = conn.next_chunk(&mut res).await.expect("the stream started");
@@ -262,15 +254,7 @@ async fn sigterm_drains_a_live_stream_then_exits_at_once() {
 async fn the_grace_period_bounds_a_drain() {
     let upstream = echo_prompt_upstream(100, Duration::from_millis(100)).await;
     let mut proxy = Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "1"]).await;
-    let body = ask().to_string();
-    let mut conn = Connection::open(
-        proxy.port,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        body.as_bytes(),
-    )
-    .await;
+    let mut conn = Connection::chat(proxy.port, &ask()).await;
     let mut res = conn.head().await;
     conn.next_chunk(&mut res).await.expect("the stream started");
     proxy.signal("TERM");

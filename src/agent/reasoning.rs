@@ -3,8 +3,6 @@
 //! chunks, so a possible tag prefix at the end of a chunk is held back until
 //! the next one.
 
-use std::borrow::Cow;
-
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
@@ -12,6 +10,24 @@ const CLOSE: &str = "</think>";
 pub enum Kind {
     Content,
     Reasoning,
+}
+
+/// The pieces of one delta: almost always the whole delta as one piece,
+/// borrowed, so the streaming path does not allocate per chunk.
+pub enum Pieces<'a> {
+    One(Kind, &'a str),
+    Many(Vec<(Kind, String)>),
+}
+
+impl Pieces<'_> {
+    pub fn iter(&self) -> impl Iterator<Item = (Kind, &str)> {
+        let (one, many) = match self {
+            Pieces::One(kind, text) => (Some((*kind, *text)), &[][..]),
+            Pieces::Many(pieces) => (None, pieces.as_slice()),
+        };
+        one.into_iter()
+            .chain(many.iter().map(|(kind, text)| (*kind, text.as_str())))
+    }
 }
 
 #[derive(Default)]
@@ -30,9 +46,9 @@ impl ThinkSplitter {
     }
 
     /// Splits one content delta into content and reasoning pieces.
-    pub fn split<'a>(&mut self, text: &'a str) -> Vec<(Kind, Cow<'a, str>)> {
+    pub fn split<'a>(&mut self, text: &'a str) -> Pieces<'a> {
         if self.held.is_empty() && !text.contains('<') {
-            return vec![(self.kind(), Cow::Borrowed(text))];
+            return Pieces::One(self.kind(), text);
         }
         let mut rest = std::mem::take(&mut self.held);
         rest.push_str(text);
@@ -43,7 +59,7 @@ impl ThinkSplitter {
             let tail = &rest[from..];
             if let Some(at) = tail.find(tag) {
                 if at > 0 {
-                    pieces.push((self.kind(), Cow::Owned(tail[..at].to_owned())));
+                    pieces.push((self.kind(), tail[..at].to_owned()));
                 }
                 self.inside = !self.inside;
                 from += at + tag.len();
@@ -59,10 +75,10 @@ impl ThinkSplitter {
                 .unwrap_or(0);
             let emit = &tail[..tail.len() - keep];
             if !emit.is_empty() {
-                pieces.push((self.kind(), Cow::Owned(emit.to_owned())));
+                pieces.push((self.kind(), emit.to_owned()));
             }
             self.held = tail[tail.len() - keep..].to_owned();
-            return pieces;
+            return Pieces::Many(pieces);
         }
     }
 
@@ -85,8 +101,8 @@ mod tests {
             _ => out.push((kind, text.to_owned())),
         };
         for chunk in chunks {
-            for (kind, text) in splitter.split(chunk) {
-                push(kind, &text);
+            for (kind, text) in splitter.split(chunk).iter() {
+                push(kind, text);
             }
         }
         if let Some((kind, text)) = splitter.flush() {
@@ -114,8 +130,10 @@ mod tests {
     #[test]
     fn plain_text_is_borrowed_content() {
         let mut s = ThinkSplitter::default();
-        let pieces = s.split("hello");
-        assert!(matches!(pieces[0].1, Cow::Borrowed("hello")));
+        assert!(matches!(
+            s.split("hello"),
+            Pieces::One(Kind::Content, "hello")
+        ));
         assert_eq!(run(&["a <", "x"]), vec![(Kind::Content, "a <x".to_owned())]);
     }
 }

@@ -125,9 +125,9 @@ fn pick(config: &Config, answer: &str) -> Option<Arc<Agent>> {
     let mut splitter = ThinkSplitter::default();
     let mut text: String = splitter
         .split(answer)
-        .into_iter()
+        .iter()
         .filter(|(kind, _)| *kind == Kind::Content)
-        .map(|(_, piece)| piece.into_owned())
+        .map(|(_, piece)| piece)
         .collect();
     if let Some((Kind::Content, rest)) = splitter.flush() {
         text.push_str(&rest);

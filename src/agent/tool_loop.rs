@@ -489,8 +489,9 @@ impl RoundReader<'_> {
     }
 
     async fn content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Failure> {
-        for (kind, piece) in self.splitter.split(text) {
-            self.piece(client, kind, &piece).await?;
+        let pieces = self.splitter.split(text);
+        for (kind, piece) in pieces.iter() {
+            self.piece(client, kind, piece).await?;
         }
         Ok(())
     }

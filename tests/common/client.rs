@@ -142,6 +142,12 @@ impl Connection {
         }
     }
 
+    /// A chat completion whose response is read piece by piece.
+    pub async fn chat(port: u16, body: &Value) -> Connection {
+        let body = body.to_string();
+        Connection::open(port, "POST", "/v1/chat/completions", &[], body.as_bytes()).await
+    }
+
     pub async fn head(&mut self) -> Response {
         let mut line = String::new();
         tokio::time::timeout(Duration::from_secs(30), self.reader.read_line(&mut line))
