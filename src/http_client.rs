@@ -2,6 +2,7 @@
 //! Model upstreams and HTTP tools both call out through an [`Endpoint`].
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -190,11 +191,13 @@ impl Endpoint {
             session.set_read_timeout(Some(self.timeouts.first_byte));
             session.set_write_timeout(Some(self.timeouts.first_byte));
             let result = async {
+                let cork = body.as_ref().and_then(|_| Cork::new(&session));
                 session.write_request_header(Box::new(req.clone())).await?;
                 if let Some(body) = body.clone() {
                     session.write_request_body(body, true).await?;
                 }
                 session.finish_request_body().await?;
+                drop(cork);
                 session.read_response_header().await
             }
             .await;
@@ -234,6 +237,43 @@ impl Endpoint {
             deadline,
             _busy: None,
         })
+    }
+}
+
+/// Holds an HTTP/1 connection's writes back (`TCP_CORK`) until dropped, so a
+/// request's header and body leave as one segment. pingora flushes the header
+/// on its own; sent apart, they cost a second transmit here and a second
+/// wake-up on the model server, per request.
+struct Cork(RawFd);
+
+impl Cork {
+    fn new(session: &HttpSession) -> Option<Cork> {
+        // pingora's connection id is its socket's fd (TLS included).
+        let fd = session.as_http1()?.stream().id();
+        set_cork(fd, true).then_some(Cork(fd))
+    }
+}
+
+impl Drop for Cork {
+    fn drop(&mut self) {
+        // Uncorking sends what was held. Should it fail, the kernel still
+        // sends held data within 200 ms: slower, never lost.
+        set_cork(self.0, false);
+    }
+}
+
+fn set_cork(fd: RawFd, on: bool) -> bool {
+    let value = libc::c_int::from(on);
+    // SAFETY: `fd` is a socket owned by the live session; the option value
+    // is a valid c_int of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            std::ptr::addr_of!(value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
     }
 }
 

@@ -204,6 +204,59 @@ async fn non_streaming_loop_returns_one_completion_with_summed_usage() {
 }
 
 #[tokio::test]
+async fn a_non_streaming_client_gets_non_streaming_upstream_calls_from_real_llama_cpp_captures() {
+    let tool = weather_tool(200).await;
+    let upstream = FakeServer::start(|_, i| match i {
+        0 => Reply::raw_json(200, &fixture("toolcall-nonstream.json")),
+        _ => Reply::raw_json(200, &fixture("reasoning-nonstream.json")),
+    })
+    .await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await;
+
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+
+    // One JSON answer per round is cheaper for the model server than SSE,
+    // and OpenAI refuses `stream_options` on a request that does not stream.
+    let calls = upstream.requests();
+    assert_eq!(calls.len(), 2);
+    for call in &calls {
+        assert_eq!(call.json()["stream"], false);
+        assert!(call.json().get("stream_options").is_none());
+    }
+    assert_eq!(tool.requests()[0].json(), json!({"city": "Paris"}));
+    let round1: Value = serde_json::from_slice(&fixture("toolcall-nonstream.json")).unwrap();
+    let round2: Value = serde_json::from_slice(&fixture("reasoning-nonstream.json")).unwrap();
+    let message = |v: &Value, field: &str| {
+        v["choices"][0]["message"][field]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let body = res.json();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["message"]["content"], message(&round2, "content"));
+    assert_eq!(
+        choice["message"]["reasoning_content"],
+        format!(
+            "{}Calling get_weather {{\"city\":\"Paris\"}}…\n{}",
+            message(&round1, "reasoning_content"),
+            message(&round2, "reasoning_content")
+        )
+    );
+    let sum = |field: &str| {
+        round1["usage"][field].as_u64().unwrap() + round2["usage"][field].as_u64().unwrap()
+    };
+    assert_eq!(body["usage"]["prompt_tokens"], sum("prompt_tokens"));
+    assert_eq!(body["usage"]["completion_tokens"], sum("completion_tokens"));
+}
+
+#[tokio::test]
 async fn stream_usage_chunk_sums_all_rounds() {
     let tool = weather_tool(200).await;
     let upstream = FakeServer::start(|_, i| match i {

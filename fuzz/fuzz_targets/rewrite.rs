@@ -32,8 +32,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let agent = CONFIG.agent("a").expect("agent a");
     let toolset = ToolSet::of(agent, &CONFIG);
-    let out = rewrite(agent, &toolset, request);
-    assert_eq!(out.stream, Some(true));
+    let stream = request.stream.unwrap_or(false);
+    let out = rewrite(agent, &toolset, request, stream);
+    assert_eq!(out.stream, Some(stream));
+    assert_eq!(out.stream_options.is_some(), stream);
     assert_eq!(out.messages.first().map(|m| m.role.as_str()), Some("system"));
     let bytes = serde_json::to_vec(&out).expect("a rewritten request serializes");
     serde_json::from_slice::<serde_json::Value>(&bytes).expect("and is valid JSON");

@@ -10,10 +10,16 @@ use crate::config::file::PromptMode;
 use crate::openai::{ChatRequest, Message, StreamOptions, ToolDef};
 
 /// Rewrites `req` for `agent`. Every field the rewrite does not own is kept
-/// as the client sent it. The upstream is always asked to stream with usage,
-/// whatever the client asked: the tool loop reads rounds as streams and sums
-/// their usage.
-pub fn rewrite(agent: &Agent, toolset: &ToolSet, mut req: ChatRequest) -> ChatRequest {
+/// as the client sent it. `stream` says whether the upstream streams (with
+/// usage, which the loop sums over rounds): when someone watches the answer
+/// as it comes. A non-streaming answer is one JSON document from the model
+/// server, far cheaper to produce and to read than the same answer as SSE.
+pub fn rewrite(
+    agent: &Agent,
+    toolset: &ToolSet,
+    mut req: ChatRequest,
+    stream: bool,
+) -> ChatRequest {
     combine_instructions(agent, &mut req.messages);
     req.tools = merge_tools(agent, toolset, req.tools.take());
     req.model = agent.model.clone();
@@ -29,10 +35,14 @@ pub fn rewrite(agent: &Agent, toolset: &ToolSet, mut req: ChatRequest) -> ChatRe
             kwargs.insert("enable_thinking".into(), Value::Bool(false));
         }
     }
-    req.stream = Some(true);
-    let mut options = req.stream_options.take().unwrap_or_default();
-    options.include_usage = Some(true);
-    req.stream_options = Some(StreamOptions { ..options });
+    req.stream = Some(stream);
+    // OpenAI refuses `stream_options` on a request that does not stream.
+    let options = req.stream_options.take();
+    if stream {
+        let mut options = options.unwrap_or_default();
+        options.include_usage = Some(true);
+        req.stream_options = Some(StreamOptions { ..options });
+    }
     req
 }
 
@@ -110,7 +120,7 @@ agents:
 
     fn rewrite_for(mode: &str, req: ChatRequest) -> ChatRequest {
         let (agent, toolset) = agent(mode);
-        rewrite(&agent, &toolset, req)
+        rewrite(&agent, &toolset, req, true)
     }
 
     fn request(body: Value) -> ChatRequest {
@@ -163,5 +173,15 @@ agents:
             .collect();
         assert_eq!(names, ["get_weather", "client_tool"]);
         assert_eq!(out["tools"][0]["function"]["parameters"]["type"], "object");
+    }
+
+    #[test]
+    fn a_non_streaming_request_stays_one_without_stream_options() {
+        let body = json!({"model":"a","messages":[{"role":"user","content":"hi"}],
+            "stream": false, "stream_options": {"include_usage": true}});
+        let (agent, toolset) = agent("prepend");
+        let out = serde_json::to_value(rewrite(&agent, &toolset, request(body), false)).unwrap();
+        assert_eq!(out["stream"], false);
+        assert!(out.get("stream_options").is_none(), "{out}");
     }
 }

@@ -65,7 +65,7 @@ pub async fn run(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let toolset = ToolSet::of(agent, &ctx.config);
-    let mut upstream_request = rewrite(agent, &toolset, request);
+    let mut upstream_request = rewrite(agent, &toolset, request, stream);
     let show_reasoning =
         agent.reasoning == ReasoningMode::Pass && upstream_request.enable_thinking != Some(false);
     let mut reply = Reply::new(&agent.id, stream, include_usage, show_reasoning);
@@ -118,7 +118,8 @@ pub fn run_nested(
             enable_thinking: None,
             rest: Default::default(),
         };
-        let mut upstream_request = rewrite(&agent, &toolset, request);
+        // Streamed: the callee's text is the caller's progress as it comes.
+        let mut upstream_request = rewrite(&agent, &toolset, request, true);
         let mut client = Headless::new(ctx.request_id.clone());
         let mut reply = Reply::nested(&agent.id, ctx.progress.clone());
         let mut summary = Summary::default();

@@ -1,0 +1,461 @@
+//! agent-proxy's benchmark: every scenario against every target side by
+//! side in one run, on one fake upstream, reported as figures and ratios.
+//!
+//!   agent-proxy-bench run [--smoke] [--out bench/results]
+//!
+//! Targets: the fake upstream directly, nginx as a plain reverse proxy,
+//! agent-proxy passing a chat completion through, agent-proxy's agent path
+//! (rewrite, no tools) and an agent with one local HTTP tool round.
+
+mod load;
+mod procs;
+mod report;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+
+use load::Load;
+use procs::Process;
+use report::{Memory, Report, Run, StreamCost, ToolRound};
+
+#[derive(Parser)]
+#[command(about = "Benchmarks agent-proxy against a direct upstream and nginx")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Runs every scenario and writes README.md and chart.svg to `--out`.
+    Run(RunArgs),
+    /// Serves the fake model (the harness starts it itself).
+    Upstream {
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// A few seconds in all, with small counts: checks that it still works.
+    #[arg(long)]
+    smoke: bool,
+    /// The agent-proxy binary; by default the one beside this one.
+    #[arg(long)]
+    proxy_bin: Option<PathBuf>,
+    /// Where the results go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Measured seconds per target and scenario, split over the rounds.
+    #[arg(long, default_value_t = 6.0)]
+    seconds: f64,
+    /// Rounds over all targets per scenario; interleaving evens out noise.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Cmd::Upstream { listen } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(upstream::serve(listen)),
+        Cmd::Run(args) => {
+            procs::raise_open_files_limit();
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(run(args))
+        }
+    }
+}
+
+/// What a request asks the fake model for.
+#[derive(Clone, Copy)]
+struct Shape {
+    stream: bool,
+    tokens: u32,
+    delay_us: u64,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Host {
+    Upstream,
+    Nginx,
+    Proxy,
+}
+
+#[derive(Clone, Copy)]
+struct Target {
+    name: &'static str,
+    host: Host,
+    path: &'static str,
+    /// The chat model asked for; `None` for the tool endpoint.
+    model: Option<&'static str>,
+}
+
+const DIRECT: Target = Target {
+    name: "direct",
+    host: Host::Upstream,
+    path: "/v1/chat/completions",
+    model: Some("bench"),
+};
+const NGINX: Target = Target {
+    name: "nginx",
+    host: Host::Nginx,
+    path: "/v1/chat/completions",
+    model: Some("bench"),
+};
+const PASSTHROUGH: Target = Target {
+    name: "passthrough",
+    host: Host::Proxy,
+    path: "/v1/chat/completions",
+    model: Some("bench"),
+};
+const AGENT: Target = Target {
+    name: "agent",
+    host: Host::Proxy,
+    path: "/v1/chat/completions",
+    model: Some("plain"),
+};
+const AGENT_TOOL: Target = Target {
+    name: "agent + tool round",
+    host: Host::Proxy,
+    path: "/v1/chat/completions",
+    model: Some("tooled"),
+};
+const TOOL: Target = Target {
+    name: "tool, direct",
+    host: Host::Upstream,
+    path: "/tool",
+    model: None,
+};
+
+/// The processes under test and how long to measure each.
+struct Bench {
+    upstream: Process,
+    nginx: Process,
+    proxy: Process,
+    addrs: [SocketAddr; 3],
+    rounds: u32,
+    slice: Duration,
+}
+
+impl Bench {
+    fn process(&self, host: Host) -> &Process {
+        match host {
+            Host::Upstream => &self.upstream,
+            Host::Nginx => &self.nginx,
+            Host::Proxy => &self.proxy,
+        }
+    }
+
+    fn load(&self, target: Target, shape: Shape, connections: usize) -> Load {
+        let (body, expect): (Bytes, &'static [u8]) = match target.model {
+            Some(model) => (
+                format!(
+                    r#"{{"model":"{model}","messages":[{{"role":"user","content":"What is the weather in Paris today?"}}],"stream":{},"max_tokens":{},"bench_delay_us":{}}}"#,
+                    shape.stream, shape.tokens, shape.delay_us
+                )
+                .into(),
+                br#""finish_reason":"stop""#,
+            ),
+            None => (Bytes::from_static(br#"{"city":"Paris"}"#), b"temperature_c"),
+        };
+        Load {
+            addr: self.addrs[target.host as usize],
+            path: target.path,
+            body,
+            expect,
+            connections,
+            warmup: Duration::from_millis(300),
+            stagger: Duration::ZERO,
+            measure: self.slice,
+        }
+    }
+
+    /// Runs the same load against each target, `rounds` times in turn.
+    async fn compare(
+        &self,
+        targets: &[Target],
+        connections: usize,
+        shape: Shape,
+        tune: impl Fn(&mut Load),
+    ) -> anyhow::Result<Vec<Run>> {
+        let mut runs: Vec<Run> = targets
+            .iter()
+            .map(|t| Run::new(t.name, connections))
+            .collect();
+        for _ in 0..self.rounds {
+            for (target, run) in targets.iter().zip(&mut runs) {
+                let mut load = self.load(*target, shape, connections);
+                tune(&mut load);
+                let process = self.process(target.host);
+                let cpu = process.cpu();
+                let stats = load::run(&load).await;
+                run.cpu += process.cpu() - cpu;
+                run.stats.merge(&stats);
+            }
+        }
+        for run in &runs {
+            if run.stats.errors > 0 {
+                bail!(
+                    "{} at {} connections: {} failed requests, the first: {}",
+                    run.target,
+                    connections,
+                    run.stats.errors,
+                    run.stats.first_error.as_deref().unwrap_or("?")
+                );
+            }
+            eprintln!(
+                "  {:<20} c{:<4} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs",
+                run.target,
+                connections,
+                run.stats.throughput(),
+                run.stats.latency.value_at_quantile(0.5) as f64 / 1e3,
+                run.stats.latency.value_at_quantile(0.99) as f64 / 1e3,
+            );
+        }
+        Ok(runs)
+    }
+
+    /// What `count` open streams through `target` cost its process.
+    async fn stream_cost(&self, target: Target, count: usize) -> anyhow::Result<StreamCost> {
+        let shape = Shape {
+            stream: true,
+            tokens: 10_000,
+            delay_us: 100_000,
+        };
+        let process = self.process(target.host);
+        let before_kib = process.rss_kib();
+        let streams = load::open_streams(&self.load(target, shape, 1), count)
+            .await
+            .with_context(|| format!("{count} streams through {}", target.name))?;
+        // Let every stream carry a few chunks.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let open_kib = process.rss_kib();
+        drop(streams);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        eprintln!(
+            "  {:<20} {count} streams: {before_kib} KiB -> {open_kib} KiB",
+            target.name
+        );
+        Ok(StreamCost {
+            target: target.name,
+            streams: count,
+            before_kib,
+            open_kib,
+        })
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let proxy_bin = match args.proxy_bin.clone() {
+        Some(bin) => bin,
+        None => std::env::current_exe()?.with_file_name("agent-proxy"),
+    };
+    let work = std::env::temp_dir().join(format!("agent-proxy-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let result = measure(&args, &proxy_bin, &work).await;
+    let _ = std::fs::remove_dir_all(&work);
+    let report = result?;
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("README.md"), report.markdown())?;
+    report.chart(&args.out.join("chart.svg"))?;
+    println!("{}", report.markdown());
+    eprintln!("written to {}", args.out.display());
+    Ok(())
+}
+
+async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Result<Report> {
+    let smoke = args.smoke;
+    let [up, ng, px] = [
+        procs::free_addr()?,
+        procs::free_addr()?,
+        procs::free_addr()?,
+    ];
+    let mut upstream_cmd = Command::new(std::env::current_exe()?);
+    upstream_cmd.args(["upstream", "--listen", &up.to_string()]);
+    let upstream = Process::start(
+        "fake upstream",
+        upstream_cmd,
+        &work.join("upstream.log"),
+        up,
+    )?;
+
+    std::fs::write(work.join("nginx.conf"), nginx_conf(work, ng, up))?;
+    let mut nginx_cmd = Command::new("nginx");
+    nginx_cmd
+        .arg("-p")
+        .arg(work)
+        .arg("-e")
+        .arg(work.join("nginx-error.log"))
+        .arg("-c")
+        .arg(work.join("nginx.conf"));
+    let nginx = Process::start("nginx", nginx_cmd, &work.join("nginx.log"), ng)?;
+
+    std::fs::write(work.join("proxy.yaml"), proxy_conf(px, up))?;
+    let mut proxy_cmd = Command::new(proxy_bin);
+    proxy_cmd
+        .arg("--config")
+        .arg(work.join("proxy.yaml"))
+        .env("RUST_LOG", "warn");
+    let proxy = Process::start("agent-proxy", proxy_cmd, &work.join("proxy.log"), px)?;
+    // Idle: started, nothing served yet.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle_start_kib = proxy.rss_kib();
+
+    let rounds = if smoke { 1 } else { args.rounds.max(1) };
+    let seconds = if smoke { 0.5 } else { args.seconds };
+    let bench = Bench {
+        upstream,
+        nginx,
+        proxy,
+        addrs: [up, ng, px],
+        rounds,
+        slice: Duration::from_secs_f64(seconds / rounds as f64),
+    };
+    let compared = [DIRECT, NGINX, PASSTHROUGH, AGENT];
+    let small = Shape {
+        stream: false,
+        tokens: 16,
+        delay_us: 0,
+    };
+
+    eprintln!("non-streaming");
+    let mut plain = Vec::new();
+    for connections in if smoke { [1, 8, 32] } else { [1, 32, 256] } {
+        plain.extend(bench.compare(&compared, connections, small, |_| {}).await?);
+    }
+
+    eprintln!("one local tool round");
+    let tool_runs = bench.compare(&[AGENT_TOOL, TOOL], 1, small, |_| {}).await?;
+    let [tooled, tool] = <[Run; 2]>::try_from(tool_runs).ok().context("two runs")?;
+
+    eprintln!("streaming");
+    let tokens = if smoke { 20 } else { 200 };
+    let mut streaming = Vec::new();
+    let fast = Shape {
+        stream: true,
+        tokens,
+        delay_us: 1_000,
+    };
+    streaming.extend(bench.compare(&compared, 1, fast, |_| {}).await?);
+    let (busy, slow) = if smoke { (32, 2_000) } else { (256, 10_000) };
+    let answer_time = Duration::from_micros(slow * u64::from(tokens));
+    let slow = Shape {
+        stream: true,
+        tokens,
+        delay_us: slow,
+    };
+    streaming.extend(
+        bench
+            .compare(&compared, busy, slow, |load| {
+                // Spread the clients over one answer's time so they don't
+                // arrive in lockstep, and measure whole answers.
+                load.stagger = answer_time;
+                load.warmup = answer_time + Duration::from_millis(200);
+                load.measure = load.measure.max(answer_time * 2);
+            })
+            .await?,
+    );
+
+    eprintln!("open streams");
+    let count = if smoke { 100 } else { 2_000 };
+    let mut streams = Vec::new();
+    for target in [AGENT, PASSTHROUGH, NGINX] {
+        streams.push(bench.stream_cost(target, count).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_after_kib = bench.proxy.rss_kib();
+
+    Ok(Report {
+        machine: procs::machine(),
+        commit: git_commit(),
+        smoke,
+        seconds,
+        rounds,
+        plain,
+        tool: ToolRound { tooled, tool },
+        streaming,
+        memory: Memory {
+            idle_start_kib,
+            idle_after_kib,
+            streams,
+        },
+    })
+}
+
+fn git_commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// nginx as people run it in front of a model server: keep-alive upstream
+/// connections, no buffering (so SSE flows), no access log (agent-proxy runs
+/// at `RUST_LOG=warn`, without its per-request line, to match).
+fn nginx_conf(work: &Path, listen: SocketAddr, upstream: SocketAddr) -> String {
+    format!(
+        r#"daemon off;
+worker_processes auto;
+worker_rlimit_nofile 20000;
+pid {pid};
+events {{ worker_connections 10000; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path {tmp};
+  proxy_temp_path {tmp};
+  upstream model {{ server {upstream}; keepalive 512; }}
+  server {{
+    listen {listen} backlog=4096;
+    location / {{
+      proxy_pass http://model;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 300s;
+    }}
+  }}
+}}
+"#,
+        pid = work.join("nginx.pid").display(),
+        tmp = work.display(),
+    )
+}
+
+fn proxy_conf(listen: SocketAddr, upstream: SocketAddr) -> String {
+    format!(
+        r#"listen: "{listen}"
+default_upstream: fake
+upstreams:
+  fake: {{ url: "http://{upstream}/v1" }}
+agents:
+  plain:
+    system_prompt: "You are a weather assistant."
+  tooled:
+    system_prompt: "You are a weather assistant."
+    tools: [lookup]
+tools:
+  lookup:
+    description: "Current weather for a city"
+    parameters: {{ type: object, properties: {{ city: {{ type: string }} }}, required: [city] }}
+    http: {{ url: "http://{upstream}/tool", timeout_ms: 5000 }}
+limits:
+  max_streams_per_client: 100000
+"#
+    )
+}

@@ -1,0 +1,463 @@
+//! The results as a Markdown page (figures, ratios and the bars)
+//! and an SVG chart.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use plotters::prelude::*;
+
+use crate::load::Stats;
+
+/// One target under one load, summed over the rounds.
+pub struct Run {
+    pub target: &'static str,
+    pub connections: usize,
+    pub stats: Stats,
+    /// CPU time the target's process spent over the runs, warm-up included.
+    pub cpu: Duration,
+}
+
+impl Run {
+    pub fn new(target: &'static str, connections: usize) -> Self {
+        Run {
+            target,
+            connections,
+            stats: Stats::new(),
+            cpu: Duration::ZERO,
+        }
+    }
+
+    fn p(&self, q: f64) -> f64 {
+        micros(self.stats.latency.value_at_quantile(q))
+    }
+
+    fn first_token(&self, q: f64) -> f64 {
+        micros(self.stats.first_token.value_at_quantile(q))
+    }
+
+    fn gap(&self, q: f64) -> f64 {
+        micros(self.stats.gaps.value_at_quantile(q))
+    }
+
+    fn cpu_ms_per_1k(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.stats.completed.max(1) as f64
+    }
+}
+
+fn micros(nanos: u64) -> f64 {
+    nanos as f64 / 1e3
+}
+
+pub struct ToolRound {
+    pub tooled: Run,
+    pub tool: Run,
+}
+
+pub struct StreamCost {
+    pub target: &'static str,
+    pub streams: usize,
+    pub before_kib: u64,
+    pub open_kib: u64,
+}
+
+impl StreamCost {
+    fn per_stream_kib(&self) -> f64 {
+        self.open_kib.saturating_sub(self.before_kib) as f64 / self.streams as f64
+    }
+}
+
+pub struct Memory {
+    pub idle_start_kib: u64,
+    pub idle_after_kib: u64,
+    pub streams: Vec<StreamCost>,
+}
+
+pub struct Report {
+    pub machine: String,
+    pub commit: String,
+    pub smoke: bool,
+    pub seconds: f64,
+    pub rounds: u32,
+    pub plain: Vec<Run>,
+    pub tool: ToolRound,
+    pub streaming: Vec<Run>,
+    pub memory: Memory,
+}
+
+/// One line of the bar: what was required and what was measured.
+struct Bar {
+    what: String,
+    required: String,
+    measured: String,
+    met: bool,
+}
+
+fn find<'a>(runs: &'a [Run], target: &str, connections: usize) -> Option<&'a Run> {
+    runs.iter()
+        .find(|r| r.target == target && r.connections == connections)
+}
+
+impl Report {
+    fn concurrencies(runs: &[Run]) -> Vec<usize> {
+        let mut seen: Vec<usize> = runs.iter().map(|r| r.connections).collect();
+        seen.dedup();
+        seen
+    }
+
+    fn bars(&self) -> Vec<Bar> {
+        let mut bars = Vec::new();
+        let plain = &self.plain;
+        for c in Self::concurrencies(plain) {
+            let (Some(direct), Some(nginx), Some(pass), Some(agent)) = (
+                find(plain, "direct", c),
+                find(plain, "nginx", c),
+                find(plain, "passthrough", c),
+                find(plain, "agent", c),
+            ) else {
+                continue;
+            };
+            let ratio = pass.stats.throughput() / nginx.stats.throughput();
+            bars.push(Bar {
+                what: format!("passthrough throughput, c{c}"),
+                required: "≥ 1.00 × nginx".into(),
+                measured: format!("{ratio:.2} × nginx"),
+                met: ratio >= 1.0,
+            });
+            let added = pass.p(0.99) - nginx.p(0.99);
+            bars.push(Bar {
+                what: format!("passthrough p99, c{c}"),
+                required: "≤ nginx + 200 µs".into(),
+                measured: format!("nginx {added:+.0} µs"),
+                met: added <= 200.0,
+            });
+            let ratio = agent.stats.throughput() / nginx.stats.throughput();
+            bars.push(Bar {
+                what: format!("agent throughput, c{c}"),
+                required: "≥ 0.80 × nginx".into(),
+                measured: format!("{ratio:.2} × nginx"),
+                met: ratio >= 0.8,
+            });
+            if c == 1 {
+                for (q, limit) in [(0.5, 100.0), (0.99, 300.0)] {
+                    let added = agent.p(q) - direct.p(q);
+                    bars.push(Bar {
+                        what: format!("agent latency added over direct, p{}, c1", q * 100.0),
+                        required: format!("≤ {limit:.0} µs"),
+                        measured: format!("{added:.0} µs"),
+                        met: added <= limit,
+                    });
+                }
+            }
+        }
+        let streaming = &self.streaming;
+        for c in Self::concurrencies(streaming) {
+            let Some(direct) = find(streaming, "direct", c) else {
+                continue;
+            };
+            for target in ["passthrough", "agent"] {
+                let Some(run) = find(streaming, target, c) else {
+                    continue;
+                };
+                let added = run.first_token(0.99) - direct.first_token(0.99);
+                bars.push(Bar {
+                    what: format!("{target} stream: added time to first token, p99, c{c}"),
+                    required: "≤ 1000 µs".into(),
+                    measured: format!("{added:.0} µs"),
+                    met: added <= 1000.0,
+                });
+                let added = run.gap(0.5) - direct.gap(0.5);
+                bars.push(Bar {
+                    what: format!("{target} stream: added gap per chunk, median, c{c}"),
+                    required: "≤ 50 µs".into(),
+                    measured: format!("{added:.0} µs"),
+                    met: added <= 50.0,
+                });
+            }
+        }
+        for cost in &self.memory.streams {
+            if cost.target != "nginx" {
+                let per = cost.per_stream_kib();
+                bars.push(Bar {
+                    what: format!("{} RSS per open stream at {}", cost.target, cost.streams),
+                    required: "≤ 32 KiB".into(),
+                    measured: format!("{per:.1} KiB"),
+                    met: per <= 32.0,
+                });
+            }
+        }
+        let idle = self.memory.idle_start_kib as f64 / 1024.0;
+        bars.push(Bar {
+            what: "idle RSS".into(),
+            required: "≤ 16 MiB".into(),
+            measured: format!("{idle:.1} MiB"),
+            met: idle <= 16.0,
+        });
+        if let Some(overhead) = self.tool_overhead() {
+            bars.push(Bar {
+                what: "a local tool round, beyond the tool's and the model's time (p50)".into(),
+                required: "≤ 1000 µs".into(),
+                measured: format!("{overhead:.0} µs"),
+                met: overhead <= 1000.0,
+            });
+        }
+        bars
+    }
+
+    /// The tool round's p50 less what the agent path, a second model call
+    /// and the tool itself take.
+    fn tool_overhead(&self) -> Option<f64> {
+        let agent = find(&self.plain, "agent", 1)?;
+        let direct = find(&self.plain, "direct", 1)?;
+        Some(self.tool.tooled.p(0.5) - agent.p(0.5) - direct.p(0.5) - self.tool.tool.p(0.5))
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        let mode = if self.smoke {
+            " (smoke run: too short to quote)"
+        } else {
+            ""
+        };
+        let _ = writeln!(md, "# agent-proxy benchmark{mode}\n");
+        let _ = writeln!(
+            md,
+            "Machine: {}. Commit `{}`. Everything (load generator, fake upstream, nginx, agent-proxy) shares the machine; each figure is {} rounds of {:.1} s per target, the targets interleaved, so compare the ratios. Reproduce with `bash bench/run.sh`.\n",
+            self.machine, self.commit, self.rounds, self.seconds / self.rounds as f64
+        );
+        let _ = writeln!(md, "![chart](chart.svg)\n");
+
+        let _ = writeln!(
+            md,
+            "## The bar\n\n| bar | required | measured | met |\n|---|---|---|---|"
+        );
+        for bar in self.bars() {
+            let mark = if bar.met { "yes" } else { "**no**" };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {mark} |",
+                bar.what, bar.required, bar.measured
+            );
+        }
+
+        let _ = writeln!(
+            md,
+            "\n## Non-streaming chat completions (16 tokens)\n\n\"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers).\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for run in &self.plain {
+            let c = run.connections;
+            let (Some(direct), Some(nginx)) = (
+                find(&self.plain, "direct", c),
+                find(&self.plain, "nginx", c),
+            ) else {
+                continue;
+            };
+            let cpu = if run.target == "direct" {
+                "–".to_owned()
+            } else {
+                format!("{:.1}", run.cpu_ms_per_1k())
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {c} | {:.0} | {:.2} | {:.0} | {:.0} | {:+.0} | {:+.0} | {cpu} |",
+                run.target,
+                run.stats.throughput(),
+                run.stats.throughput() / nginx.stats.throughput(),
+                run.p(0.5),
+                run.p(0.99),
+                run.p(0.5) - direct.p(0.5),
+                run.p(0.99) - direct.p(0.99),
+            );
+        }
+
+        let _ = writeln!(
+            md,
+            "\n## One local tool round (1 connection)\n\nThe agent calls the model, which asks for the HTTP tool `lookup`; the proxy runs it and calls the model again.\n\n| | p50 µs | p99 µs |\n|---|---|---|"
+        );
+        for run in [&self.tool.tooled, &self.tool.tool]
+            .into_iter()
+            .chain(find(&self.plain, "agent", 1))
+            .chain(find(&self.plain, "direct", 1))
+        {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {:.0} |",
+                run.target,
+                run.p(0.5),
+                run.p(0.99)
+            );
+        }
+        if let Some(overhead) = self.tool_overhead() {
+            let _ = writeln!(
+                md,
+                "\nThe round's own cost: agent + tool round − agent − direct − tool = **{overhead:.0} µs** at p50."
+            );
+        }
+
+        let _ = writeln!(
+            md,
+            "\n## Streaming\n\nFirst token: request sent until the first generated token arrives. Gap: between two SSE events as the client receives them.\n\n| target | conns | answers/s | first token p50 µs | p99 µs | added p99 µs | gap median µs | added median µs | gap p99 µs |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for run in &self.streaming {
+            let Some(direct) = find(&self.streaming, "direct", run.connections) else {
+                continue;
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.1} | {:.0} | {:.0} | {:+.0} | {:.0} | {:+.0} | {:.0} |",
+                run.target,
+                run.connections,
+                run.stats.throughput(),
+                run.first_token(0.5),
+                run.first_token(0.99),
+                run.first_token(0.99) - direct.first_token(0.99),
+                run.gap(0.5),
+                run.gap(0.5) - direct.gap(0.5),
+                run.gap(0.99),
+            );
+        }
+
+        let m = &self.memory;
+        let _ = writeln!(
+            md,
+            "\n## Memory\n\nagent-proxy's RSS: {:.1} MiB idle after start, {:.1} MiB idle after the whole run.\n\n| through | open streams | RSS before MiB | RSS with streams open MiB | KiB per stream |\n|---|---|---|---|---|",
+            m.idle_start_kib as f64 / 1024.0,
+            m.idle_after_kib as f64 / 1024.0
+        );
+        for cost in &m.streams {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.1} | {:.1} | {:.1} |",
+                cost.target,
+                cost.streams,
+                cost.before_kib as f64 / 1024.0,
+                cost.open_kib as f64 / 1024.0,
+                cost.per_stream_kib()
+            );
+        }
+        md
+    }
+
+    /// Left: throughput relative to nginx per concurrency. Right: latency
+    /// added over direct at one connection.
+    pub fn chart(&self, path: &Path) -> anyhow::Result<()> {
+        let root = SVGBackend::new(path, (1200, 460)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (left, right) = root.split_horizontally(600);
+
+        let targets = ["direct", "nginx", "passthrough", "agent"];
+        let groups = Self::concurrencies(&self.plain);
+        let throughput: Vec<(usize, usize, f64)> = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, &c)| {
+                let nginx = find(&self.plain, "nginx", c).map(|r| r.stats.throughput());
+                targets.iter().enumerate().filter_map(move |(t, name)| {
+                    let run = find(&self.plain, name, c)?;
+                    Some((g, t, run.stats.throughput() / nginx?))
+                })
+            })
+            .collect();
+        let labels: Vec<String> = groups.iter().map(|c| format!("{c} connections")).collect();
+        bar_panel(
+            &left,
+            "Throughput, non-streaming (× nginx)",
+            &labels,
+            &targets,
+            &throughput,
+            2,
+        )?;
+
+        let direct = find(&self.plain, "direct", 1);
+        let added: Vec<(usize, usize, f64)> = ["nginx", "passthrough", "agent"]
+            .iter()
+            .enumerate()
+            .flat_map(|(g, name)| {
+                [0.5, 0.99]
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(move |(t, q)| {
+                        let run = find(&self.plain, name, 1)?;
+                        Some((g, t, (run.p(q) - direct?.p(q)).max(0.0)))
+                    })
+            })
+            .collect();
+        let labels = ["nginx", "passthrough", "agent"].map(String::from);
+        bar_panel(
+            &right,
+            "Latency added over direct, 1 connection (µs)",
+            &labels,
+            &["p50", "p99"],
+            &added,
+            0,
+        )?;
+        root.present()?;
+        Ok(())
+    }
+}
+
+const COLORS: [RGBColor; 4] = [
+    RGBColor(150, 150, 150),
+    RGBColor(0, 150, 57),
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+];
+
+/// Grouped bars: `(group, series, value)`, a legend of `series`.
+fn bar_panel(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    title: &str,
+    groups: &[String],
+    series: &[&str],
+    bars: &[(usize, usize, f64)],
+    decimals: usize,
+) -> anyhow::Result<()> {
+    let top = bars.iter().map(|b| b.2).fold(0.0, f64::max).max(1e-9) * 1.2;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..groups.len() as f64, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .x_label_formatter(&|_| String::new())
+        .draw()?;
+    let width = 0.8 / series.len() as f64;
+    for (s, name) in series.iter().enumerate() {
+        let color = COLORS[s % COLORS.len()];
+        let mine: Vec<_> = bars.iter().filter(|b| b.1 == s).collect();
+        chart
+            .draw_series(mine.iter().map(|&&(g, _, v)| {
+                let x = g as f64 + 0.1 + width * s as f64;
+                Rectangle::new([(x, 0.0), (x + width * 0.92, v)], color.filled())
+            }))?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+        chart.draw_series(mine.iter().map(|&&(g, _, v)| {
+            let x = g as f64 + 0.1 + width * s as f64;
+            Text::new(
+                format!("{v:.decimals$}"),
+                (x, v + top * 0.02),
+                ("sans-serif", 11),
+            )
+        }))?;
+    }
+    for (g, label) in groups.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(g as f64 + 0.35, 0.0));
+        area.draw(&Text::new(
+            label.clone(),
+            (x - area.get_base_pixel().0, y - area.get_base_pixel().1 + 8),
+            ("sans-serif", 13),
+        ))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
