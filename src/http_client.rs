@@ -6,7 +6,10 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+
 use bytes::{Bytes, BytesMut};
+use futures::future::{BoxFuture, Either, FutureExt};
 use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -166,9 +169,12 @@ impl Endpoint {
     }
 
     /// Sends `req` with an optional body and waits for the response header.
-    pub async fn send(&self, req: RequestHeader, body: Option<Bytes>) -> Result<Exchange> {
+    /// Boxed: connecting and sending is a large future (pingora's connector,
+    /// TLS) that lives only until the response header. On the heap it is
+    /// freed then, instead of weighing on the task of every open stream.
+    pub fn send(&self, req: RequestHeader, body: Option<Bytes>) -> BoxFuture<'_, Result<Exchange>> {
         let deadline = self.timeouts.total.map(|t| tokio::time::Instant::now() + t);
-        within(deadline, self.exchange(req, body, deadline)).await
+        Box::pin(within(deadline, self.exchange(req, body, deadline)))
     }
 
     async fn exchange(
@@ -278,17 +284,19 @@ fn set_cork(fd: RawFd, on: bool) -> bool {
 }
 
 /// Runs `work` unless `deadline` passes first (then a read timeout).
-async fn within<T>(
+/// Combinators, not an `async fn`: that would hold `work` twice (argument
+/// and awaited future), doubling the size of every read.
+fn within<T>(
     deadline: Option<tokio::time::Instant>,
-    work: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
+    work: impl Future<Output = Result<T>>,
+) -> impl Future<Output = Result<T>> {
     match deadline {
-        None => work.await,
-        Some(deadline) => tokio::time::timeout_at(deadline, work)
-            .await
-            .unwrap_or_else(|_| {
+        None => Either::Left(work),
+        Some(deadline) => Either::Right(tokio::time::timeout_at(deadline, work).map(|done| {
+            done.unwrap_or_else(|_| {
                 Err(Error::explain(ErrorType::ReadTimedout, "total timeout").into_up())
-            }),
+            })
+        })),
     }
 }
 
@@ -363,7 +371,9 @@ impl Exchange {
         match within(self.deadline, session.read_response_body()).await {
             Ok(Some(bytes)) => Ok(Some(bytes)),
             Ok(None) => {
-                self.release().await;
+                // Boxed: returning a connection to the pool is a large
+                // future, and every read of every stream would carry it.
+                Box::pin(self.release()).await;
                 Ok(None)
             }
             Err(e) => Err(e.into_up()),

@@ -60,6 +60,21 @@ struct RunArgs {
     /// Rounds over all targets per scenario; interleaving evens out noise.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
+    /// Only these scenarios (comma-separated); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<Scenario>,
+}
+
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Scenario {
+    /// Non-streaming requests at 1, 32 and 256 connections.
+    Plain,
+    /// One local tool round.
+    Tool,
+    /// Streaming answers at 1 and 256 connections.
+    Stream,
+    /// Open streams and idle memory.
+    Memory,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -132,6 +147,14 @@ const AGENT_TOOL: Target = Target {
     path: "/v1/chat/completions",
     model: Some("tooled"),
 };
+/// Another path (the legacy completions API, served by the fake model like
+/// chat): pingora's own proxy path, no agent-proxy code on the way.
+const PINGORA: Target = Target {
+    name: "pingora proxy path",
+    host: Host::Proxy,
+    path: "/v1/completions",
+    model: Some("bench"),
+};
 const TOOL: Target = Target {
     name: "tool, direct",
     host: Host::Upstream,
@@ -144,6 +167,9 @@ struct Bench {
     upstream: Process,
     nginx: Process,
     proxy: Process,
+    /// How to start agent-proxy again: the memory figures each want a
+    /// fresh process.
+    proxy_cmd: (PathBuf, PathBuf),
     addrs: [SocketAddr; 3],
     rounds: u32,
     slice: Duration,
@@ -227,8 +253,14 @@ impl Bench {
         Ok(runs)
     }
 
-    /// What `count` open streams through `target` cost its process.
-    async fn stream_cost(&self, target: Target, count: usize) -> anyhow::Result<StreamCost> {
+    /// What `count` open streams through `target` cost its process (a
+    /// fresh agent-proxy each time, so no stream reuses another's memory).
+    async fn stream_cost(&mut self, target: Target, count: usize) -> anyhow::Result<StreamCost> {
+        if target.host == Host::Proxy {
+            self.proxy.stop();
+            self.proxy = start_proxy(&self.proxy_cmd, self.addrs[Host::Proxy as usize])?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         let shape = Shape {
             stream: true,
             tokens: 10_000,
@@ -303,22 +335,19 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     let nginx = Process::start("nginx", nginx_cmd, &work.join("nginx.log"), ng)?;
 
     std::fs::write(work.join("proxy.yaml"), proxy_conf(px, up))?;
-    let mut proxy_cmd = Command::new(proxy_bin);
-    proxy_cmd
-        .arg("--config")
-        .arg(work.join("proxy.yaml"))
-        .env("RUST_LOG", "warn");
-    let proxy = Process::start("agent-proxy", proxy_cmd, &work.join("proxy.log"), px)?;
+    let proxy_cmd = (proxy_bin.to_owned(), work.to_owned());
+    let proxy = start_proxy(&proxy_cmd, px)?;
     // Idle: started, nothing served yet.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle_start_kib = proxy.rss_kib();
 
     let rounds = if smoke { 1 } else { args.rounds.max(1) };
     let seconds = if smoke { 0.5 } else { args.seconds };
-    let bench = Bench {
+    let mut bench = Bench {
         upstream,
         nginx,
         proxy,
+        proxy_cmd,
         addrs: [up, ng, px],
         rounds,
         slice: Duration::from_secs_f64(seconds / rounds as f64),
@@ -330,52 +359,45 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         delay_us: 0,
     };
 
-    eprintln!("non-streaming");
+    let wanted = |scenario| args.only.is_empty() || args.only.contains(&scenario);
+
     let mut plain = Vec::new();
-    for connections in if smoke { [1, 8, 32] } else { [1, 32, 256] } {
-        plain.extend(bench.compare(&compared, connections, small, |_| {}).await?);
+    if wanted(Scenario::Plain) || wanted(Scenario::Tool) {
+        eprintln!("non-streaming");
+        for connections in if smoke { [1, 8, 32] } else { [1, 32, 256] } {
+            if connections == 1 || wanted(Scenario::Plain) {
+                plain.extend(bench.compare(&compared, connections, small, |_| {}).await?);
+            }
+        }
     }
 
-    eprintln!("one local tool round");
-    let tool_runs = bench.compare(&[AGENT_TOOL, TOOL], 1, small, |_| {}).await?;
-    let [tooled, tool] = <[Run; 2]>::try_from(tool_runs).ok().context("two runs")?;
+    let mut tool = None;
+    if wanted(Scenario::Tool) {
+        eprintln!("one local tool round");
+        let runs = bench.compare(&[AGENT_TOOL, TOOL], 1, small, |_| {}).await?;
+        let [tooled, tool_alone] = <[Run; 2]>::try_from(runs).ok().context("two runs")?;
+        tool = Some(ToolRound {
+            tooled,
+            tool: tool_alone,
+        });
+    }
 
-    eprintln!("streaming");
-    let tokens = if smoke { 20 } else { 200 };
     let mut streaming = Vec::new();
-    let fast = Shape {
-        stream: true,
-        tokens,
-        delay_us: 1_000,
-    };
-    streaming.extend(bench.compare(&compared, 1, fast, |_| {}).await?);
-    let (busy, slow) = if smoke { (32, 2_000) } else { (256, 10_000) };
-    let answer_time = Duration::from_micros(slow * u64::from(tokens));
-    let slow = Shape {
-        stream: true,
-        tokens,
-        delay_us: slow,
-    };
-    streaming.extend(
-        bench
-            .compare(&compared, busy, slow, |load| {
-                // Spread the clients over one answer's time so they don't
-                // arrive in lockstep, and measure whole answers.
-                load.stagger = answer_time;
-                load.warmup = answer_time + Duration::from_millis(200);
-                load.measure = load.measure.max(answer_time * 2);
-            })
-            .await?,
-    );
-
-    eprintln!("open streams");
-    let count = if smoke { 100 } else { 2_000 };
-    let mut streams = Vec::new();
-    for target in [AGENT, PASSTHROUGH, NGINX] {
-        streams.push(bench.stream_cost(target, count).await?);
+    if wanted(Scenario::Stream) {
+        eprintln!("streaming");
+        streaming = bench.streaming(smoke).await?;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_after_kib = bench.proxy.rss_kib();
+    let mut streams = Vec::new();
+    if wanted(Scenario::Memory) {
+        eprintln!("open streams");
+        let count = if smoke { 100 } else { 2_000 };
+        for target in [AGENT, PASSTHROUGH, PINGORA, NGINX] {
+            streams.push(bench.stream_cost(target, count).await?);
+        }
+    }
 
     Ok(Report {
         machine: procs::machine(),
@@ -384,7 +406,7 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         seconds,
         rounds,
         plain,
-        tool: ToolRound { tooled, tool },
+        tool,
         streaming,
         memory: Memory {
             idle_start_kib,
@@ -392,6 +414,49 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
             streams,
         },
     })
+}
+
+impl Bench {
+    /// 200-token answers: at one connection from a fast model (1 ms a
+    /// token), at 256 from a busy one (10 ms a token).
+    async fn streaming(&self, smoke: bool) -> anyhow::Result<Vec<Run>> {
+        let compared = [DIRECT, NGINX, PASSTHROUGH, AGENT];
+        let tokens = if smoke { 20 } else { 200 };
+        let mut streaming = Vec::new();
+        let fast = Shape {
+            stream: true,
+            tokens,
+            delay_us: 1_000,
+        };
+        streaming.extend(self.compare(&compared, 1, fast, |_| {}).await?);
+        let (busy, slow) = if smoke { (32, 2_000) } else { (256, 10_000) };
+        let answer_time = Duration::from_micros(slow * u64::from(tokens));
+        let slow = Shape {
+            stream: true,
+            tokens,
+            delay_us: slow,
+        };
+        streaming.extend(
+            self.compare(&compared, busy, slow, |load| {
+                // Spread the clients over one answer's time so they don't
+                // arrive in lockstep, and measure whole answers.
+                load.stagger = answer_time;
+                load.warmup = answer_time + Duration::from_millis(200);
+                load.measure = load.measure.max(answer_time * 2);
+            })
+            .await?,
+        );
+        Ok(streaming)
+    }
+}
+
+fn start_proxy((bin, work): &(PathBuf, PathBuf), listen: SocketAddr) -> anyhow::Result<Process> {
+    let mut command = Command::new(bin);
+    command
+        .arg("--config")
+        .arg(work.join("proxy.yaml"))
+        .env("RUST_LOG", "warn");
+    Process::start("agent-proxy", command, &work.join("proxy.log"), listen)
 }
 
 fn git_commit() -> String {

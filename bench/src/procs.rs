@@ -68,8 +68,12 @@ impl Process {
     }
 }
 
-impl Drop for Process {
-    fn drop(&mut self) {
+impl Process {
+    /// SIGTERM, then SIGKILL if it lingers; reaped either way.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         // SAFETY: signalling our own child, which has not been reaped yet.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -82,6 +86,12 @@ impl Drop for Process {
         eprintln!("{} ignored SIGTERM; killing it", self.name);
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

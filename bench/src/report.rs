@@ -80,7 +80,7 @@ pub struct Report {
     pub seconds: f64,
     pub rounds: u32,
     pub plain: Vec<Run>,
-    pub tool: ToolRound,
+    pub tool: Option<ToolRound>,
     pub streaming: Vec<Run>,
     pub memory: Memory,
 }
@@ -176,7 +176,7 @@ impl Report {
             }
         }
         for cost in &self.memory.streams {
-            if cost.target != "nginx" {
+            if cost.target == "agent" || cost.target == "passthrough" {
                 let per = cost.per_stream_kib();
                 bars.push(Bar {
                     what: format!("{} RSS per open stream at {}", cost.target, cost.streams),
@@ -209,7 +209,8 @@ impl Report {
     fn tool_overhead(&self) -> Option<f64> {
         let agent = find(&self.plain, "agent", 1)?;
         let direct = find(&self.plain, "direct", 1)?;
-        Some(self.tool.tooled.p(0.5) - agent.p(0.5) - direct.p(0.5) - self.tool.tool.p(0.5))
+        let tool = self.tool.as_ref()?;
+        Some(tool.tooled.p(0.5) - agent.p(0.5) - direct.p(0.5) - tool.tool.p(0.5))
     }
 
     pub fn markdown(&self) -> String {
@@ -270,28 +271,30 @@ impl Report {
             );
         }
 
-        let _ = writeln!(
-            md,
-            "\n## One local tool round (1 connection)\n\nThe agent calls the model, which asks for the HTTP tool `lookup`; the proxy runs it and calls the model again.\n\n| | p50 µs | p99 µs |\n|---|---|---|"
-        );
-        for run in [&self.tool.tooled, &self.tool.tool]
-            .into_iter()
-            .chain(find(&self.plain, "agent", 1))
-            .chain(find(&self.plain, "direct", 1))
-        {
+        if let Some(tool) = &self.tool {
             let _ = writeln!(
                 md,
-                "| {} | {:.0} | {:.0} |",
-                run.target,
-                run.p(0.5),
-                run.p(0.99)
+                "\n## One local tool round (1 connection)\n\nThe agent calls the model, which asks for the HTTP tool `lookup`; the proxy runs it and calls the model again.\n\n| | p50 µs | p99 µs |\n|---|---|---|"
             );
-        }
-        if let Some(overhead) = self.tool_overhead() {
-            let _ = writeln!(
-                md,
-                "\nThe round's own cost: agent + tool round − agent − direct − tool = **{overhead:.0} µs** at p50."
-            );
+            for run in [&tool.tooled, &tool.tool]
+                .into_iter()
+                .chain(find(&self.plain, "agent", 1))
+                .chain(find(&self.plain, "direct", 1))
+            {
+                let _ = writeln!(
+                    md,
+                    "| {} | {:.0} | {:.0} |",
+                    run.target,
+                    run.p(0.5),
+                    run.p(0.99)
+                );
+            }
+            if let Some(overhead) = self.tool_overhead() {
+                let _ = writeln!(
+                    md,
+                    "\nThe round's own cost: agent + tool round − agent − direct − tool = **{overhead:.0} µs** at p50."
+                );
+            }
         }
 
         let _ = writeln!(

@@ -72,10 +72,14 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Reply>, Infallibl
         Err(_) => return Ok(plain(StatusCode::BAD_REQUEST, "unreadable body")),
     };
     Ok(match path.as_str() {
-        "/v1/chat/completions" => match serde_json::from_slice::<Probe>(&body) {
-            Ok(probe) => chat(&probe),
-            Err(e) => plain(StatusCode::BAD_REQUEST, &e.to_string()),
-        },
+        // The legacy path too: agent-proxy sends it down pingora's own proxy
+        // path, a reference for what pingora alone costs.
+        "/v1/chat/completions" | "/v1/completions" => {
+            match serde_json::from_slice::<Probe>(&body) {
+                Ok(probe) => chat(&probe),
+                Err(e) => plain(StatusCode::BAD_REQUEST, &e.to_string()),
+            }
+        }
         "/tool" => json(Bytes::from_static(br#"{"temperature_c":21,"sky":"clear"}"#)),
         _ => plain(StatusCode::NOT_FOUND, "no such path"),
     })

@@ -129,9 +129,11 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
         // `auto`: the router picks (it exists, or `auto` was forwarded above).
         None => {
             let routed = match &config.router {
+                // Boxed: routing is done before the answer streams, so its
+                // future need not stay in this request's task.
                 Some(router) => {
                     client
-                        .wait(router.choose(&config, &request, &ctx.request_id))
+                        .wait(Box::pin(router.choose(&config, &request, &ctx.request_id)))
                         .await
                 }
                 None => Ok(None),
