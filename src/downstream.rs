@@ -143,8 +143,10 @@ impl<'s> Client<'s> {
     }
 }
 
+/// Without pingora's case-preserving name map (names go out lower-case):
+/// fewer allocations per response.
 fn response_header(status: u16) -> Result<ResponseHeader, Gone> {
-    ResponseHeader::build(status, Some(6)).map_err(|_| Gone)
+    ResponseHeader::build_no_case(status, Some(6)).map_err(|_| Gone)
 }
 
 /// Where an agent's answer goes: the client's connection ([`Client`]), or

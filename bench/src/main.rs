@@ -352,7 +352,9 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         rounds,
         slice: Duration::from_secs_f64(seconds / rounds as f64),
     };
-    let compared = [DIRECT, NGINX, PASSTHROUGH, AGENT];
+    // Non-streaming, pingora's own proxy path runs alongside: the share of
+    // the cost that is the framework's rather than agent-proxy's.
+    let compared = [DIRECT, NGINX, PINGORA, PASSTHROUGH, AGENT];
     let small = Shape {
         stream: false,
         tokens: 16,

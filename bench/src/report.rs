@@ -348,7 +348,13 @@ impl Report {
         root.fill(&WHITE)?;
         let (left, right) = root.split_horizontally(600);
 
-        let targets = ["direct", "nginx", "passthrough", "agent"];
+        let targets = [
+            "direct",
+            "nginx",
+            "pingora proxy path",
+            "passthrough",
+            "agent",
+        ];
         let groups = Self::concurrencies(&self.plain);
         let throughput: Vec<(usize, usize, f64)> = groups
             .iter()
@@ -372,20 +378,21 @@ impl Report {
         )?;
 
         let direct = find(&self.plain, "direct", 1);
-        let added: Vec<(usize, usize, f64)> = ["nginx", "passthrough", "agent"]
-            .iter()
-            .enumerate()
-            .flat_map(|(g, name)| {
-                [0.5, 0.99]
-                    .into_iter()
-                    .enumerate()
-                    .filter_map(move |(t, q)| {
-                        let run = find(&self.plain, name, 1)?;
-                        Some((g, t, (run.p(q) - direct?.p(q)).max(0.0)))
-                    })
-            })
-            .collect();
-        let labels = ["nginx", "passthrough", "agent"].map(String::from);
+        let added: Vec<(usize, usize, f64)> =
+            ["nginx", "pingora proxy path", "passthrough", "agent"]
+                .iter()
+                .enumerate()
+                .flat_map(|(g, name)| {
+                    [0.5, 0.99]
+                        .into_iter()
+                        .enumerate()
+                        .filter_map(move |(t, q)| {
+                            let run = find(&self.plain, name, 1)?;
+                            Some((g, t, (run.p(q) - direct?.p(q)).max(0.0)))
+                        })
+                })
+                .collect();
+        let labels = ["nginx", "pingora path", "passthrough", "agent"].map(String::from);
         bar_panel(
             &right,
             "Latency added over direct, 1 connection (µs)",
@@ -399,9 +406,10 @@ impl Report {
     }
 }
 
-const COLORS: [RGBColor; 4] = [
+const COLORS: [RGBColor; 5] = [
     RGBColor(150, 150, 150),
     RGBColor(0, 150, 57),
+    RGBColor(148, 103, 189),
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
 ];

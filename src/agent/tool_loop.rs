@@ -380,8 +380,7 @@ async fn read_round<D: Downstream>(
         metrics().upstream_error(&upstream.name, kind);
         let retry_after = exchange
             .header()
-            .headers
-            .get(http::header::RETRY_AFTER)
+            .and_then(|h| h.headers.get(http::header::RETRY_AFTER))
             .cloned();
         let body = client
             .wait(exchange.read_to_end(limits.max_upstream_body_bytes))

@@ -6,7 +6,7 @@ use pingora::http::ResponseHeader;
 
 use crate::config::Config;
 use crate::downstream::{Client, Gone};
-use crate::error::from_upstream;
+use crate::error::{from_upstream, ApiError};
 use crate::metrics::StreamGuard;
 use crate::sse;
 use crate::upstream::Outbound;
@@ -72,9 +72,12 @@ async fn relay(
                 .await
         }
     };
-    let from = exchange.header();
-    let mut header =
-        ResponseHeader::build(from.status, Some(from.headers.len() + 2)).map_err(|_| Gone)?;
+    let Some(from) = exchange.header() else {
+        let missing = ApiError::bad_gateway("the upstream's response has no header");
+        return client.respond_error(&missing).await;
+    };
+    let mut header = ResponseHeader::build_no_case(from.status, Some(from.headers.len() + 2))
+        .map_err(|_| Gone)?;
     for (name, value) in from.headers.iter() {
         if !is_hop_by_hop(name) {
             header

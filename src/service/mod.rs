@@ -187,7 +187,8 @@ impl ProxyHttp for AgentProxy {
             .parse::<http::Uri>()
             .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "unmappable path"))?;
         upstream_request.set_uri(uri);
-        upstream.authorize(member, upstream_request, !ctx.config.api_keys.is_empty())
+        upstream_request.insert_header(http::header::HOST, member.endpoint.authority())?;
+        upstream.authorize(upstream_request, !ctx.config.api_keys.is_empty())
     }
 
     async fn response_filter(

@@ -107,16 +107,14 @@ impl Upstream {
         }
     }
 
-    /// Sets `Host` for `member` and the upstream's credentials. The client's
-    /// own `Authorization` is dropped when the upstream has a key of its own,
-    /// or when it was the proxy's key.
+    /// Sets the upstream's credentials. The client's own `Authorization` is
+    /// dropped when the upstream has a key of its own, or when it was the
+    /// proxy's key.
     pub fn authorize(
         &self,
-        member: &Member,
         req: &mut RequestHeader,
         client_key_is_ours: bool,
     ) -> pingora::Result<()> {
-        req.insert_header(http::header::HOST, member.endpoint.authority())?;
         match &self.api_key {
             Some(key) => req.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?,
             None if client_key_is_ours => {
@@ -147,7 +145,7 @@ impl Upstream {
             for (name, value) in request.headers {
                 header.append_header(name.clone(), value.clone())?;
             }
-            self.authorize(member, &mut header, request.client_key_is_ours)?;
+            self.authorize(&mut header, request.client_key_is_ours)?;
             let busy = Busy::enter(member);
             let last = attempt + 1 == attempts;
             match member.endpoint.send(header, request.body.clone()).await {
