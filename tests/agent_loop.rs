@@ -48,6 +48,26 @@ async fn tool_round_then(first: Vec<Value>, answer: &'static str) -> FakeServer 
     .await
 }
 
+/// An upstream answering with real llama.cpp non-streamed answers: a tool
+/// call, then reasoning and content.
+async fn json_rounds() -> FakeServer {
+    FakeServer::start(|_, i| match i {
+        0 => Reply::raw_json(200, &fixture("toolcall-nonstream.json")),
+        _ => Reply::raw_json(200, &fixture("reasoning-nonstream.json")),
+    })
+    .await
+}
+
+/// The proxy with the `weather` agent, its tool served by `tool`.
+async fn weather_agent(upstream: &FakeServer, tool: &FakeServer) -> Proxy {
+    Proxy::start(&config(
+        upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    ))
+    .await
+}
+
 async fn weather_tool(status: u16) -> FakeServer {
     FakeServer::start(move |_, _| Reply::json(status, json!({"city": "Paris", "temp_c": 21}))).await
 }
@@ -77,12 +97,7 @@ async fn streams_a_two_round_tool_loop_from_real_llama_cpp_captures() {
         _ => Reply::replay(&fixture("reasoning-stream.sse"), Duration::ZERO),
     })
     .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    ))
-    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
     assert_eq!(res.status, 200, "{}", res.text());
@@ -177,12 +192,7 @@ async fn non_streaming_loop_returns_one_completion_with_summed_usage() {
         ]),
     })
     .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    ))
-    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
@@ -206,17 +216,8 @@ async fn non_streaming_loop_returns_one_completion_with_summed_usage() {
 #[tokio::test]
 async fn a_non_streaming_client_gets_non_streaming_upstream_calls_from_real_llama_cpp_captures() {
     let tool = weather_tool(200).await;
-    let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::raw_json(200, &fixture("toolcall-nonstream.json")),
-        _ => Reply::raw_json(200, &fixture("reasoning-nonstream.json")),
-    })
-    .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    ))
-    .await;
+    let upstream = json_rounds().await;
+    let proxy = weather_agent(&upstream, &tool).await;
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
@@ -268,12 +269,7 @@ async fn stream_usage_chunk_sums_all_rounds() {
         _ => Reply::events(vec![content("Cold."), finish("stop"), usage(20, 7)]),
     })
     .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    ))
-    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
     let mut body = ask(true);
     body["stream_options"] = json!({"include_usage": true});
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
@@ -356,12 +352,7 @@ async fn mixed_turn_runs_local_calls_and_defers_client_calls() {
         ]),
     })
     .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    ))
-    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
     let mut body = ask(false);
     body["tools"] = json!([{"type": "function", "function": {"name": "lookup_order"}}]);
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
@@ -759,12 +750,7 @@ async fn calls_in_one_turn_run_concurrently() {
         "done",
     )
     .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    ))
-    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200);
     let second = upstream.requests()[1].json();
@@ -826,18 +812,8 @@ agents:
 #[tokio::test]
 async fn an_upstream_answering_json_to_a_stream_request_still_drives_the_loop() {
     let tool = weather_tool(200).await;
-    // Real llama.cpp non-streamed answers: a tool call, then reasoning and content.
-    let upstream = FakeServer::start(|_, i| match i {
-        0 => Reply::raw_json(200, &fixture("toolcall-nonstream.json")),
-        _ => Reply::raw_json(200, &fixture("reasoning-nonstream.json")),
-    })
-    .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    ))
-    .await;
+    let upstream = json_rounds().await;
+    let proxy = weather_agent(&upstream, &tool).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
     assert_eq!(res.status, 200, "{}", res.text());
     let answer: Value = serde_json::from_slice(&fixture("reasoning-nonstream.json")).unwrap();

@@ -117,43 +117,29 @@ struct Target {
     model: Option<&'static str>,
 }
 
-const DIRECT: Target = Target {
-    name: "direct",
-    host: Host::Upstream,
-    path: "/v1/chat/completions",
-    model: Some("bench"),
-};
-const NGINX: Target = Target {
-    name: "nginx",
-    host: Host::Nginx,
-    path: "/v1/chat/completions",
-    model: Some("bench"),
-};
-const PASSTHROUGH: Target = Target {
-    name: "passthrough",
-    host: Host::Proxy,
-    path: "/v1/chat/completions",
-    model: Some("bench"),
-};
-const AGENT: Target = Target {
-    name: "agent",
-    host: Host::Proxy,
-    path: "/v1/chat/completions",
-    model: Some("plain"),
-};
-const AGENT_TOOL: Target = Target {
-    name: "agent + tool round",
-    host: Host::Proxy,
-    path: "/v1/chat/completions",
-    model: Some("tooled"),
-};
+impl Target {
+    /// A chat completion for `model`, served by `host`.
+    const fn chat(name: &'static str, host: Host, model: &'static str) -> Target {
+        Target {
+            name,
+            host,
+            path: "/v1/chat/completions",
+            model: Some(model),
+        }
+    }
+}
+
+const DIRECT: Target = Target::chat("direct", Host::Upstream, "bench");
+const NGINX: Target = Target::chat("nginx", Host::Nginx, "bench");
+/// `bench` is no agent: forwarded as it is.
+const PASSTHROUGH: Target = Target::chat("passthrough", Host::Proxy, "bench");
+const AGENT: Target = Target::chat("agent", Host::Proxy, "plain");
+const AGENT_TOOL: Target = Target::chat("agent + tool round", Host::Proxy, "tooled");
 /// Another path (the legacy completions API, served by the fake model like
 /// chat): pingora's own proxy path, no agent-proxy code on the way.
 const PINGORA: Target = Target {
-    name: "pingora proxy path",
-    host: Host::Proxy,
     path: "/v1/completions",
-    model: Some("bench"),
+    ..Target::chat("pingora proxy path", Host::Proxy, "bench")
 };
 const TOOL: Target = Target {
     name: "tool, direct",

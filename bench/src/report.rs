@@ -93,6 +93,28 @@ struct Bar {
     met: bool,
 }
 
+impl Bar {
+    /// Throughput as a ratio to nginx's, which must reach `floor`.
+    fn throughput(what: String, ratio: f64, floor: f64) -> Bar {
+        Bar {
+            what,
+            required: format!("≥ {floor:.2} × nginx"),
+            measured: format!("{ratio:.2} × nginx"),
+            met: ratio >= floor,
+        }
+    }
+
+    /// A figure that must stay at or under `limit`, in `unit`.
+    fn at_most(what: String, value: f64, limit: f64, unit: &str) -> Bar {
+        Bar {
+            what,
+            required: format!("≤ {limit} {unit}"),
+            measured: format!("{value:.1} {unit}"),
+            met: value <= limit,
+        }
+    }
+}
+
 fn find<'a>(runs: &'a [Run], target: &str, connections: usize) -> Option<&'a Run> {
     runs.iter()
         .find(|r| r.target == target && r.connections == connections)
@@ -117,36 +139,31 @@ impl Report {
             ) else {
                 continue;
             };
-            let ratio = pass.stats.throughput() / nginx.stats.throughput();
-            bars.push(Bar {
-                what: format!("passthrough throughput, c{c}"),
-                required: "≥ 1.00 × nginx".into(),
-                measured: format!("{ratio:.2} × nginx"),
-                met: ratio >= 1.0,
-            });
-            let added = pass.p(0.99) - nginx.p(0.99);
-            bars.push(Bar {
-                what: format!("passthrough p99, c{c}"),
-                required: "≤ nginx + 200 µs".into(),
-                measured: format!("nginx {added:+.0} µs"),
-                met: added <= 200.0,
-            });
-            let ratio = agent.stats.throughput() / nginx.stats.throughput();
-            bars.push(Bar {
-                what: format!("agent throughput, c{c}"),
-                required: "≥ 0.80 × nginx".into(),
-                measured: format!("{ratio:.2} × nginx"),
-                met: ratio >= 0.8,
-            });
+            let nginx_rate = nginx.stats.throughput();
+            bars.push(Bar::throughput(
+                format!("passthrough throughput, c{c}"),
+                pass.stats.throughput() / nginx_rate,
+                1.0,
+            ));
+            bars.push(Bar::at_most(
+                format!("passthrough p99 beyond nginx's, c{c}"),
+                pass.p(0.99) - nginx.p(0.99),
+                200.0,
+                "µs",
+            ));
+            bars.push(Bar::throughput(
+                format!("agent throughput, c{c}"),
+                agent.stats.throughput() / nginx_rate,
+                0.8,
+            ));
             if c == 1 {
                 for (q, limit) in [(0.5, 100.0), (0.99, 300.0)] {
-                    let added = agent.p(q) - direct.p(q);
-                    bars.push(Bar {
-                        what: format!("agent latency added over direct, p{}, c1", q * 100.0),
-                        required: format!("≤ {limit:.0} µs"),
-                        measured: format!("{added:.0} µs"),
-                        met: added <= limit,
-                    });
+                    bars.push(Bar::at_most(
+                        format!("agent latency added over direct, p{}, c1", q * 100.0),
+                        agent.p(q) - direct.p(q),
+                        limit,
+                        "µs",
+                    ));
                 }
             }
         }
@@ -159,47 +176,43 @@ impl Report {
                 let Some(run) = find(streaming, target, c) else {
                     continue;
                 };
-                let added = run.first_token(0.99) - direct.first_token(0.99);
-                bars.push(Bar {
-                    what: format!("{target} stream: added time to first token, p99, c{c}"),
-                    required: "≤ 1000 µs".into(),
-                    measured: format!("{added:.0} µs"),
-                    met: added <= 1000.0,
-                });
-                let added = run.gap(0.5) - direct.gap(0.5);
-                bars.push(Bar {
-                    what: format!("{target} stream: added gap per chunk, median, c{c}"),
-                    required: "≤ 50 µs".into(),
-                    measured: format!("{added:.0} µs"),
-                    met: added <= 50.0,
-                });
+                bars.push(Bar::at_most(
+                    format!("{target} stream: added time to first token, p99, c{c}"),
+                    run.first_token(0.99) - direct.first_token(0.99),
+                    1000.0,
+                    "µs",
+                ));
+                bars.push(Bar::at_most(
+                    format!("{target} stream: added gap per chunk, median, c{c}"),
+                    run.gap(0.5) - direct.gap(0.5),
+                    50.0,
+                    "µs",
+                ));
             }
         }
         for cost in &self.memory.streams {
             if cost.target == "agent" || cost.target == "passthrough" {
-                let per = cost.per_stream_kib();
-                bars.push(Bar {
-                    what: format!("{} RSS per open stream at {}", cost.target, cost.streams),
-                    required: "≤ 32 KiB".into(),
-                    measured: format!("{per:.1} KiB"),
-                    met: per <= 32.0,
-                });
+                bars.push(Bar::at_most(
+                    format!("{} RSS per open stream at {}", cost.target, cost.streams),
+                    cost.per_stream_kib(),
+                    32.0,
+                    "KiB",
+                ));
             }
         }
-        let idle = self.memory.idle_start_kib as f64 / 1024.0;
-        bars.push(Bar {
-            what: "idle RSS".into(),
-            required: "≤ 16 MiB".into(),
-            measured: format!("{idle:.1} MiB"),
-            met: idle <= 16.0,
-        });
+        bars.push(Bar::at_most(
+            "idle RSS".into(),
+            self.memory.idle_start_kib as f64 / 1024.0,
+            16.0,
+            "MiB",
+        ));
         if let Some(overhead) = self.tool_overhead() {
-            bars.push(Bar {
-                what: "a local tool round, beyond the tool's and the model's time (p50)".into(),
-                required: "≤ 1000 µs".into(),
-                measured: format!("{overhead:.0} µs"),
-                met: overhead <= 1000.0,
-            });
+            bars.push(Bar::at_most(
+                "a local tool round, beyond the tool's and the model's time (p50)".into(),
+                overhead,
+                1000.0,
+                "µs",
+            ));
         }
         bars
     }
@@ -367,12 +380,16 @@ impl Report {
                 })
             })
             .collect();
-        let labels: Vec<String> = groups.iter().map(|c| format!("{c} connections")).collect();
+        let labels: Vec<String> = groups
+            .iter()
+            .map(|&c| format!("{c} connection{}", if c == 1 { "" } else { "s" }))
+            .collect();
         bar_panel(
             &left,
             "Throughput, non-streaming (× nginx)",
             &labels,
             &targets,
+            &COLORS,
             &throughput,
             2,
         )?;
@@ -398,6 +415,7 @@ impl Report {
             "Latency added over direct, 1 connection (µs)",
             &labels,
             &["p50", "p99"],
+            &[RGBColor(158, 202, 225), RGBColor(33, 113, 181)],
             &added,
             0,
         )?;
@@ -420,10 +438,12 @@ fn bar_panel(
     title: &str,
     groups: &[String],
     series: &[&str],
+    colors: &[RGBColor],
     bars: &[(usize, usize, f64)],
     decimals: usize,
 ) -> anyhow::Result<()> {
-    let top = bars.iter().map(|b| b.2).fold(0.0, f64::max).max(1e-9) * 1.2;
+    // Headroom above the tallest bar for the legend.
+    let top = bars.iter().map(|b| b.2).fold(0.0, f64::max).max(1e-9) * 1.45;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 18))
         .margin(12)
@@ -438,7 +458,7 @@ fn bar_panel(
         .draw()?;
     let width = 0.8 / series.len() as f64;
     for (s, name) in series.iter().enumerate() {
-        let color = COLORS[s % COLORS.len()];
+        let color = colors[s % colors.len()];
         let mine: Vec<_> = bars.iter().filter(|b| b.1 == s).collect();
         chart
             .draw_series(mine.iter().map(|&&(g, _, v)| {
