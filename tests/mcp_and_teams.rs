@@ -50,6 +50,26 @@ impl Drop for HttpMcp {
 }
 
 /// Waits until `/readyz` reports `server` connected.
+/// The proxy with `agents` (YAML lines) and the demo MCP server over stdio,
+/// once that server is connected.
+async fn with_stdio_demo(upstream: &FakeServer, agents: &str) -> Proxy {
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+mcp_servers:
+  demo: {{ command: ["python3", "{}", "stdio"], timeout_ms: 5000 }}
+agents:
+{agents}
+"#,
+        upstream.url(),
+        demo_server()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    wait_connected(&proxy, "demo").await;
+    proxy
+}
+
 async fn wait_connected(proxy: &Proxy, server: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -107,21 +127,13 @@ async fn a_stdio_mcp_servers_tools_are_offered_and_called() {
         ("demo__picture", "{}"),
     ])
     .await;
-    let yaml = format!(
+    let proxy = with_stdio_demo(
+        &upstream,
         r#"
-default_upstream: up
-upstreams: {{ up: {{ url: "{}/v1" }} }}
-mcp_servers:
-  demo: {{ command: ["python3", "{}", "stdio"], timeout_ms: 5000 }}
-agents:
-  docs: {{ tools: ["demo/*"] }}
-  adder: {{ tools: ["demo/add"] }}
-"#,
-        upstream.url(),
-        demo_server()
-    );
-    let proxy = Proxy::start(&yaml).await;
-    wait_connected(&proxy, "demo").await;
+  docs: { tools: ["demo/*"] }
+  adder: { tools: ["demo/add"] }"#,
+    )
+    .await;
 
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("docs", "go")).await;
     assert_eq!(res.status, 200, "{}", res.text());
@@ -273,20 +285,7 @@ async fn a_stdio_server_that_dies_is_restarted() {
         Reply::events(vec![tool_call(0, "c", &tool, "{}"), finish("tool_calls")])
     })
     .await;
-    let yaml = format!(
-        r#"
-default_upstream: up
-upstreams: {{ up: {{ url: "{}/v1" }} }}
-mcp_servers:
-  demo: {{ command: ["python3", "{}", "stdio"], timeout_ms: 5000 }}
-agents:
-  demo: {{ tools: ["demo/*"] }}
-"#,
-        upstream.url(),
-        demo_server()
-    );
-    let proxy = Proxy::start(&yaml).await;
-    wait_connected(&proxy, "demo").await;
+    let proxy = with_stdio_demo(&upstream, r#"  demo: { tools: ["demo/*"] }"#).await;
     let call = |tool: &'static str| {
         let port = proxy.port;
         let upstream = &upstream;

@@ -186,6 +186,13 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<SendRequest<Full<Bytes>>> {
     Ok(sender)
 }
 
+fn post(path: &str, body: Bytes) -> anyhow::Result<Request<Full<Bytes>>> {
+    Ok(Request::post(path)
+        .header(HOST, "bench")
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(body))?)
+}
+
 struct Timing {
     total: Duration,
     first_token: Duration,
@@ -203,10 +210,7 @@ async fn exchange(
     gaps: &mut Vec<u64>,
 ) -> anyhow::Result<Timing> {
     sender.ready().await?;
-    let request = Request::post(load.path)
-        .header(HOST, "bench")
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(load.body.clone()))?;
+    let request = post(load.path, load.body.clone())?;
     let started = Instant::now();
     let response = sender.send_request(request).await?;
     let status = response.status();
@@ -285,11 +289,7 @@ pub async fn open_streams(load: &Load, count: usize) -> anyhow::Result<OpenStrea
         streams.clients.push(tokio::spawn(async move {
             let held = async {
                 let mut sender = connect(addr).await?;
-                let request = Request::post(path)
-                    .header(HOST, "bench")
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(Full::new(body))?;
-                let mut body = sender.send_request(request).await?.into_body();
+                let mut body = sender.send_request(post(path, body)?).await?.into_body();
                 let mut announced = false;
                 while let Some(frame) = body.frame().await {
                     frame?;
