@@ -34,7 +34,8 @@ pub struct Endpoint {
     timeouts: Timeouts,
     /// Roots that replace the system's for this endpoint (`ca_file`).
     ca: Option<Arc<[WrappedX509]>>,
-    resolved: Mutex<Option<(Instant, SocketAddr)>>,
+    /// The last built peer and when its address was resolved.
+    peer: Mutex<Option<(Instant, Arc<HttpPeer>)>>,
 }
 
 /// How long each phase of an exchange may take.
@@ -100,7 +101,7 @@ impl Endpoint {
             base_path,
             timeouts: options.timeouts,
             ca,
-            resolved: Mutex::new(None),
+            peer: Mutex::new(None),
         })
     }
 
@@ -117,9 +118,15 @@ impl Endpoint {
         &self.authority
     }
 
-    /// The peer to connect to. Names are resolved asynchronously (pingora's
-    /// `HttpPeer::new` would block the runtime) and cached for [`DNS_TTL`].
-    pub async fn peer(&self) -> Result<HttpPeer> {
+    /// The peer to connect to, built once per DNS answer and shared by every
+    /// exchange until [`DNS_TTL`] passes. Names are resolved asynchronously
+    /// (pingora's `HttpPeer::new` would block the runtime).
+    pub async fn peer(&self) -> Result<Arc<HttpPeer>> {
+        if let Some((at, peer)) = &*self.lock_peer() {
+            if at.elapsed() < DNS_TTL {
+                return Ok(peer.clone());
+            }
+        }
         let addr = self.resolve().await?;
         let mut peer = HttpPeer::new(addr, self.tls, self.host.clone());
         peer.options.connection_timeout = Some(self.timeouts.connect);
@@ -129,6 +136,8 @@ impl Endpoint {
             peer.options.set_http_version(2, 1);
             peer.options.ca = self.ca.clone();
         }
+        let peer = Arc::new(peer);
+        *self.lock_peer() = Some((Instant::now(), peer.clone()));
         Ok(peer)
     }
 
@@ -136,12 +145,7 @@ impl Endpoint {
         if let Ok(ip) = self.host.parse::<IpAddr>() {
             return Ok(SocketAddr::new(ip, self.port));
         }
-        if let Some((at, addr)) = *self.lock_resolved() {
-            if at.elapsed() < DNS_TTL {
-                return Ok(addr);
-            }
-        }
-        let addr = tokio::net::lookup_host((self.host.as_str(), self.port))
+        tokio::net::lookup_host((self.host.as_str(), self.port))
             .await
             .ok()
             .and_then(|mut addrs| addrs.next())
@@ -151,14 +155,12 @@ impl Endpoint {
                     format!("cannot resolve `{}`", self.host),
                 )
             })
-            .map_err(|e| e.into_up())?;
-        *self.lock_resolved() = Some((Instant::now(), addr));
-        Ok(addr)
+            .map_err(|e| e.into_up())
     }
 
-    fn lock_resolved(&self) -> std::sync::MutexGuard<'_, Option<(Instant, SocketAddr)>> {
+    fn lock_peer(&self) -> std::sync::MutexGuard<'_, Option<(Instant, Arc<HttpPeer>)>> {
         // The cache holds plain data: a poisoned lock still holds a usable value.
-        self.resolved.lock().unwrap_or_else(|e| e.into_inner())
+        self.peer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A request header for `path` with `Host` set. Without pingora's
@@ -192,7 +194,7 @@ impl Endpoint {
         let mut attempt = 0;
         let mut session = loop {
             let (mut session, reused) = connector()
-                .get_http_session(&peer)
+                .get_http_session(&*peer)
                 .await
                 .map_err(|e| e.into_up())?;
             // The connector leaves per-read timeouts to the caller.
@@ -342,7 +344,7 @@ pub struct Exchange {
     session: Option<HttpSession>,
     status: u16,
     event_stream: bool,
-    peer: HttpPeer,
+    peer: Arc<HttpPeer>,
     deadline: Option<tokio::time::Instant>,
     /// Held while the exchange lives (counts the pool member's load).
     _busy: Option<Box<dyn std::any::Any + Send + Sync>>,
@@ -402,7 +404,7 @@ impl Exchange {
     async fn release(&mut self) {
         if let Some(session) = self.session.take() {
             connector()
-                .release_http_session(session, &self.peer, Some(POOL_IDLE))
+                .release_http_session(session, &*self.peer, Some(POOL_IDLE))
                 .await;
         }
     }

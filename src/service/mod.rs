@@ -150,7 +150,7 @@ impl ProxyHttp for AgentProxy {
         ctx.tried.push(index);
         let member = pool.member(index);
         ctx.busy = Some(Busy::enter(member));
-        Ok(Box::new(member.endpoint.peer().await?))
+        Ok(Box::new(HttpPeer::clone(&*member.endpoint.peer().await?)))
     }
 
     fn fail_to_connect(
