@@ -233,7 +233,11 @@ impl Reply {
                 }],
                 usage: self.usage,
             };
-            let json = serde_json::to_vec(&body).unwrap_or_default();
+            // Sized for the text and the envelope: one allocation, no regrowth.
+            let mut json = Vec::with_capacity(512 + self.content.len() + self.reasoning.len());
+            if serde_json::to_writer(&mut json, &body).is_err() {
+                json.clear();
+            }
             return client.respond_json(200, Bytes::from(json), &[]).await;
         }
         self.start(client).await?;

@@ -363,7 +363,9 @@ async fn read_round<D: Downstream>(
     limits: &Limits,
 ) -> Result<Round, Failure> {
     let upstream = &agent.upstream;
-    let body = serde_json::to_vec(request).map_err(|e| ApiError::internal(e.to_string()))?;
+    // Most chat requests fit: one allocation instead of a series of regrowths.
+    let mut body = Vec::with_capacity(4096);
+    serde_json::to_writer(&mut body, request).map_err(|e| ApiError::internal(e.to_string()))?;
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
     let request_id = client.request_id().to_owned();
     let mut exchange = client

@@ -22,6 +22,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::modules::http::HttpModules;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
@@ -86,6 +87,11 @@ async fn reject(session: &mut Session, error: &ApiError) -> Result<bool> {
 #[async_trait]
 impl ProxyHttp for AgentProxy {
     type CTX = RequestCtx;
+
+    /// No downstream modules: pingora's default is a response compression
+    /// module at level 0 (off), which still costs every request its setup
+    /// and a look at each response header and body piece.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
