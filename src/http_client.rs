@@ -1,12 +1,11 @@
 //! The outbound HTTP client, on pingora's connector (pooled, h1 and h2, rustls).
 //! Model upstreams and HTTP tools both call out through an [`Endpoint`].
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-
-use std::future::Future;
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, Either, FutureExt};

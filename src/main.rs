@@ -112,8 +112,8 @@ fn main() -> ExitCode {
     let mut proxy = http_proxy_service(&server.configuration, AgentProxy::new(config.clone()));
     // No L4 read buffer on client connections: pingora's default is 64 KiB
     // per connection, there for TLS records. Over plain TCP, requests are read
-    // straight into the header buffer in as many syscalls, and each open
-    // stream weighs 8 KiB less.
+    // straight into the header buffer with no more syscalls than before, and
+    // each open stream weighs 8 KiB less.
     let client_buffers = L4BufferSettings::default().read(0);
     proxy.add_listener(ListenerConfig::tcp(listen.as_str()).l4_buffer(client_buffers));
     server.add_service(proxy);
