@@ -413,7 +413,11 @@ async fn http_tools_post_to_the_configured_url_whatever_the_arguments_say() {
 
 #[tokio::test]
 async fn misbehaving_tools_give_bounded_error_results() {
-    let marker = format!("sleep {}", 300 + std::process::id() % 100);
+    // Unique to this run (sleep takes fractions), so no other process matches.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let marker = format!("sleep {}.{nonce:09}", 300 + std::process::id() % 100);
     let huge = FakeServer::start(|req, _| match req.path.as_str() {
         "/big" => Reply::Json {
             status: 200,
