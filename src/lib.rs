@@ -9,8 +9,10 @@
 
 pub mod agent;
 pub mod config;
+pub mod conversation;
 pub mod downstream;
 pub mod error;
+pub mod front;
 pub mod http_client;
 pub mod limits;
 pub mod mcp;
@@ -18,6 +20,7 @@ pub mod metrics;
 pub mod openai;
 pub mod reload;
 pub mod request_id;
+pub mod round;
 pub mod service;
 pub mod shutdown;
 pub mod sse;

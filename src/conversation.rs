@@ -1,0 +1,229 @@
+//! The protocol-neutral core: the conversation the tool loop works on, what
+//! a round decoder reads from an upstream, and what a front encoder writes
+//! to a client. Dialects (chat completions, Responses, Messages) are codecs
+//! at the edges; nothing here knows their wire shapes.
+
+use std::borrow::Cow;
+
+use serde_json::{Map, Value};
+
+pub use crate::openai::Usage;
+
+/// The wire a request came in on or goes out over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// `/v1/chat/completions`
+    #[default]
+    Chat,
+    /// `/v1/responses`
+    Responses,
+    /// `/v1/messages`
+    Messages,
+}
+
+/// One request's conversation, as the loop sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Conversation {
+    /// The model asked for; the agent rewrite replaces it.
+    pub model: Option<String>,
+    /// The system prompt: the client's leading instructions, then (after the
+    /// rewrite) combined with the agent's.
+    pub system: Option<String>,
+    pub items: Vec<Item>,
+    /// Functions the model may call: the client's, then the agent's.
+    pub tools: Vec<FunctionTool>,
+    pub options: Options,
+    /// Upstream request fields whatever the upstream's dialect (the agent's
+    /// `params`, such as `top_k` or `chat_template_kwargs`): set when absent.
+    pub params: Map<String, Value>,
+    /// Request fields the core does not know, in `origin`'s wire shape:
+    /// forwarded only to an upstream that speaks the same dialect.
+    pub extra: Map<String, Value>,
+    pub origin: Dialect,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Message(Message),
+    /// Reasoning the model produced in an earlier round or turn.
+    Reasoning(Reasoning),
+    ToolCall(ToolCall),
+    ToolResult(ToolResult),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+    /// An instruction that is not leading (a leading one is `system`).
+    System,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Part>,
+    /// Message fields the core does not know, in the conversation's origin
+    /// dialect (chat's `name`, say).
+    pub extra: Map<String, Value>,
+}
+
+impl Message {
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: vec![Part::Text(text.into())],
+            extra: Map::new(),
+        }
+    }
+
+    /// The text parts, joined by newlines.
+    pub fn text_content(&self) -> String {
+        let mut texts = self.content.iter().filter_map(|p| match p {
+            Part::Text(t) => Some(t.as_str()),
+            _ => None,
+        });
+        let first = texts.next().unwrap_or_default().to_owned();
+        texts.fold(first, |mut all, t| {
+            all.push('\n');
+            all.push_str(t);
+            all
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text(String),
+    /// An image by URL (`data:` URLs included).
+    Image {
+        url: String,
+        detail: Option<String>,
+    },
+    /// A part of a kind the core does not model, in the origin dialect's shape.
+    Other(Value),
+}
+
+/// A reasoning item. `encrypted` is opaque and goes back unchanged to the
+/// upstream that produced it; `text` is readable reasoning, if any.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Reasoning {
+    pub id: Option<String>,
+    pub text: String,
+    pub summary: Vec<String>,
+    pub encrypted: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The id results refer to (chat `id`, Responses `call_id`, Messages `id`).
+    pub id: String,
+    pub name: String,
+    /// JSON text, or for a custom tool the raw input.
+    pub arguments: String,
+    pub kind: CallKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallKind {
+    #[default]
+    Function,
+    /// A Responses `custom` (freeform) tool: `arguments` is its raw input.
+    Custom,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub output: String,
+    pub is_error: bool,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionTool {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON schema of the arguments.
+    pub parameters: Value,
+    pub kind: CallKind,
+    /// `strict`, and anything else a dialect adds to a function definition.
+    pub extra: Map<String, Value>,
+}
+
+/// The sampling and output options the core maps between dialects.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Options {
+    pub stream: bool,
+    /// Chat's `stream_options.include_usage`.
+    pub include_usage: bool,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub stop: Vec<String>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+    /// `low` | `medium` | `high` (…): chat `reasoning_effort`, Responses `reasoning.effort`.
+    pub reasoning_effort: Option<String>,
+    /// Responses `reasoning.summary` (`auto`, `concise`, `detailed`).
+    pub reasoning_summary: Option<String>,
+    /// Thinking switched on or off by the client (llama.cpp `enable_thinking`).
+    pub thinking: Option<bool>,
+    /// Structured output: a JSON schema (`{name, schema, strict}`) or `json_object`.
+    pub format: Option<Format>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Function(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    JsonObject,
+    /// `{name, schema, strict?}` as both OpenAI dialects carry it.
+    JsonSchema(Value),
+}
+
+// ------------------------------------------------------------ round events
+
+/// Why the model stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Finish {
+    #[default]
+    Stop,
+    /// A token limit (or the loop's own round limit) cut the answer.
+    Length,
+    ToolCalls,
+    ContentFilter,
+}
+
+/// What one piece of an upstream answer carries: a round decoder turns each
+/// upstream event into one of these, borrowing from the event's bytes.
+#[derive(Debug, Default, PartialEq)]
+pub struct Delta<'a> {
+    pub reasoning: Option<Cow<'a, str>>,
+    pub content: Option<Cow<'a, str>>,
+}
+
+/// The end of one round: everything that is only whole at the end.
+#[derive(Debug, Default, PartialEq)]
+pub struct RoundEnd {
+    pub calls: Vec<ToolCall>,
+    /// Reasoning items to carry into the next round unchanged.
+    pub reasoning: Vec<Reasoning>,
+    pub finish: Option<Finish>,
+    pub usage: Usage,
+}
+
+/// An upstream event that is an error report (carried to the client as the
+/// upstream's error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamError {
+    pub status: u16,
+    pub body: bytes::Bytes,
+}

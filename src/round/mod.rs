@@ -1,0 +1,59 @@
+//! Upstream dialects: for each, an encoder (conversation → the upstream
+//! request body) and a round decoder (the upstream's answer → neutral
+//! deltas and a [`RoundEnd`]). Pure: no I/O, no config.
+
+use std::fmt;
+
+use crate::conversation::{Delta, Reasoning, RoundEnd, UpstreamError};
+use crate::sse;
+
+/// Why an upstream answer could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Not the dialect's shape, or incomplete.
+    Malformed(String),
+    /// The upstream reported an error in its stream.
+    Upstream(UpstreamError),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Malformed(m) => f.write_str(m),
+            DecodeError::Upstream(e) => write!(f, "upstream error {}", e.status),
+        }
+    }
+}
+
+/// A whole non-streamed answer's text (its calls and usage come from
+/// [`RoundDecoder::end`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct Whole {
+    pub reasoning: String,
+    pub content: String,
+    /// Reasoning items, in order (their text is also in `reasoning`).
+    pub reasoning_items: Vec<Reasoning>,
+}
+
+/// What one upstream event carries that must be handed on now.
+#[derive(Debug, Default, PartialEq)]
+pub struct Step<'a> {
+    pub delta: Delta<'a>,
+    /// A reasoning item completed (it is also kept for the round's end).
+    pub reasoning_item: Option<Reasoning>,
+    /// The stream's own end marker (`[DONE]`, `response.completed`).
+    pub done: bool,
+}
+
+/// A round decoder: fed one SSE event at a time, in order.
+pub trait RoundDecoder {
+    fn event<'a>(&mut self, event: &'a sse::Event) -> Result<Step<'a>, DecodeError>;
+
+    /// A whole non-streamed JSON answer (some servers answer a stream
+    /// request with one, too).
+    fn body(&mut self, body: &[u8]) -> Result<Whole, DecodeError>;
+
+    /// The round's end, once the answer ended; `Malformed` when a stream
+    /// ended before the answer was complete.
+    fn end(&mut self) -> Result<RoundEnd, DecodeError>;
+}
