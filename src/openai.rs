@@ -159,6 +159,11 @@ pub struct RoutingPeek<'a> {
     pub model: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     pub messages: Option<Vec<PeekMessage<'a>>>,
+    /// Responses: a string or a list of items.
+    #[serde(default, borrow)]
+    pub input: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    pub instructions: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
     pub stream: Option<bool>,
 }
@@ -172,9 +177,34 @@ pub struct PeekMessage<'a> {
 }
 
 impl RoutingPeek<'_> {
+    /// The number of Responses `input` items (a string is one).
+    pub fn input_len(&self) -> Option<usize> {
+        let raw = self.input?.get();
+        if raw.starts_with('[') {
+            serde_json::from_str::<Vec<&serde_json::value::RawValue>>(raw)
+                .ok()
+                .map(|items| items.len())
+        } else {
+            Some(1)
+        }
+    }
+
     /// The raw content of the first system/developer message and of the
-    /// first user message: what stays the same over a conversation.
+    /// first user message: what stays the same over a conversation. For a
+    /// Responses request: its instructions and its first input item.
     pub fn prefix(&self) -> (Option<&str>, Option<&str>) {
+        if self.messages.is_none() {
+            let first = self.input.and_then(|input| {
+                let raw = input.get();
+                if !raw.starts_with('[') {
+                    return Some(raw);
+                }
+                serde_json::from_str::<Vec<&serde_json::value::RawValue>>(raw)
+                    .ok()
+                    .and_then(|items| items.first().map(|i| i.get()))
+            });
+            return (self.instructions.map(|i| i.get()), first);
+        }
         let messages = self.messages.as_deref().unwrap_or_default();
         let content_of = |roles: &[&str]| {
             messages
@@ -313,6 +343,9 @@ pub struct DeltaOut<'a> {
     pub content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<&'a str>,
+    /// vLLM's name for `reasoning_content` (`reasoning_field`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<IndexedToolCall<'a>>>,
 }
@@ -348,6 +381,8 @@ pub struct AssistantMessageOut<'a> {
     pub content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<&'a [ToolCall]>,
 }

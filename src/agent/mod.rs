@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::config::file::{PromptMode, ReasoningMode, ToolEvents};
+use crate::config::file::{PromptMode, ReasoningField, ReasoningMode, ToolEvents};
 use crate::mcp::McpServer;
 use crate::tools::Tool;
 use crate::upstream::Upstream;
@@ -35,6 +35,7 @@ pub struct Agent {
     pub max_tool_rounds: u32,
     pub tool_events: ToolEvents,
     pub reasoning: ReasoningMode,
+    pub reasoning_field: ReasoningField,
 }
 
 /// A tool an agent lists: resolved into functions per request, because an

@@ -1,36 +1,31 @@
-//! The answer as the client sees it: one OpenAI stream (one id, the role
-//! once, deltas as they come, one finish chunk, `[DONE]`) or one
-//! `chat.completion`, whatever number of rounds the loop took.
+//! The answer as the client sees it, whatever number of rounds the loop
+//! took: the loop's output handed to the client's front encoder, and its
+//! bytes to the client as they come.
 
 use bytes::Bytes;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
 use crate::downstream::{Downstream, Gone};
 use crate::error::ApiError;
-use crate::openai::{
-    AssistantMessageOut, ChoiceOut, ChunkOut, CompletionChoiceOut, CompletionOut, DeltaOut,
-    IndexedToolCall, ToolCall, Usage,
-};
-use crate::sse;
+use crate::front::Encoder;
 
 pub struct Reply {
-    id: String,
-    created: u64,
-    model: String,
-    stream: bool,
-    include_usage: bool,
+    encoder: Box<dyn Encoder>,
     show_reasoning: bool,
     usage: Usage,
     first_token_at: Option<std::time::Instant>,
-    /// Serialization buffer reused for every chunk.
+    /// Bytes the encoder wrote, reused for every event.
     buf: Vec<u8>,
-    // What a non-streaming answer accumulates.
+    /// For an agent called by another: its text is collected (the caller's
+    /// tool result) and also sent to `progress`, to show up in the caller's
+    /// stream as it comes.
+    nested: Option<Nested>,
+}
+
+struct Nested {
     content: String,
-    reasoning: String,
-    tool_calls: Vec<ToolCall>,
-    /// For an agent called by another: every piece of text also goes here,
-    /// to show up in the caller's stream as progress.
     progress: Option<UnboundedSender<String>>,
 }
 
@@ -60,47 +55,47 @@ impl From<ApiError> for Failure {
 }
 
 impl Reply {
-    pub fn new(model: &str, stream: bool, include_usage: bool, show_reasoning: bool) -> Self {
-        let mut id = String::from("chatcmpl-");
-        id.extend((0..24).map(|_| fastrand::alphanumeric()));
+    pub fn new(encoder: Box<dyn Encoder>, show_reasoning: bool) -> Self {
         Reply {
-            id,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            model: model.to_owned(),
-            stream,
-            include_usage,
+            encoder,
             show_reasoning,
             usage: Usage::default(),
             first_token_at: None,
             buf: Vec::with_capacity(512),
-            content: String::new(),
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            progress: None,
+            nested: None,
         }
     }
 
     /// The answer of an agent called by another: collected, with its text
     /// also sent to `progress`.
-    pub fn nested(model: &str, progress: Option<UnboundedSender<String>>) -> Self {
+    pub fn nested(progress: Option<UnboundedSender<String>>) -> Self {
         Reply {
-            progress,
-            ..Reply::new(model, false, false, true)
+            nested: Some(Nested {
+                content: String::new(),
+                progress,
+            }),
+            ..Reply::new(Box::new(Collect), true)
         }
     }
 
-    /// The collected answer text (non-streaming replies).
+    /// The collected answer text of a nested agent.
     pub fn into_content(self) -> String {
-        self.content
+        self.nested.map(|n| n.content).unwrap_or_default()
     }
 
-    fn report(&self, text: &str) {
-        if let Some(progress) = &self.progress {
+    /// Sends `text` as a nested agent's progress; false when not nested.
+    fn report(&mut self, text: &str, content: bool) -> bool {
+        let Some(nested) = &mut self.nested else {
+            return false;
+        };
+        if content {
+            nested.content.push_str(text);
+        }
+        if let Some(progress) = &nested.progress {
             // The caller may have finished already; its progress is moot then.
             let _ = progress.send(text.to_owned());
         }
+        true
     }
 
     pub fn usage(&self) -> Usage {
@@ -116,18 +111,37 @@ impl Reply {
         self.usage += usage;
     }
 
-    /// Opens the event stream (header and the role chunk) if not yet open.
+    /// Opens the event stream (header and opening events) if not yet open.
     pub async fn start(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
-        if !self.stream || client.header_sent() {
+        if !self.encoder.streams() || client.header_sent() {
             return Ok(());
         }
         client.start_event_stream().await?;
-        let delta = DeltaOut {
-            role: Some("assistant"),
-            content: Some(""),
-            ..DeltaOut::default()
-        };
-        self.write_chunk(client, delta, None).await
+        self.buf.clear();
+        self.encoder.open(&mut self.buf);
+        self.flush(client).await
+    }
+
+    /// Writes what the encoder produced, opening the stream first.
+    async fn send(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        if !client.header_sent() {
+            let pending = std::mem::take(&mut self.buf);
+            self.start(client).await?;
+            self.buf = pending;
+        }
+        self.flush(client).await
+    }
+
+    async fn flush(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let bytes = Bytes::copy_from_slice(&self.buf);
+        self.buf.clear();
+        client.write(bytes).await
     }
 
     pub async fn content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Gone> {
@@ -136,16 +150,11 @@ impl Reply {
         }
         self.first_token_at
             .get_or_insert_with(std::time::Instant::now);
-        if !self.stream {
-            self.report(text);
-            self.content.push_str(text);
+        if self.report(text, true) {
             return Ok(());
         }
-        let delta = DeltaOut {
-            content: Some(text),
-            ..DeltaOut::default()
-        };
-        self.send_chunk(client, delta, None).await
+        self.encoder.content(text, &mut self.buf);
+        self.send(client).await
     }
 
     pub async fn reasoning(
@@ -164,6 +173,19 @@ impl Reply {
         self.proxy_note(client, text).await
     }
 
+    /// A reasoning item the upstream completed, for fronts that hand them on.
+    pub async fn reasoning_item(
+        &mut self,
+        client: &mut impl Downstream,
+        item: &Reasoning,
+    ) -> Result<(), Gone> {
+        if !self.show_reasoning || self.nested.is_some() {
+            return Ok(());
+        }
+        self.encoder.reasoning_item(item, &mut self.buf);
+        self.send(client).await
+    }
+
     /// Reasoning-channel text from the proxy itself (tool progress); shown
     /// even when the model's own reasoning is stripped.
     pub async fn proxy_note(
@@ -171,101 +193,47 @@ impl Reply {
         client: &mut impl Downstream,
         text: &str,
     ) -> Result<(), Gone> {
-        if !self.stream {
-            self.report(text);
-            self.reasoning.push_str(text);
+        if self.report(text, false) {
             return Ok(());
         }
-        let delta = DeltaOut {
-            reasoning_content: Some(text),
-            ..DeltaOut::default()
-        };
-        self.send_chunk(client, delta, None).await
+        self.encoder.reasoning(text, &mut self.buf);
+        self.send(client).await
     }
 
-    /// Tool calls the client runs itself, in standard OpenAI form.
+    /// Tool calls the client runs itself, in the client's dialect.
     pub async fn tool_calls(
         &mut self,
         client: &mut impl Downstream,
-        calls: Vec<ToolCall>,
+        calls: &[ToolCall],
     ) -> Result<(), Gone> {
-        if self.stream {
-            let indexed = calls
-                .iter()
-                .enumerate()
-                .map(|(index, call)| IndexedToolCall { index, call })
-                .collect();
-            let delta = DeltaOut {
-                tool_calls: Some(indexed),
-                ..DeltaOut::default()
-            };
-            self.send_chunk(client, delta, None).await?;
-        }
-        self.tool_calls = calls;
-        Ok(())
+        self.encoder.client_calls(calls, &mut self.buf);
+        self.send(client).await
     }
 
-    /// Ends the answer with `finish_reason` (and the summed usage).
+    /// Ends the answer with `finish` (and the usage summed over rounds).
     pub async fn finish(
         mut self,
         client: &mut impl Downstream,
-        finish_reason: &str,
+        finish: Finish,
     ) -> Result<(), Gone> {
-        if !self.stream {
-            let body = CompletionOut {
-                id: &self.id,
-                object: "chat.completion",
-                created: self.created,
-                model: &self.model,
-                choices: [CompletionChoiceOut {
-                    index: 0,
-                    message: AssistantMessageOut {
-                        role: "assistant",
-                        content: (!self.content.is_empty() || self.tool_calls.is_empty())
-                            .then_some(self.content.as_str()),
-                        reasoning_content: (!self.reasoning.is_empty())
-                            .then_some(self.reasoning.as_str()),
-                        tool_calls: (!self.tool_calls.is_empty())
-                            .then_some(self.tool_calls.as_slice()),
-                    },
-                    logprobs: None,
-                    finish_reason,
-                }],
-                usage: self.usage,
-            };
-            // Sized for the text and the envelope: one allocation, no regrowth.
-            let mut json = Vec::with_capacity(512 + self.content.len() + self.reasoning.len());
-            if serde_json::to_writer(&mut json, &body).is_err() {
-                json.clear();
-            }
-            return client.respond_json(200, Bytes::from(json), &[]).await;
+        self.buf.clear();
+        self.encoder.finish(finish, self.usage, &mut self.buf);
+        if self.encoder.streams() {
+            return self.send(client).await;
         }
-        self.start(client).await?;
-        self.send_chunk(client, DeltaOut::default(), Some(finish_reason))
-            .await?;
-        if self.include_usage {
-            self.buf.clear();
-            let chunk = ChunkOut {
-                id: &self.id,
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: &self.model,
-                choices: &[],
-                usage: Some(self.usage),
-            };
-            self.buf.extend_from_slice(b"data: ");
-            serde_json::to_writer(&mut self.buf, &chunk).unwrap_or_default();
-            self.buf.extend_from_slice(b"\n\n");
-            client.write(Bytes::copy_from_slice(&self.buf)).await?;
+        if self.nested.is_some() {
+            return Ok(());
         }
-        client.write(Bytes::from_static(sse::DONE)).await
+        client
+            .respond_json(200, Bytes::from(std::mem::take(&mut self.buf)), &[])
+            .await
     }
 
     /// Reports a failure: before any byte, as an error response with its
-    /// status; once streaming, as an OpenAI error event. Returns whether the
-    /// stream was cut (the caller must then abort the connection, so the
+    /// status; once streaming, as the dialect's error event. Returns whether
+    /// the stream was cut (the caller must then abort the connection, so the
     /// answer cannot look complete).
-    pub async fn fail(self, client: &mut impl Downstream, failure: Failure) -> bool {
+    pub async fn fail(mut self, client: &mut impl Downstream, failure: Failure) -> bool {
         let (status, body, retry_after) = match failure {
             Failure::Gone => return true,
             Failure::Api(e) => (e.status, e.to_json(), None),
@@ -276,55 +244,34 @@ impl Reply {
             } => (status, openai_error_body(status, &body), retry_after),
         };
         if client.header_sent() {
-            let mut event = Vec::with_capacity(body.len() + 8);
-            sse::write_data(&mut event, &body);
-            let _ = client.write(Bytes::from(event)).await;
+            self.buf.clear();
+            self.encoder.stream_error(status, &body, &mut self.buf);
+            let _ = self.flush(client).await;
             return true;
         }
         let extra: Vec<_> = retry_after
             .into_iter()
             .map(|v| (http::header::RETRY_AFTER, v))
             .collect();
+        let body = self.encoder.error_body(status, body);
         client.respond_json(status, body, &extra).await.is_err()
     }
+}
 
-    async fn send_chunk(
-        &mut self,
-        client: &mut impl Downstream,
-        delta: DeltaOut<'_>,
-        finish_reason: Option<&str>,
-    ) -> Result<(), Gone> {
-        self.start(client).await?;
-        self.write_chunk(client, delta, finish_reason).await
-    }
+/// The encoder of a nested agent's answer: nothing goes to a client (the
+/// text is collected by [`Reply`]).
+struct Collect;
 
-    async fn write_chunk(
-        &mut self,
-        client: &mut impl Downstream,
-        delta: DeltaOut<'_>,
-        finish_reason: Option<&str>,
-    ) -> Result<(), Gone> {
-        self.buf.clear();
-        let choices = [ChoiceOut {
-            index: 0,
-            delta,
-            logprobs: None,
-            finish_reason,
-        }];
-        let chunk = ChunkOut {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            choices: &choices,
-            usage: None,
-        };
-        self.buf.extend_from_slice(b"data: ");
-        // Serializing our own string-only types cannot fail.
-        serde_json::to_writer(&mut self.buf, &chunk).unwrap_or_default();
-        self.buf.extend_from_slice(b"\n\n");
-        client.write(Bytes::copy_from_slice(&self.buf)).await
+impl Encoder for Collect {
+    fn streams(&self) -> bool {
+        false
     }
+    fn open(&mut self, _: &mut Vec<u8>) {}
+    fn reasoning(&mut self, _: &str, _: &mut Vec<u8>) {}
+    fn content(&mut self, _: &str, _: &mut Vec<u8>) {}
+    fn client_calls(&mut self, _: &[ToolCall], _: &mut Vec<u8>) {}
+    fn finish(&mut self, _: Finish, _: Usage, _: &mut Vec<u8>) {}
+    fn stream_error(&mut self, _: u16, _: &[u8], _: &mut Vec<u8>) {}
 }
 
 /// An upstream error body in OpenAI shape: an `{"error":{...}}` body is kept

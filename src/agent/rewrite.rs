@@ -1,93 +1,100 @@
-//! The agent rewrite: from the request a client sent to the request the
-//! agent's upstream gets.
+//! The agent rewrite: from the conversation a client sent to the one the
+//! agent's upstream gets, whatever the dialects on either side.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tracing::warn;
 
 use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::PromptMode;
-use crate::openai::{ChatRequest, Message, StreamOptions, ToolDef};
+use crate::conversation::{CallKind, Conversation, FunctionTool, Item, Role};
+use crate::front::chat::empty_schema;
 
-/// Rewrites `req` for `agent`. Every field the rewrite does not own is kept
-/// as the client sent it. `stream` says whether the upstream streams (with
-/// usage, which the loop sums over rounds): when someone watches the answer
-/// as it comes. A non-streaming answer is one JSON document from the model
-/// server, far cheaper to produce and to read than the same answer as SSE.
-pub fn rewrite(
-    agent: &Agent,
-    toolset: &ToolSet,
-    mut req: ChatRequest,
-    stream: bool,
-) -> ChatRequest {
-    combine_instructions(agent, &mut req.messages);
-    req.tools = merge_tools(agent, toolset, req.tools.take());
-    req.model = agent.model.clone();
+/// Rewrites `conversation` for `agent`. Everything the rewrite does not own
+/// is kept as the client sent it.
+pub fn rewrite(agent: &Agent, toolset: &ToolSet, mut conversation: Conversation) -> Conversation {
+    combine_instructions(agent, &mut conversation);
+    merge_tools(agent, toolset, &mut conversation.tools);
+    conversation.model = agent.model.clone();
     for (key, value) in &agent.params {
-        req.set_default(key, value);
+        apply_param(&mut conversation, key, value);
     }
-    if req.enable_thinking == Some(false) {
-        let kwargs = req
-            .rest
-            .entry("chat_template_kwargs")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(kwargs) = kwargs {
-            kwargs.insert("enable_thinking".into(), Value::Bool(false));
-        }
-    }
-    req.stream = Some(stream);
-    // OpenAI refuses `stream_options` on a request that does not stream.
-    let options = req.stream_options.take();
-    if stream {
-        let mut options = options.unwrap_or_default();
-        options.include_usage = Some(true);
-        req.stream_options = Some(StreamOptions { ..options });
-    }
-    req
+    conversation
 }
 
-/// One leading system message: the agent's instructions combined with the
-/// client's leading system/developer messages per `system_prompt_mode`.
-/// (Many chat templates accept a single system message, first.)
-fn combine_instructions(agent: &Agent, messages: &mut Vec<Message>) {
+/// An agent `param` fills what the client left unset: the options the core
+/// maps between dialects by their chat names, anything else as an upstream
+/// field.
+fn apply_param(conversation: &mut Conversation, key: &str, value: &Value) {
+    let options = &mut conversation.options;
+    match key {
+        "temperature" => options.temperature = options.temperature.or(value.as_f64()),
+        "top_p" => options.top_p = options.top_p.or(value.as_f64()),
+        "max_tokens" | "max_completion_tokens" | "max_output_tokens" => {
+            options.max_tokens = options.max_tokens.or(value.as_u64())
+        }
+        "enable_thinking" => options.thinking = options.thinking.or(value.as_bool()),
+        "reasoning_effort" => {
+            if options.reasoning_effort.is_none() {
+                options.reasoning_effort = value.as_str().map(str::to_owned);
+            }
+        }
+        "parallel_tool_calls" => {
+            options.parallel_tool_calls = options.parallel_tool_calls.or(value.as_bool())
+        }
+        _ => {
+            if !conversation.extra.contains_key(key) {
+                conversation
+                    .params
+                    .entry(key.to_owned())
+                    .or_insert_with(|| value.clone());
+            }
+        }
+    }
+}
+
+/// One system prompt: the agent's instructions combined with the client's
+/// leading instructions per `system_prompt_mode`. (Many chat templates
+/// accept a single system message, first.)
+fn combine_instructions(agent: &Agent, conversation: &mut Conversation) {
     if agent.prompt_mode == PromptMode::Replace {
-        messages.retain(|m| !m.is_instruction());
+        conversation.system = None;
+        conversation
+            .items
+            .retain(|item| !matches!(item, Item::Message(m) if m.role == Role::System));
     }
     let Some(ours) = agent.instructions.as_deref() else {
         return;
     };
-    let leading = messages.iter().take_while(|m| m.is_instruction()).count();
-    let theirs = messages[..leading]
-        .iter()
-        .map(Message::content_text)
-        .filter(|t| !t.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n\n");
-    let text = match (agent.prompt_mode, theirs.is_empty()) {
-        (PromptMode::Replace, _) | (_, true) => ours.to_owned(),
-        (PromptMode::Prepend, false) => format!("{ours}\n\n{theirs}"),
-        (PromptMode::Append, false) => format!("{theirs}\n\n{ours}"),
-    };
-    messages.splice(..leading, [Message::text("system", text)]);
+    let theirs = conversation.system.take().filter(|t| !t.is_empty());
+    conversation.system = Some(match (agent.prompt_mode, theirs) {
+        (PromptMode::Replace, _) | (_, None) => ours.to_owned(),
+        (PromptMode::Prepend, Some(theirs)) => format!("{ours}\n\n{theirs}"),
+        (PromptMode::Append, Some(theirs)) => format!("{theirs}\n\n{ours}"),
+    });
 }
 
 /// The agent's tools first, then the client's, minus any client tool that
 /// shadows a local one (the local tool wins).
-fn merge_tools(
-    agent: &Agent,
-    toolset: &ToolSet,
-    client_tools: Option<Vec<ToolDef>>,
-) -> Option<Vec<ToolDef>> {
-    let mut tools: Vec<ToolDef> = toolset.definitions().cloned().collect();
-    for tool in client_tools.into_iter().flatten() {
-        match tool.function_name() {
-            Some(name) if toolset.is_local(name) => {
-                warn!(agent = %agent.id, tool = name, "client tool dropped: the agent has a local tool of that name");
-            }
-            _ => tools.push(tool),
+fn merge_tools(agent: &Agent, toolset: &ToolSet, tools: &mut Vec<FunctionTool>) {
+    let client = std::mem::take(tools);
+    tools.extend(toolset.definitions().filter_map(|def| {
+        let function = def.function.as_ref()?;
+        Some(FunctionTool {
+            name: function.name.clone(),
+            description: function.description.clone(),
+            parameters: function.parameters.clone().unwrap_or_else(empty_schema),
+            kind: CallKind::Function,
+            extra: function.rest.clone(),
+        })
+    }));
+    for tool in client {
+        if toolset.is_local(&tool.name) {
+            warn!(agent = %agent.id, tool = %tool.name, "client tool dropped: the agent has a local tool of that name");
+        } else {
+            tools.push(tool);
         }
     }
-    (!tools.is_empty()).then_some(tools)
 }
 
 #[cfg(test)]
@@ -118,18 +125,19 @@ agents:
         (agent, toolset)
     }
 
-    fn rewrite_for(mode: &str, req: ChatRequest) -> ChatRequest {
+    /// The chat body the agent's upstream gets for a chat request `body`.
+    fn rewrite_for(mode: &str, body: Value) -> Value {
         let (agent, toolset) = agent(mode);
-        rewrite(&agent, &toolset, req, true)
+        let conversation =
+            crate::front::chat::decode(serde_json::from_value(body).unwrap()).unwrap();
+        let stream = conversation.options.stream;
+        let out = rewrite(&agent, &toolset, conversation);
+        serde_json::from_slice(&crate::round::chat::encode(&out, stream)).unwrap()
     }
 
-    fn request(body: Value) -> ChatRequest {
-        serde_json::from_value(body).unwrap()
-    }
-
-    fn system_text(req: &ChatRequest) -> String {
-        assert_eq!(req.messages[0].role, "system");
-        req.messages[0].content_text()
+    fn system_text(out: &Value) -> String {
+        assert_eq!(out["messages"][0]["role"], "system");
+        out["messages"][0]["content"].as_str().unwrap().to_owned()
     }
 
     #[test]
@@ -138,23 +146,23 @@ agents:
             {"role":"system","content":"CLIENT"},
             {"role":"developer","content":[{"type":"text","text":"DEV"}]},
             {"role":"user","content":"hi"}]});
-        let out = rewrite_for("prepend", request(body.clone()));
+        let out = rewrite_for("prepend", body.clone());
         assert_eq!(system_text(&out), "AGENT\n\nCLIENT\n\nDEV");
-        assert_eq!(out.messages.len(), 2);
-        let out = rewrite_for("append", request(body.clone()));
+        assert_eq!(out["messages"].as_array().unwrap().len(), 2);
+        let out = rewrite_for("append", body.clone());
         assert_eq!(system_text(&out), "CLIENT\n\nDEV\n\nAGENT");
-        let out = rewrite_for("replace", request(body));
+        let out = rewrite_for("replace", body);
         assert_eq!(system_text(&out), "AGENT");
-        assert_eq!(out.messages[1].content_text(), "hi");
+        assert_eq!(out["messages"][1]["content"], "hi");
     }
 
     #[test]
     fn tools_params_model_and_unknown_fields() {
-        let body = json!({"model":"a","messages":[{"role":"user","content":"hi"}],
+        let body = json!({"model":"a","messages":[{"role":"user","content":"hi"}], "stream": true,
             "temperature": 0.9, "x_vendor": {"k": 1}, "enable_thinking": false,
             "tools":[{"type":"function","function":{"name":"get_weather"}},
                      {"type":"function","function":{"name":"client_tool","parameters":{}}}]});
-        let out = serde_json::to_value(rewrite_for("prepend", request(body))).unwrap();
+        let out = rewrite_for("prepend", body);
         assert_eq!(out["model"], "qwen3");
         assert_eq!(out["temperature"], 0.9, "client value wins over params");
         assert_eq!(out["top_p"], 0.9, "params fill what the client left out");
@@ -179,8 +187,7 @@ agents:
     fn a_non_streaming_request_stays_one_without_stream_options() {
         let body = json!({"model":"a","messages":[{"role":"user","content":"hi"}],
             "stream": false, "stream_options": {"include_usage": true}});
-        let (agent, toolset) = agent("prepend");
-        let out = serde_json::to_value(rewrite(&agent, &toolset, request(body), false)).unwrap();
+        let out = rewrite_for("prepend", body);
         assert_eq!(out["stream"], false);
         assert!(out.get("stream_options").is_none(), "{out}");
     }

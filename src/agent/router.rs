@@ -11,8 +11,10 @@ use tracing::{info, warn};
 
 use super::reasoning::{Kind, ThinkSplitter};
 use super::Agent;
+use crate::config::file::UpstreamApi;
 use crate::config::Config;
-use crate::openai::{ChatRequest, CompletionIn};
+use crate::conversation::{Conversation, Item, Role};
+use crate::openai::CompletionIn;
 use crate::upstream::Upstream;
 
 pub const AUTO: &str = "auto";
@@ -29,15 +31,17 @@ impl Router {
     pub async fn choose(
         &self,
         config: &Config,
-        request: &ChatRequest,
+        conversation: &Conversation,
         request_id: &str,
     ) -> Option<Arc<Agent>> {
-        let question = request
-            .messages
+        let question = conversation
+            .items
             .iter()
             .rev()
-            .find(|m| m.role == "user")
-            .map(|m| m.content_text())
+            .find_map(|item| match item {
+                Item::Message(m) if m.role == Role::User => Some(m.text_content()),
+                _ => None,
+            })
             .unwrap_or_default();
         let routed = match self.ask(config, &question, request_id).await {
             Ok(answer) => {
@@ -93,7 +97,7 @@ impl Router {
         let call = async {
             let mut exchange = self
                 .upstream
-                .post_chat(body, request_id, None)
+                .post_model(UpstreamApi::Chat, body, request_id, None)
                 .await
                 .map_err(|e| e.etype().as_str().to_owned())?;
             let body = exchange

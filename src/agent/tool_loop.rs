@@ -2,6 +2,9 @@
 //! calls it makes to the agent's own tools, and call it again with their
 //! results, until it answers.
 //!
+//! The loop works on the protocol-neutral [`Conversation`]: the client's
+//! dialect is its front encoder's business, the upstream's its round codec's.
+//!
 //! One turn may mix the agent's tools and the client's. The proxy is
 //! stateless, so it cannot hold the local results until the client comes back
 //! with its own: in a mixed turn the local calls run, and each client call
@@ -18,7 +21,6 @@ use futures::future::{join_all, BoxFuture};
 use tokio::sync::mpsc::unbounded_channel;
 use tracing::{debug, info, warn};
 
-use super::assemble::Assembler;
 use super::reasoning::{Kind, ThinkSplitter};
 use super::reply::{Failure, Reply};
 use super::rewrite::rewrite;
@@ -26,17 +28,17 @@ use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::{ReasoningMode, ToolEvents};
 use crate::config::Limits;
+use crate::conversation::{
+    Conversation, Finish, Item, Message, Role, RoundEnd, ToolCall, ToolResult, Usage,
+};
 use crate::downstream::{Downstream, Headless};
 use crate::error::{from_upstream, ApiError};
+use crate::front::Encoder;
 use crate::metrics::metrics;
-use crate::openai::{ChatRequest, ChunkIn, CompletionIn, Message, ToolCall, Usage};
+use crate::round::{self, DecodeError, RoundDecoder};
 use crate::sse;
 use crate::tools::{CallContext, Outcome};
 use crate::upstream::affinity_key;
-
-/// `finish_reason` when `max_tool_rounds` stops the loop: the answer was cut
-/// by a limit, as with `max_tokens`.
-pub const ROUNDS_EXHAUSTED: &str = "length";
 
 /// What the request did, for the request log line.
 #[derive(Debug, Default)]
@@ -51,24 +53,20 @@ pub struct Summary {
     pub cut: bool,
 }
 
+/// Runs `agent` on `conversation`, answering through `encoder`.
 pub async fn run(
     agent: &Agent,
-    request: ChatRequest,
+    conversation: Conversation,
+    encoder: Box<dyn Encoder>,
     client: &mut impl Downstream,
     ctx: &CallContext,
     started: Instant,
 ) -> Summary {
-    let stream = request.stream.unwrap_or(false);
-    let include_usage = request
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
     let toolset = ToolSet::of(agent, &ctx.config);
-    let mut upstream_request = rewrite(agent, &toolset, request, stream);
+    let mut conversation = rewrite(agent, &toolset, conversation);
     let show_reasoning =
-        agent.reasoning == ReasoningMode::Pass && upstream_request.enable_thinking != Some(false);
-    let mut reply = Reply::new(&agent.id, stream, include_usage, show_reasoning);
+        agent.reasoning == ReasoningMode::Pass && conversation.options.thinking != Some(false);
+    let mut reply = Reply::new(encoder, show_reasoning);
     let mut summary = Summary::default();
     let turn = Turn {
         agent,
@@ -76,7 +74,7 @@ pub async fn run(
         ctx,
     };
     let limit = ctx.config.limits.request_timeout;
-    let drive = turn.drive(&mut upstream_request, client, &mut reply, &mut summary);
+    let drive = turn.drive(&mut conversation, client, &mut reply, &mut summary);
     let outcome = match tokio::time::timeout(limit, drive).await {
         Ok(outcome) => outcome,
         Err(_) => Err(Failure::Api(ApiError::gateway_timeout(format!(
@@ -87,7 +85,7 @@ pub async fn run(
     summary.usage = reply.usage();
     summary.first_token = reply.first_token_at().map(|at| at.duration_since(started));
     summary.cut = match outcome {
-        Ok(finish_reason) => reply.finish(client, finish_reason).await.is_err(),
+        Ok(finish) => reply.finish(client, finish).await.is_err(),
         Err(failure) => {
             if !matches!(failure, Failure::Gone) {
                 warn!(agent = %agent.id, ?failure, "agent request failed");
@@ -109,19 +107,15 @@ pub fn run_nested(
     Box::pin(async move {
         let ctx = ctx.nested(&agent.id, ctx.progress.clone());
         let toolset = ToolSet::of(&agent, &ctx.config);
-        let request = ChatRequest {
-            model: Some(agent.id.clone()),
-            messages: vec![Message::text("user", task)],
-            tools: None,
-            stream: None,
-            stream_options: None,
-            enable_thinking: None,
-            rest: Default::default(),
-        };
+        let mut conversation = Conversation::default();
+        conversation
+            .items
+            .push(Item::Message(Message::text(Role::User, task)));
         // Streamed: the callee's text is the caller's progress as it comes.
-        let mut upstream_request = rewrite(&agent, &toolset, request, true);
+        conversation.options.stream = true;
+        let mut conversation = rewrite(&agent, &toolset, conversation);
         let mut client = Headless::new(ctx.request_id.clone());
-        let mut reply = Reply::nested(&agent.id, ctx.progress.clone());
+        let mut reply = Reply::nested(ctx.progress.clone());
         let mut summary = Summary::default();
         let turn = Turn {
             agent: &agent,
@@ -129,7 +123,7 @@ pub fn run_nested(
             ctx: &ctx,
         };
         match turn
-            .drive(&mut upstream_request, &mut client, &mut reply, &mut summary)
+            .drive(&mut conversation, &mut client, &mut reply, &mut summary)
             .await
         {
             Ok(_) => Outcome::success(reply.into_content()),
@@ -155,32 +149,23 @@ struct Turn<'a> {
 impl Turn<'_> {
     async fn drive<D: Downstream>(
         &self,
-        request: &mut ChatRequest,
+        conversation: &mut Conversation,
         client: &mut D,
         reply: &mut Reply,
         summary: &mut Summary,
-    ) -> Result<&'static str, Failure> {
+    ) -> Result<Finish, Failure> {
         let agent = self.agent;
         let mut tool_rounds = 0;
         // Rounds of one conversation share a prefix: keep them on one replica.
-        let affinity = affinity_key(
-            request
-                .messages
-                .iter()
-                .find(|m| m.is_instruction())
-                .map(Message::content_text)
-                .as_deref(),
-            request
-                .messages
-                .iter()
-                .find(|m| m.role == "user")
-                .map(Message::content_text)
-                .as_deref(),
-        );
+        let first_user = conversation.items.iter().find_map(|item| match item {
+            Item::Message(m) if m.role == Role::User => Some(m.text_content()),
+            _ => None,
+        });
+        let affinity = affinity_key(conversation.system.as_deref(), first_user.as_deref());
         loop {
             let round = read_round(
                 agent,
-                request,
+                conversation,
                 affinity,
                 client,
                 reply,
@@ -188,18 +173,19 @@ impl Turn<'_> {
             )
             .await?;
             summary.rounds += 1;
-            reply.add_usage(round.usage);
-            if round.calls.is_empty() {
-                return Ok(finish_reason(round.finish_reason.as_deref()));
+            reply.add_usage(round.end.usage);
+            let round_end = round.end;
+            if round_end.calls.is_empty() {
+                return Ok(round_end.finish.unwrap_or_default());
             }
-            let local = round
+            let local = round_end
                 .calls
                 .iter()
-                .filter(|c| self.toolset.is_local(&c.function.name))
+                .filter(|c| self.toolset.is_local(&c.name))
                 .count();
             if local == 0 {
-                reply.tool_calls(client, round.calls).await?;
-                return Ok("tool_calls");
+                reply.tool_calls(client, &round_end.calls).await?;
+                return Ok(Finish::ToolCalls);
             }
             if tool_rounds >= agent.max_tool_rounds {
                 warn!(agent = %agent.id, rounds = tool_rounds, "max_tool_rounds reached");
@@ -207,19 +193,21 @@ impl Turn<'_> {
                     "\n\n[agent-proxy: stopped after {tool_rounds} tool rounds without a final answer]"
                 );
                 reply.content(client, &note).await?;
-                return Ok(ROUNDS_EXHAUSTED);
+                // Cut by a limit, as with `max_tokens`.
+                return Ok(Finish::Length);
             }
             tool_rounds += 1;
             summary.tool_calls += local as u32;
             // Open the stream before the tools run so heartbeats can flow.
             reply.start(client).await?;
-            let results = self.run_tools(&round.calls, client, reply).await?;
-            request.messages.push(Message {
-                content: (!round.content.is_empty()).then(|| round.content.into()),
-                tool_calls: Some(round.calls),
-                ..Message::text("assistant", "")
-            });
-            request.messages.extend(results);
+            let results = self.run_tools(&round_end.calls, client, reply).await?;
+            let items = &mut conversation.items;
+            items.extend(round_end.reasoning.into_iter().map(Item::Reasoning));
+            if !round.content.is_empty() {
+                items.push(Item::Message(Message::text(Role::Assistant, round.content)));
+            }
+            items.extend(round_end.calls.into_iter().map(Item::ToolCall));
+            items.extend(results.into_iter().map(Item::ToolResult));
         }
     }
 
@@ -231,12 +219,9 @@ impl Turn<'_> {
         calls: &[ToolCall],
         client: &mut D,
         reply: &mut Reply,
-    ) -> Result<Vec<Message>, Failure> {
+    ) -> Result<Vec<ToolResult>, Failure> {
         let agent = self.agent;
-        for call in calls
-            .iter()
-            .filter(|c| self.toolset.is_local(&c.function.name))
-        {
+        for call in calls.iter().filter(|c| self.toolset.is_local(&c.name)) {
             self.show(client, reply, &progress_note(call)).await?;
         }
         let (progress, mut notes) = unbounded_channel::<String>();
@@ -248,23 +233,23 @@ impl Turn<'_> {
             let ctx = &ctx;
             async move {
                 let started = Instant::now();
-                let local = self.toolset.is_local(&call.function.name);
+                let local = self.toolset.is_local(&call.name);
                 let outcome = match local {
-                    true => self.toolset.call(&call.function.name, &call.function.arguments, ctx).await,
+                    true => self.toolset.call(&call.name, &call.arguments, ctx).await,
                     false => {
-                        warn!(agent = %agent.id, tool = %call.function.name, "client tool call deferred: mixed with local calls");
+                        warn!(agent = %agent.id, tool = %call.name, "client tool call deferred: mixed with local calls");
                         Outcome::error(format!(
                             "`{}` was not run: it is a client tool and was requested together with agent tools. \
                              Request it again on its own, in a turn without agent tool calls.",
-                            call.function.name
+                            call.name
                         ))
                     }
                 };
                 let took = started.elapsed();
                 if local {
-                    metrics().observe_tool(&call.function.name, outcome.ok, took);
+                    metrics().observe_tool(&call.name, outcome.ok, took);
                 }
-                info!(agent = %agent.id, tool = %call.function.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");
+                info!(agent = %agent.id, tool = %call.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");
                 outcome
             }
         });
@@ -289,9 +274,10 @@ impl Turn<'_> {
         Ok(calls
             .iter()
             .zip(outcomes)
-            .map(|(call, outcome)| Message {
-                tool_call_id: Some(call.id.clone()),
-                ..Message::text("tool", outcome.text)
+            .map(|(call, outcome)| ToolResult {
+                call_id: call.id.clone(),
+                is_error: !outcome.ok,
+                output: outcome.text,
             })
             .collect())
     }
@@ -312,64 +298,46 @@ impl Turn<'_> {
     }
 }
 
-fn finish_reason(upstream: Option<&str>) -> &'static str {
-    match upstream {
-        Some("length") => "length",
-        Some("content_filter") => "content_filter",
-        Some("tool_calls") => "tool_calls",
-        _ => "stop",
-    }
-}
-
 fn progress_note(call: &ToolCall) -> String {
     const SHOWN: usize = 200;
-    let args = call.function.arguments.trim();
+    let args = call.arguments.trim();
     let mut cut = args.len().min(SHOWN);
     while !args.is_char_boundary(cut) {
         cut -= 1;
     }
     let ellipsis = if cut < args.len() { "…" } else { "" };
-    format!(
-        "Calling {} {}{ellipsis}…\n",
-        call.function.name,
-        &args[..cut]
-    )
+    format!("Calling {} {}{ellipsis}…\n", call.name, &args[..cut])
 }
 
 /// One model call as it streamed.
-#[derive(Default)]
 struct Round {
     /// The visible text, for the conversation history.
     content: String,
-    calls: Vec<ToolCall>,
-    finish_reason: Option<String>,
-    usage: Usage,
+    end: RoundEnd,
 }
 
-/// Per-round parsing state: where deltas go as they arrive.
+/// Per-round state: where decoded deltas go as they arrive.
 struct RoundReader<'r> {
     reply: &'r mut Reply,
-    round: Round,
+    content: String,
     splitter: ThinkSplitter,
-    assembler: Assembler,
 }
 
 async fn read_round<D: Downstream>(
     agent: &Agent,
-    request: &ChatRequest,
+    conversation: &Conversation,
     affinity: u64,
     client: &mut D,
     reply: &mut Reply,
     limits: &Limits,
 ) -> Result<Round, Failure> {
     let upstream = &agent.upstream;
-    // Most chat requests fit: one allocation instead of a series of regrowths.
-    let mut body = Vec::with_capacity(4096);
-    serde_json::to_writer(&mut body, request).map_err(|e| ApiError::internal(e.to_string()))?;
+    let stream = conversation.options.stream;
+    let body = round::encode(upstream.api, conversation, stream);
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
     let request_id = client.request_id().to_owned();
     let mut exchange = client
-        .wait(upstream.post_chat(Bytes::from(body), &request_id, Some(affinity)))
+        .wait(upstream.post_model(upstream.api, Bytes::from(body), &request_id, Some(affinity)))
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();
@@ -394,23 +362,40 @@ async fn read_round<D: Downstream>(
             retry_after,
         });
     }
+    let mut decoder = round::decoder(upstream.api, conversation);
     let mut reader = RoundReader {
         reply,
-        round: Round::default(),
+        content: String::new(),
         splitter: ThinkSplitter::default(),
-        assembler: Assembler::default(),
+    };
+    let failed = |e: DecodeError| -> Failure {
+        match e {
+            DecodeError::Malformed(m) => {
+                ApiError::bad_gateway(format!("upstream `{}`: {m}", upstream.name)).into()
+            }
+            DecodeError::Upstream(e) => Failure::Upstream {
+                status: e.status,
+                body: e.body,
+                retry_after: None,
+            },
+        }
     };
     if !exchange.is_event_stream() {
-        // Some servers answer a stream request with one JSON completion.
+        // Some servers answer a stream request with one JSON document.
         let body = client
             .wait(exchange.read_to_end(limits.max_upstream_body_bytes))
             .await?
             .map_err(|e| from_upstream(&upstream.name, &e))?;
-        reader.completion(client, &body).await?;
-        return reader.finish(client).await;
+        let whole = decoder.body(&body).map_err(failed)?;
+        for item in &whole.reasoning_items {
+            reader.reply.reasoning_item(client, item).await?;
+        }
+        reader.reply.reasoning(client, &whole.reasoning).await?;
+        reader.content(client, &whole.content).await?;
+        let end = decoder.end().map_err(failed)?;
+        return reader.finish(client, end).await;
     }
     let mut parser = sse::Parser::new(limits.max_event_bytes);
-    let mut done = false;
     loop {
         let piece = client
             .wait(exchange.read())
@@ -418,7 +403,10 @@ async fn read_round<D: Downstream>(
             .map_err(|e| from_upstream(&upstream.name, &e))?;
         let Some(piece) = piece else {
             if let Some(event) = parser.finish() {
-                done |= reader.event(client, &event).await?;
+                reader
+                    .event(client, decoder.as_mut(), &event)
+                    .await
+                    .map_err(|e| e.into(failed))?;
             }
             break;
         };
@@ -427,129 +415,93 @@ async fn read_round<D: Downstream>(
             .next_event()
             .map_err(|e| ApiError::bad_gateway(format!("upstream `{}`: {e}", upstream.name)))?
         {
-            done |= reader.event(client, &event).await?;
+            reader
+                .event(client, decoder.as_mut(), &event)
+                .await
+                .map_err(|e| e.into(failed))?;
         }
     }
-    if !done && reader.round.finish_reason.is_none() {
-        return Err(ApiError::bad_gateway(format!(
-            "upstream `{}` ended its stream before the answer was complete",
-            upstream.name
-        ))
-        .into());
+    let end = decoder.end().map_err(failed)?;
+    reader.finish(client, end).await
+}
+
+/// A round's failure: the client left, or the upstream's answer was bad.
+enum ReadError {
+    Gone,
+    Decode(DecodeError),
+}
+
+impl ReadError {
+    fn into(self, failed: impl Fn(DecodeError) -> Failure) -> Failure {
+        match self {
+            ReadError::Gone => Failure::Gone,
+            ReadError::Decode(e) => failed(e),
+        }
     }
-    reader.finish(client).await
+}
+
+impl From<crate::downstream::Gone> for ReadError {
+    fn from(_: crate::downstream::Gone) -> Self {
+        ReadError::Gone
+    }
 }
 
 impl RoundReader<'_> {
-    /// Handles one SSE event; returns whether it was `[DONE]`.
+    /// Hands on what one upstream event carries.
     async fn event(
         &mut self,
         client: &mut impl Downstream,
+        decoder: &mut (dyn RoundDecoder + Send),
         event: &sse::Event,
-    ) -> Result<bool, Failure> {
-        if event.is_done() {
-            return Ok(true);
-        }
-        let chunk: ChunkIn = serde_json::from_slice(&event.data).map_err(|e| {
-            ApiError::bad_gateway(format!(
-                "upstream sent an event that is not a chat chunk: {e}"
-            ))
-        })?;
-        if chunk.error.is_some() || event.name.as_deref() == Some("error") {
-            return Err(Failure::Upstream {
-                status: 502,
-                body: event.data.clone(),
-                retry_after: None,
-            });
-        }
-        if let Some(usage) = chunk.usage {
-            self.round.usage = usage;
-        }
-        // The proxy asks for one choice; only the first is read.
-        let Some(choice) = chunk.choices.into_iter().next() else {
-            return Ok(false);
-        };
-        if let Some(delta) = choice.delta {
-            let reasoning = delta
-                .reasoning_content
-                .as_deref()
-                .or(delta.reasoning.as_deref());
-            if let Some(text) = reasoning {
-                self.reply.reasoning(client, text).await?;
-            }
-            if let Some(text) = delta.content.as_deref() {
-                self.content(client, text).await?;
-            }
-            for call in delta.tool_calls.iter().flatten() {
-                self.assembler.push(call);
-            }
-        }
-        if let Some(reason) = choice.finish_reason {
-            self.round.finish_reason = Some(reason.into_owned());
-        }
-        Ok(false)
-    }
-
-    async fn content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Failure> {
-        let pieces = self.splitter.split(text);
-        for (kind, piece) in pieces.iter() {
-            self.piece(client, kind, piece).await?;
-        }
-        Ok(())
-    }
-
-    async fn piece(
-        &mut self,
-        client: &mut impl Downstream,
-        kind: Kind,
-        text: &str,
-    ) -> Result<(), Failure> {
-        match kind {
-            Kind::Content => {
-                self.round.content.push_str(text);
-                self.reply.content(client, text).await?;
-            }
-            Kind::Reasoning => self.reply.reasoning(client, text).await?,
-        }
-        Ok(())
-    }
-
-    async fn completion(
-        &mut self,
-        client: &mut impl Downstream,
-        body: &[u8],
-    ) -> Result<(), Failure> {
-        let completion: CompletionIn = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_gateway(format!("upstream sent invalid JSON: {e}")))?;
-        if let Some(usage) = completion.usage {
-            self.round.usage = usage;
-        }
-        let Some(choice) = completion.choices.into_iter().next() else {
-            return Err(ApiError::bad_gateway("upstream answered without choices").into());
-        };
-        let message = choice.message;
-        if let Some(text) = message
-            .reasoning_content
-            .as_deref()
-            .or(message.reasoning.as_deref())
-        {
+    ) -> Result<(), ReadError> {
+        let step = decoder.event(event).map_err(ReadError::Decode)?;
+        if let Some(text) = step.delta.reasoning.as_deref() {
             self.reply.reasoning(client, text).await?;
         }
-        if let Some(text) = message.content.as_deref() {
+        if let Some(item) = &step.reasoning_item {
+            self.reply.reasoning_item(client, item).await?;
+        }
+        if let Some(text) = step.delta.content.as_deref() {
             self.content(client, text).await?;
         }
-        self.round.calls = message.tool_calls;
-        self.round.finish_reason = choice.finish_reason;
         Ok(())
     }
 
-    async fn finish(mut self, client: &mut impl Downstream) -> Result<Round, Failure> {
+    async fn content(
+        &mut self,
+        client: &mut impl Downstream,
+        text: &str,
+    ) -> Result<(), crate::downstream::Gone> {
+        let pieces = self.splitter.split(text);
+        for (kind, piece) in pieces.iter() {
+            match kind {
+                Kind::Content => {
+                    self.content.push_str(piece);
+                    self.reply.content(client, piece).await?;
+                }
+                Kind::Reasoning => self.reply.reasoning(client, piece).await?,
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish(
+        mut self,
+        client: &mut impl Downstream,
+        end: RoundEnd,
+    ) -> Result<Round, Failure> {
         if let Some((kind, text)) = self.splitter.flush() {
-            self.piece(client, kind, &text).await?;
+            match kind {
+                Kind::Content => {
+                    self.content.push_str(&text);
+                    self.reply.content(client, &text).await?;
+                }
+                Kind::Reasoning => self.reply.reasoning(client, &text).await?,
+            }
         }
-        if !self.assembler.is_empty() {
-            self.round.calls = std::mem::take(&mut self.assembler).finish();
-        }
-        Ok(self.round)
+        Ok(Round {
+            content: self.content,
+            end,
+        })
     }
 }

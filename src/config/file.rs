@@ -35,6 +35,9 @@ pub struct ConfigFile {
     pub passthrough: bool,
     #[serde(default)]
     pub limits: LimitsFile,
+    /// Where the chat front puts reasoning (agents may override).
+    #[serde(default)]
+    pub reasoning_field: ReasoningField,
 }
 
 fn default_listen() -> String {
@@ -86,6 +89,9 @@ pub struct UpstreamFile {
     /// byte reached the client. Default: up to 2, fewer in smaller pools.
     #[serde(default)]
     pub retries: Option<u32>,
+    /// The API agents' requests use: `chat` (default) or `responses`.
+    #[serde(default)]
+    pub api: UpstreamApi,
 }
 
 fn default_connect_ms() -> u64 {
@@ -176,6 +182,28 @@ pub enum ReasoningMode {
     Strip,
 }
 
+/// The chat front's field for reasoning: LibreChat, Cline and Roo read
+/// `reasoning_content`; vLLM renamed it `reasoning`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningField {
+    #[default]
+    ReasoningContent,
+    Reasoning,
+    Both,
+}
+
+/// The API an upstream is called over for agents.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamApi {
+    /// `/chat/completions`: llama.cpp, vLLM and other compatible servers.
+    #[default]
+    Chat,
+    /// `/responses`: OpenAI, whose reasoning models return their reasoning only here.
+    Responses,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentFile {
@@ -198,6 +226,9 @@ pub struct AgentFile {
     pub tool_events: ToolEvents,
     #[serde(default)]
     pub reasoning: ReasoningMode,
+    /// Overrides the top-level `reasoning_field` for this agent.
+    #[serde(default)]
+    pub reasoning_field: Option<ReasoningField>,
 }
 
 fn default_rounds() -> u32 {

@@ -269,6 +269,7 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
                 max_tool_rounds: agent.max_tool_rounds,
                 tool_events: agent.tool_events,
                 reasoning: agent.reasoning,
+                reasoning_field: agent.reasoning_field.unwrap_or(file.reasoning_field),
             }),
         );
     }

@@ -5,6 +5,8 @@
 //!
 //! [`Conversation`]: crate::conversation::Conversation
 
+pub mod chat;
+
 use bytes::Bytes;
 
 use crate::conversation::{Finish, Reasoning, ToolCall, Usage};

@@ -2,9 +2,12 @@
 //! request body) and a round decoder (the upstream's answer → neutral
 //! deltas and a [`RoundEnd`]). Pure: no I/O, no config.
 
+pub mod chat;
+
 use std::fmt;
 
-use crate::conversation::{Delta, Reasoning, RoundEnd, UpstreamError};
+use crate::config::file::UpstreamApi;
+use crate::conversation::{CallKind, Conversation, Delta, Reasoning, RoundEnd, UpstreamError};
 use crate::sse;
 
 /// Why an upstream answer could not be decoded.
@@ -56,4 +59,27 @@ pub trait RoundDecoder {
     /// The round's end, once the answer ended; `Malformed` when a stream
     /// ended before the answer was complete.
     fn end(&mut self) -> Result<RoundEnd, DecodeError>;
+}
+
+/// The request body for an upstream speaking `api`.
+pub fn encode(api: UpstreamApi, conversation: &Conversation, stream: bool) -> Vec<u8> {
+    match api {
+        UpstreamApi::Chat => chat::encode(conversation, stream),
+        UpstreamApi::Responses => chat::encode(conversation, stream),
+    }
+}
+
+/// A decoder for one round of `api`'s answer to `conversation`.
+pub fn decoder(api: UpstreamApi, conversation: &Conversation) -> Box<dyn RoundDecoder + Send> {
+    match api {
+        UpstreamApi::Chat => Box::new(chat::Decoder::new(
+            conversation
+                .tools
+                .iter()
+                .filter(|t| t.kind == CallKind::Custom)
+                .map(|t| t.name.clone())
+                .collect(),
+        )),
+        UpstreamApi::Responses => Box::new(chat::Decoder::default()),
+    }
 }

@@ -11,8 +11,8 @@
 
 mod admin;
 mod auth;
-mod chat;
 mod forward;
+mod front_door;
 mod health;
 mod models;
 
@@ -30,6 +30,7 @@ use tracing::info;
 
 use crate::agent::tool_loop::Summary;
 use crate::config::Config;
+use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::ApiError;
 use crate::metrics::{metrics, StreamGuard};
@@ -119,6 +120,7 @@ impl ProxyHttp for AgentProxy {
             ("GET", "/metrics") => "metrics",
             ("GET", "/v1/models") => "models",
             ("POST", "/v1/chat/completions") => "chat",
+            ("POST", "/v1/responses") => "responses",
             _ => "proxy",
         };
         match path.as_str() {
@@ -132,7 +134,8 @@ impl ProxyHttp for AgentProxy {
         match ctx.route {
             "metrics" => health::metrics(session).await,
             "models" => models::list(session, &config).await,
-            "chat" => chat::handle(session, ctx).await,
+            "chat" => front_door::handle(session, ctx, Dialect::Chat).await,
+            "responses" => front_door::handle(session, ctx, Dialect::Responses).await,
             _ if config.passthrough => Ok(false),
             _ => {
                 let error = ApiError::not_found(format!("no route for {method} {path}"));
@@ -285,7 +288,7 @@ impl ProxyHttp for AgentProxy {
                 .config
                 .agent(id)
                 .map_or("-", |a| a.upstream.name.as_str()),
-            None if ctx.route == "chat" || ctx.route == "proxy" => {
+            None if matches!(ctx.route, "chat" | "responses" | "proxy") => {
                 ctx.config.default_upstream.name.as_str()
             }
             None => "-",

@@ -16,12 +16,13 @@ use tracing::warn;
 pub use health::HealthChecks;
 pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool};
 
-use crate::config::file::UpstreamFile;
+use crate::config::file::{UpstreamApi, UpstreamFile};
 use crate::http_client::{Endpoint, EndpointOptions, Exchange, Timeouts};
 
 pub struct Upstream {
     pub name: String,
     pub pool: Pool,
+    pub api: UpstreamApi,
     api_key: Option<String>,
     retries: usize,
 }
@@ -90,6 +91,7 @@ impl Upstream {
         Ok(Upstream {
             name: name.to_owned(),
             pool: Pool::new(name, members, file.balance, health),
+            api: file.api,
             api_key: file.api_key.filter(|k| !k.is_empty()),
             retries,
         })
@@ -169,10 +171,11 @@ impl Upstream {
         Err(failure.unwrap_or_else(|| pingora::Error::new(ErrorType::ConnectNoRoute).into_up()))
     }
 
-    /// A chat completion: `body` POSTed to `/chat/completions` with the
-    /// request's id, on the replica `affinity` prefers.
-    pub async fn post_chat(
+    /// A model call: `body` POSTed to `/chat/completions` or `/responses`
+    /// (per `api`) with the request's id, on the replica `affinity` prefers.
+    pub async fn post_model(
         &self,
+        api: UpstreamApi,
         body: Bytes,
         request_id: &str,
         affinity: Option<u64>,
@@ -189,7 +192,10 @@ impl Upstream {
         ];
         self.send(&Outbound {
             method: "POST",
-            path: "/v1/chat/completions",
+            path: match api {
+                UpstreamApi::Chat => "/v1/chat/completions",
+                UpstreamApi::Responses => "/v1/responses",
+            },
             headers: &headers,
             body: Some(body),
             affinity,

@@ -1,5 +1,7 @@
-//! `POST /v1/chat/completions`: every chat request, agent or not, is read and
-//! routed here. An agent's model runs the tool loop; any other model is
+//! The front doors: `POST /v1/chat/completions` and `POST /v1/responses`.
+//! Every such request, agent or not, is read and routed here. An agent's
+//! model is decoded by its front's codec into a conversation and runs the
+//! tool loop, answering through that front's encoder; any other model is
 //! forwarded to `default_upstream` untouched.
 
 use std::sync::Arc;
@@ -10,15 +12,18 @@ use pingora::Result;
 
 use super::{forward, handled, reject, RequestCtx};
 use crate::agent::router::AUTO;
-use crate::agent::tool_loop;
+use crate::agent::{tool_loop, Agent};
+use crate::config::Config;
+use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
+use crate::front::{self, chat::ChatEncoder, Encoder};
 use crate::limits::{client_key, StreamSlot};
 use crate::openai::{ChatRequest, RoutingPeek};
 use crate::tools::CallContext;
 use crate::upstream::affinity_key;
 
-pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialect) -> Result<bool> {
     let config = ctx.config.clone();
     let body = match read_body(session, config.limits.max_body_bytes).await {
         Ok(body) => body,
@@ -34,7 +39,16 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
             .await
         }
     };
-    match &peek.messages {
+    let listed = match dialect {
+        Dialect::Chat => peek.messages.as_ref().map(Vec::len),
+        _ => peek.input_len(),
+    };
+    let field = match dialect {
+        Dialect::Chat => "messages",
+        _ => "input",
+    };
+    match listed {
+        None if dialect != Dialect::Chat => {}
         None => {
             return reject(
                 session,
@@ -42,20 +56,19 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
             )
             .await
         }
-        Some(m) if m.is_empty() => {
+        Some(0) => {
             return reject(
                 session,
-                &ApiError::bad_request("`messages` must not be empty").with_param("messages"),
+                &ApiError::bad_request(format!("`{field}` must not be empty")).with_param(field),
             )
             .await
         }
-        Some(m) if m.len() > config.limits.max_messages => {
+        Some(n) if n > config.limits.max_messages => {
             let error = ApiError::bad_request(format!(
-                "`messages` has {} entries; the limit is {}",
-                m.len(),
+                "`{field}` has {n} entries; the limit is {}",
                 config.limits.max_messages
             ));
-            return reject(session, &error.with_param("messages")).await;
+            return reject(session, &error.with_param(field)).await;
         }
         Some(_) => {}
     }
@@ -101,24 +114,14 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
         let cut = forward::forward(&mut client, &config, body, affinity).await;
         return handled(cut);
     }
-    let request: ChatRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => {
-            return reject(
-                session,
-                &ApiError::bad_request(format!("invalid chat request: {e}")),
-            )
-            .await
-        }
+    let (conversation, encoder) = match decode(dialect, &body, &config) {
+        Ok(decoded) => decoded,
+        Err(error) => return reject(session, &error).await,
     };
     let ctx_call = CallContext {
         config: config.clone(),
         request_id: ctx.request_id.clone(),
-        user: request
-            .rest
-            .get("user")
-            .and_then(|u| u.as_str())
-            .map(str::to_owned),
+        user: conversation.options.user.clone(),
         headers: Arc::new(session.req_header().headers.clone()),
         stack: Vec::new(),
         progress: None,
@@ -133,7 +136,11 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
                 // future need not stay in this request's task.
                 Some(router) => {
                     client
-                        .wait(Box::pin(router.choose(&config, &request, &ctx.request_id)))
+                        .wait(Box::pin(router.choose(
+                            &config,
+                            &conversation,
+                            &ctx.request_id,
+                        )))
                         .await
                 }
                 None => Ok(None),
@@ -151,10 +158,61 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool>
     ctx.agent = Some(agent.id.clone());
     ctx.route = "agent";
     let call = ctx_call.nested(&agent.id, None);
-    let summary = tool_loop::run(&agent, request, &mut client, &call, ctx.started).await;
+    let encoder = encoder.build(&agent);
+    let summary = tool_loop::run(
+        &agent,
+        conversation,
+        encoder,
+        &mut client,
+        &call,
+        ctx.started,
+    )
+    .await;
     let cut = summary.cut;
     ctx.summary = Some(summary);
     handled(cut)
+}
+
+/// How the answer will be encoded, once the agent (and so its
+/// `reasoning_field`) is known.
+enum EncoderFor {
+    Chat { stream: bool, include_usage: bool },
+}
+
+impl EncoderFor {
+    fn build(self, agent: &Agent) -> Box<dyn Encoder> {
+        match self {
+            EncoderFor::Chat {
+                stream,
+                include_usage,
+            } => Box::new(ChatEncoder::new(
+                &agent.id,
+                stream,
+                include_usage,
+                agent.reasoning_field,
+            )),
+        }
+    }
+}
+
+/// The request as a conversation, by its front's decoder.
+fn decode(
+    dialect: Dialect,
+    body: &[u8],
+    _config: &Config,
+) -> Result<(Conversation, EncoderFor), ApiError> {
+    match dialect {
+        _ => {
+            let request: ChatRequest = serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("invalid chat request: {e}")))?;
+            let conversation = front::chat::decode(request)?;
+            let encoder = EncoderFor::Chat {
+                stream: conversation.options.stream,
+                include_usage: conversation.options.include_usage,
+            };
+            Ok((conversation, encoder))
+        }
+    }
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes.

@@ -1,0 +1,409 @@
+//! Chat completions as an upstream dialect (llama.cpp, vLLM, any compatible
+//! server): the conversation as a `/chat/completions` request, and the
+//! stream (or the one JSON completion) it answers with, decoded.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::{DecodeError, RoundDecoder, Step, Whole};
+use crate::agent::assemble::Assembler;
+use crate::conversation::{
+    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, ToolCall,
+    ToolChoice, UpstreamError,
+};
+use crate::front::chat::wire_call;
+use crate::openai::{self, ChunkIn, CompletionIn};
+use crate::sse;
+
+// ------------------------------------------------------------- encoding
+
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    messages: Vec<MessageOut<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ToolOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptionsOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
+#[derive(Serialize)]
+struct StreamOptionsOut {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct MessageOut<'a> {
+    role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<openai::ToolCall>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(flatten)]
+    extra: Option<&'a Map<String, Value>>,
+}
+
+impl MessageOut<'_> {
+    fn new(role: &'static str, content: Option<Value>) -> Self {
+        MessageOut {
+            role,
+            content,
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            extra: None,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ToolOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionOut<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionOut<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    parameters: &'a Value,
+    #[serde(flatten)]
+    extra: Option<&'a Map<String, Value>>,
+}
+
+/// The `/chat/completions` body for `conversation`. A streaming request asks
+/// for usage (the loop sums it over rounds).
+pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
+    let same_dialect = conversation.origin == Dialect::Chat;
+    let options = &conversation.options;
+    let mut rest = if same_dialect {
+        conversation.extra.clone()
+    } else {
+        Map::new()
+    };
+    for (key, value) in &conversation.params {
+        rest.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+    // Thinking off is llama.cpp's template switch.
+    if options.thinking == Some(false) {
+        let kwargs = rest
+            .entry("chat_template_kwargs")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(kwargs) = kwargs {
+            kwargs.insert("enable_thinking".into(), Value::Bool(false));
+        }
+    }
+    let body = Body {
+        model: conversation.model.as_deref(),
+        messages: messages(conversation, same_dialect),
+        tools: conversation
+            .tools
+            .iter()
+            .map(|tool| ToolOut {
+                kind: "function",
+                function: FunctionOut {
+                    name: &tool.name,
+                    description: tool.description.as_deref(),
+                    parameters: &tool.parameters,
+                    extra: same_dialect.then_some(&tool.extra),
+                },
+            })
+            .collect(),
+        tool_choice: options.tool_choice.as_ref().map(|choice| match choice {
+            ToolChoice::Auto => Value::from("auto"),
+            ToolChoice::None => Value::from("none"),
+            ToolChoice::Required => Value::from("required"),
+            ToolChoice::Function(name) => {
+                serde_json::json!({"type": "function", "function": {"name": name}})
+            }
+        }),
+        stream,
+        stream_options: stream.then_some(StreamOptionsOut {
+            include_usage: true,
+        }),
+        // A client's `max_completion_tokens` is in `rest`, as it sent it.
+        max_tokens: options
+            .max_tokens
+            .filter(|_| !rest.contains_key("max_completion_tokens")),
+        temperature: options.temperature,
+        top_p: options.top_p,
+        stop: &options.stop,
+        parallel_tool_calls: options.parallel_tool_calls,
+        reasoning_effort: options.reasoning_effort.as_deref(),
+        response_format: options.format.as_ref().map(|format| match format {
+            Format::JsonObject => serde_json::json!({"type": "json_object"}),
+            Format::JsonSchema(schema) => {
+                serde_json::json!({"type": "json_schema", "json_schema": schema})
+            }
+        }),
+        user: options.user.as_deref(),
+        rest,
+    };
+    // Most chat requests fit: one allocation instead of a series of regrowths.
+    let mut out = Vec::with_capacity(4096);
+    serde_json::to_writer(&mut out, &body).unwrap_or_default();
+    out
+}
+
+/// The system prompt first, then the items; consecutive calls join the
+/// assistant message before them, and readable reasoning goes on the
+/// assistant message that follows it.
+fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'_>> {
+    let mut out = Vec::with_capacity(conversation.items.len() + 1);
+    if let Some(system) = &conversation.system {
+        out.push(MessageOut::new(
+            "system",
+            Some(Value::from(system.as_str())),
+        ));
+    }
+    let mut reasoning: Option<&str> = None;
+    // Whether the last message is an assistant turn that calls may join.
+    let mut open_turn = false;
+    for item in &conversation.items {
+        match item {
+            Item::Message(message) => {
+                let role = match message.role {
+                    Role::User => "user",
+                    Role::Assistant => "assistant",
+                    Role::System => "system",
+                };
+                let mut m = MessageOut::new(role, Some(content(&message.content)));
+                m.extra = same_dialect.then_some(&message.extra);
+                if message.role == Role::Assistant {
+                    m.reasoning_content = reasoning.take();
+                }
+                open_turn = message.role == Role::Assistant;
+                out.push(m);
+            }
+            Item::Reasoning(r) => {
+                reasoning = Some(r.text.as_str()).filter(|t| !t.is_empty());
+                open_turn = false;
+            }
+            Item::ToolCall(call) => {
+                if !open_turn {
+                    let mut m = MessageOut::new("assistant", None);
+                    m.reasoning_content = reasoning.take();
+                    out.push(m);
+                    open_turn = true;
+                }
+                if let Some(last) = out.last_mut() {
+                    last.tool_calls.push(wire_call(call));
+                }
+            }
+            Item::ToolResult(result) => {
+                let mut m = MessageOut::new("tool", Some(Value::from(result.output.as_str())));
+                m.tool_call_id = Some(&result.call_id);
+                out.push(m);
+                open_turn = false;
+            }
+        }
+    }
+    out
+}
+
+/// One text part as a plain string (what every template takes); anything
+/// else as chat content parts.
+fn content(parts: &[Part]) -> Value {
+    if let [Part::Text(text)] = parts {
+        return Value::from(text.as_str());
+    }
+    Value::Array(
+        parts
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) => serde_json::json!({"type": "text", "text": text}),
+                Part::Image { url, detail } => {
+                    let mut image = serde_json::json!({ "url": url });
+                    if let Some(detail) = detail {
+                        image["detail"] = Value::from(detail.as_str());
+                    }
+                    serde_json::json!({"type": "image_url", "image_url": image})
+                }
+                Part::Other(other) => other.clone(),
+            })
+            .collect(),
+    )
+}
+
+// ------------------------------------------------------------- decoding
+
+/// Decodes one round's chat stream (or completion). Tool-call deltas are
+/// assembled; calls to custom (freeform) tools, flattened to one `input`
+/// argument on the way in, come back as their raw input.
+#[derive(Default)]
+pub struct Decoder {
+    assembler: Assembler,
+    calls: Vec<ToolCall>,
+    finish: Option<Finish>,
+    usage: crate::conversation::Usage,
+    done: bool,
+    custom: Vec<String>,
+}
+
+impl Decoder {
+    /// `custom`: the names of the request's custom tools.
+    pub fn new(custom: Vec<String>) -> Self {
+        Decoder {
+            custom,
+            ..Decoder::default()
+        }
+    }
+}
+
+pub fn finish_of(reason: &str) -> Finish {
+    match reason {
+        "length" => Finish::Length,
+        "content_filter" => Finish::ContentFilter,
+        "tool_calls" | "function_call" => Finish::ToolCalls,
+        _ => Finish::Stop,
+    }
+}
+
+impl RoundDecoder for Decoder {
+    fn event<'a>(&mut self, event: &'a sse::Event) -> Result<Step<'a>, DecodeError> {
+        if event.is_done() {
+            self.done = true;
+            return Ok(Step {
+                done: true,
+                ..Step::default()
+            });
+        }
+        let chunk: ChunkIn<'a> = serde_json::from_slice(&event.data).map_err(|e| {
+            DecodeError::Malformed(format!(
+                "upstream sent an event that is not a chat chunk: {e}"
+            ))
+        })?;
+        if chunk.error.is_some() || event.name.as_deref() == Some("error") {
+            return Err(DecodeError::Upstream(UpstreamError {
+                status: 502,
+                body: event.data.clone(),
+            }));
+        }
+        if let Some(usage) = chunk.usage {
+            self.usage = usage;
+        }
+        let mut step = Step::default();
+        // The proxy asks for one choice; only the first is read.
+        let Some(choice) = chunk.choices.into_iter().next() else {
+            return Ok(step);
+        };
+        if let Some(delta) = choice.delta {
+            step.delta = Delta {
+                reasoning: delta.reasoning_content.or(delta.reasoning),
+                content: delta.content,
+            };
+            for call in delta.tool_calls.iter().flatten() {
+                self.assembler.push(call);
+            }
+        }
+        if let Some(reason) = choice.finish_reason {
+            self.finish = Some(finish_of(&reason));
+        }
+        Ok(step)
+    }
+
+    fn body(&mut self, body: &[u8]) -> Result<Whole, DecodeError> {
+        let completion: CompletionIn = serde_json::from_slice(body)
+            .map_err(|e| DecodeError::Malformed(format!("upstream sent invalid JSON: {e}")))?;
+        if let Some(usage) = completion.usage {
+            self.usage = usage;
+        }
+        let Some(choice) = completion.choices.into_iter().next() else {
+            return Err(DecodeError::Malformed(
+                "upstream answered without choices".into(),
+            ));
+        };
+        let message = choice.message;
+        self.calls = message
+            .tool_calls
+            .into_iter()
+            .map(|call| ToolCall {
+                id: call.id,
+                name: call.function.name,
+                arguments: call.function.arguments,
+                kind: CallKind::Function,
+            })
+            .collect();
+        self.finish = Some(
+            choice
+                .finish_reason
+                .as_deref()
+                .map_or(Finish::Stop, finish_of),
+        );
+        self.done = true;
+        Ok(Whole {
+            reasoning: message
+                .reasoning_content
+                .or(message.reasoning)
+                .unwrap_or_default(),
+            content: message.content.unwrap_or_default(),
+            reasoning_items: Vec::new(),
+        })
+    }
+
+    fn end(&mut self) -> Result<RoundEnd, DecodeError> {
+        if !self.done && self.finish.is_none() {
+            return Err(DecodeError::Malformed(
+                "ended its stream before the answer was complete".into(),
+            ));
+        }
+        let mut calls = std::mem::take(&mut self.calls);
+        if !self.assembler.is_empty() {
+            calls = std::mem::take(&mut self.assembler)
+                .finish()
+                .into_iter()
+                .map(|call| ToolCall {
+                    id: call.id,
+                    name: call.function.name,
+                    arguments: call.function.arguments,
+                    kind: CallKind::Function,
+                })
+                .collect();
+        }
+        for call in &mut calls {
+            if self.custom.contains(&call.name) {
+                call.kind = CallKind::Custom;
+                // The model was given one string argument, `input`.
+                if let Ok(Value::Object(mut args)) = serde_json::from_str(&call.arguments) {
+                    if let Some(Value::String(input)) = args.remove("input") {
+                        call.arguments = input;
+                    }
+                }
+            }
+        }
+        Ok(RoundEnd {
+            calls,
+            reasoning: Vec::new(),
+            finish: self.finish,
+            usage: self.usage,
+        })
+    }
+}
