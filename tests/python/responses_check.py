@@ -1,0 +1,87 @@
+"""Drives agent-proxy's Responses front door with the official `openai` Python
+client, as an Agents-SDK-style app would: `client.responses.create`, streamed
+and not, through an agent with a local tool, with reasoning, `instructions`,
+and a client function tool round trip.
+
+Run by tests/sdk_responses.rs, which starts the proxy, a scripted upstream and
+a weather tool, and passes the proxy's base URL in AGENT_PROXY_BASE_URL.
+"""
+
+import json
+import os
+
+import openai
+from openai import OpenAI
+
+client = OpenAI(base_url=os.environ["AGENT_PROXY_BASE_URL"], api_key="sk-client-test", max_retries=0)
+
+READ_FILE = {
+    "type": "function",
+    "name": "read_file",
+    "description": "Reads a file of the user's",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
+
+
+def check_non_streaming_with_a_local_tool():
+    response = client.responses.create(
+        model="weather", input="Weather in Paris?", instructions="Answer briefly."
+    )
+    assert response.status == "completed", response.status
+    assert response.output_text == "It is 21 °C in Paris.", response.output_text
+    kinds = [item.type for item in response.output]
+    assert kinds[-1] == "message", kinds
+    assert "reasoning" in kinds, kinds
+    assert "function_call" not in kinds, "the agent's own tool stays inside the proxy"
+    assert response.usage.input_tokens == 38, response.usage
+    assert response.usage.output_tokens == 4, response.usage
+    assert response.id.startswith("resp_"), response.id
+
+
+def check_streaming_with_a_local_tool():
+    deltas, reasoning, completed, numbers = [], [], None, []
+    stream = client.responses.create(model="weather", input="Weather in Paris?", stream=True)
+    for event in stream:
+        numbers.append(event.sequence_number)
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        elif event.type in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
+            reasoning.append(event.delta)
+        elif event.type == "response.completed":
+            completed = event.response
+    assert numbers == list(range(len(numbers))), numbers
+    assert "".join(deltas) == "It is 21 °C in Paris.", deltas
+    assert "Warm enough." in "".join(reasoning), reasoning
+    assert completed is not None and completed.output_text == "It is 21 °C in Paris."
+
+
+def check_stream_helper_and_client_tool_round_trip():
+    with client.responses.stream(model="weather", input="What is in notes.txt?", tools=[READ_FILE]) as stream:
+        for _ in stream:
+            pass
+        first = stream.get_final_response()
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1, first.output
+    call = calls[0]
+    assert call.name == "read_file" and json.loads(call.arguments) == {"path": "notes.txt"}, call
+    followup = [{"role": "user", "content": "What is in notes.txt?"}]
+    followup += [item.model_dump(exclude_none=True) for item in first.output]
+    followup.append({"type": "function_call_output", "call_id": call.call_id, "output": "buy milk"})
+    second = client.responses.create(model="weather", input=followup, tools=[READ_FILE])
+    assert second.output_text == "notes.txt says: buy milk", second.output_text
+
+
+def check_errors():
+    try:
+        client.responses.create(model="weather", input="hi", previous_response_id="resp_x")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "previous_response_id", e.body
+    else:
+        raise AssertionError("previous_response_id must be refused")
+
+
+check_non_streaming_with_a_local_tool()
+check_streaming_with_a_local_tool()
+check_stream_helper_and_client_tool_round_trip()
+check_errors()
+print("all openai responses checks passed")

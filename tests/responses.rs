@@ -1,0 +1,385 @@
+//! The Responses API end to end: agents behind `POST /v1/responses` (over a
+//! chat upstream and over a Responses upstream), client function tools,
+//! what Codex CLI sends, and passthrough for other models.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn config(upstream: &FakeServer, tool_url: &str, api: &str) -> String {
+    format!(
+        r#"
+default_upstream: local
+upstreams:
+  local: {{ url: "{up}/v1", api: {api} }}
+tools:
+  get_weather:
+    description: Current weather for a city
+    parameters: {{ type: object, properties: {{ city: {{ type: string }} }}, required: [city] }}
+    http: {{ url: "{tool_url}", timeout_ms: 2000 }}
+agents:
+  weather:
+    model: up-model
+    system_prompt: You are a weather assistant.
+    tools: [get_weather]
+limits: {{ heartbeat_ms: 100 }}
+"#,
+        up = upstream.url()
+    )
+}
+
+async fn weather_tool() -> FakeServer {
+    FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await
+}
+
+/// Each SSE event of a Responses stream as `(event name, data)`.
+fn named_events(body: &[u8]) -> Vec<(String, Value)> {
+    let mut parser = agent_proxy::sse::Parser::new(1 << 20);
+    parser.feed(body);
+    let mut out = Vec::new();
+    while let Some(event) = parser.next_event().unwrap() {
+        let data: Value = serde_json::from_slice(&event.data).unwrap();
+        out.push((event.name.unwrap_or_default(), data));
+    }
+    out
+}
+
+fn types(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(name, _)| name.as_str()).collect()
+}
+
+/// Checks what every Responses stream must satisfy: each event named after
+/// its `type`, sequence numbers 0, 1, 2…, created first, one terminal event
+/// last carrying the whole response.
+fn check_stream(events: &[(String, Value)]) -> &Value {
+    for (i, (name, data)) in events.iter().enumerate() {
+        assert_eq!(data["type"], name.as_str());
+        assert_eq!(data["sequence_number"], i, "{name}");
+    }
+    assert_eq!(events[0].0, "response.created");
+    let terminal = &events.last().unwrap();
+    assert!(
+        ["response.completed", "response.incomplete", "response.failed"]
+            .contains(&terminal.0.as_str()),
+        "{}",
+        terminal.0
+    );
+    let done_items: Vec<&Value> = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_item.done")
+        .map(|(_, data)| &data["item"])
+        .collect();
+    let response = &terminal.1["response"];
+    let output: Vec<&Value> = response["output"].as_array().unwrap().iter().collect();
+    assert_eq!(output, done_items, "the final output is the items as streamed");
+    response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_answers_a_responses_stream_with_a_local_tool_round() {
+    let tool = weather_tool().await;
+    let upstream = FakeServer::start(|req, i| match i {
+        0 => Reply::events(vec![
+            reasoning("Let me check."),
+            tool_call(0, "call_1", "get_weather", "{\"city\":\"Paris\"}"),
+            finish("tool_calls"),
+            usage(10, 3),
+        ]),
+        _ => {
+            assert!(req.tool_results()[0].contains("21"));
+            Reply::events(vec![
+                reasoning("Warm."),
+                content("It is 21 °C"),
+                content(" in Paris."),
+                finish("stop"),
+                usage(20, 5),
+            ])
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let response = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": "Weather in Paris?", "stream": true,
+                "instructions": "Answer briefly."}),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let events = named_events(&response.body);
+    let final_response = check_stream(&events);
+    assert_eq!(final_response["status"], "completed");
+    assert_eq!(final_response["usage"]["input_tokens"], 30);
+    assert_eq!(final_response["usage"]["output_tokens"], 8);
+    let text: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .map(|(_, d)| d["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "It is 21 °C in Paris.");
+    assert!(
+        !types(&events).contains(&"response.function_call_arguments.delta"),
+        "the agent's own tool is not a client call"
+    );
+    let kinds: Vec<&str> = final_response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.last(), Some(&"message"));
+    assert!(kinds.contains(&"reasoning"));
+    // The upstream got one system message: the agent's prompt, then the
+    // client's instructions.
+    let first = upstream.requests()[0].json();
+    assert_eq!(first["model"], "up-model");
+    assert_eq!(
+        first["messages"][0],
+        json!({"role": "system", "content": "You are a weather assistant.\n\nAnswer briefly."})
+    );
+    assert_eq!(first["messages"][1]["content"], "Weather in Paris?");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_function_tools_round_trip_as_function_call_items() {
+    let tool = weather_tool().await;
+    let upstream = FakeServer::start(|req, _| {
+        let body = req.json();
+        let last = body["messages"].as_array().unwrap().last().unwrap().clone();
+        if last["role"] == "tool" {
+            let result = last["content"].as_str().unwrap().to_owned();
+            return Reply::events(vec![
+                content(&format!("The file says {result}")),
+                finish("stop"),
+            ]);
+        }
+        Reply::events(vec![
+            tool_call(0, "call_77", "read_file", "{\"path\":\"a.txt\"}"),
+            finish("tool_calls"),
+        ])
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let tools = json!([{"type": "function", "name": "read_file", "description": "Reads a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
+    let first = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": "Read a.txt", "tools": tools}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first = first.json();
+    assert_eq!(first["object"], "response");
+    assert_eq!(first["status"], "completed");
+    let call = first["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .unwrap()
+        .clone();
+    assert_eq!(call["call_id"], "call_77");
+    assert_eq!(call["name"], "read_file");
+    assert_eq!(call["arguments"], "{\"path\":\"a.txt\"}");
+    // The client runs it and sends the whole conversation back.
+    let mut input = vec![json!({"role": "user", "content": "Read a.txt"})];
+    input.extend(first["output"].as_array().unwrap().iter().cloned());
+    input.push(json!({"type": "function_call_output", "call_id": "call_77", "output": "HELLO"}));
+    let second = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": input, "tools": tools, "stream": true}),
+    )
+    .await;
+    let events = named_events(&second.body);
+    let response = check_stream(&events);
+    let message = response["output"].as_array().unwrap().last().unwrap();
+    assert_eq!(message["content"][0]["text"], "The file says HELLO");
+    let sent = upstream.requests()[1].json();
+    let messages = sent["messages"].as_array().unwrap();
+    let assistant = &messages[messages.len() - 2];
+    assert_eq!(assistant["tool_calls"][0]["id"], "call_77");
+    assert_eq!(
+        messages.last().unwrap(),
+        &json!({"role": "tool", "tool_call_id": "call_77", "content": "HELLO"})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_codex_sends_is_accepted_and_its_namespace_tools_come_back_named() {
+    let upstream = FakeServer::start(|req, _| {
+        let body = req.json();
+        let names: Vec<String> = body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(names.contains(&"exec_command".to_owned()));
+        assert!(
+            !names.iter().any(|n| n == "web_search"),
+            "hosted tools are dropped"
+        );
+        let nested = names
+            .iter()
+            .find(|n| n.ends_with("close_agent"))
+            .expect("the namespace's functions are offered")
+            .clone();
+        Reply::events(vec![
+            tool_call(0, "call_9", &nested, "{\"id\":\"a1\"}"),
+            finish("tool_calls"),
+        ])
+    })
+    .await;
+    let tool = weather_tool().await;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    for fixture in ["codex-0.169.0-round1", "codex-0.169.0-round2"] {
+        let path = format!(
+            "{}/tests/fixtures/clients/{fixture}.request.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut body: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        body["model"] = json!("weather");
+        let response = post_json(proxy.port, "/v1/responses", &body).await;
+        assert_eq!(response.status, 200, "{fixture}: {}", response.text());
+        let events = named_events(&response.body);
+        let final_response = check_stream(&events);
+        let call = final_response["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|item| item["type"] == "function_call")
+            .unwrap();
+        assert_eq!(call["name"], "close_agent", "{fixture}");
+        assert_eq!(call["namespace"], "multi_agent_v1", "{fixture}");
+        assert_eq!(call["call_id"], "call_9");
+    }
+    // Round 2's history reached the upstream as chat: the call and its output.
+    let sent = upstream.requests()[1].json();
+    let messages = sent["messages"].as_array().unwrap();
+    assert!(messages
+        .iter()
+        .any(|m| m["tool_calls"][0]["function"]["name"] == "exec_command"));
+    assert!(messages
+        .iter()
+        .any(|m| m["role"] == "tool" && m["tool_call_id"] == "call_mock1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateful_fields_get_a_clear_400_in_openai_shape() {
+    let upstream = FakeServer::start(|_, _| Reply::events(vec![content("x"), finish("stop")])).await;
+    let tool = weather_tool().await;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let response = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": "hi", "previous_response_id": "resp_123"}),
+    )
+    .await;
+    assert_eq!(response.status, 400);
+    let error = &response.json()["error"];
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["param"], "previous_response_id");
+    assert!(error["message"].as_str().unwrap().contains("stateless"));
+    let response = post_json(proxy.port, "/v1/responses", &json!({"model": "weather"})).await;
+    assert_eq!(response.status, 400, "{}", response.text());
+    assert_eq!(response.json()["error"]["param"], "input");
+    assert!(upstream.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_models_pass_through_to_the_upstream_responses_endpoint() {
+    let upstream = FakeServer::start(|req, _| {
+        assert_eq!(req.path, "/v1/responses");
+        Reply::json(200, json!({"id": "resp_up", "object": "response", "echo": req.json()}))
+    })
+    .await;
+    let tool = weather_tool().await;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let body = json!({"model": "gpt-x", "input": "hi", "previous_response_id": "resp_1", "x_vendor": 1});
+    let response = post_json(proxy.port, "/v1/responses", &body).await;
+    assert_eq!(response.status, 200);
+    assert_eq!(response.json()["echo"], body, "forwarded untouched");
+}
+
+// ------------------------------------------------ a Responses upstream
+
+/// One event of OpenAI's Responses stream framing.
+fn up_event(kind: &str, mut data: Value) -> Step {
+    data["type"] = json!(kind);
+    Step::Bytes(format!("event: {kind}\ndata: {data}\n\n").into_bytes())
+}
+
+fn responses_stream(steps: Vec<Step>) -> Reply {
+    Reply::Sse {
+        steps,
+        complete: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_upstream_gets_tool_outputs_and_its_encrypted_reasoning_back() {
+    let tool = weather_tool().await;
+    let upstream = FakeServer::start(|req, i| {
+        assert_eq!(req.path, "/v1/responses");
+        let reasoning = json!({"type": "reasoning", "id": "rs_1",
+            "summary": [{"type": "summary_text", "text": "Need the weather."}],
+            "encrypted_content": "ENC-1"});
+        match i {
+            0 => responses_stream(vec![
+                up_event("response.created", json!({"response": {"id": "resp_a", "status": "in_progress", "output": []}})),
+                up_event("response.output_item.added", json!({"output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": []}})),
+                up_event("response.reasoning_summary_text.delta", json!({"item_id": "rs_1", "output_index": 0, "summary_index": 0, "delta": "Need the weather."})),
+                up_event("response.output_item.done", json!({"output_index": 0, "item": reasoning})),
+                up_event("response.output_item.done", json!({"output_index": 1, "item": {"type": "function_call", "id": "fc_1",
+                    "call_id": "call_w", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}", "status": "completed"}})),
+                up_event("response.completed", json!({"response": {"id": "resp_a", "status": "completed",
+                    "output": [reasoning], "usage": {"input_tokens": 11, "output_tokens": 4, "total_tokens": 15}}})),
+            ]),
+            _ => responses_stream(vec![
+                up_event("response.created", json!({"response": {"id": "resp_b", "status": "in_progress", "output": []}})),
+                up_event("response.output_text.delta", json!({"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "Sunny, 21 °C."})),
+                up_event("response.completed", json!({"response": {"id": "resp_b", "status": "completed",
+                    "output": [], "usage": {"input_tokens": 30, "output_tokens": 6, "total_tokens": 36}}})),
+            ]),
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), "responses")).await;
+    let response = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "weather", "messages": [{"role": "user", "content": "Paris?"}]}),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let answer = response.json();
+    assert_eq!(answer["choices"][0]["message"]["content"], "Sunny, 21 °C.");
+    let reasoning = answer["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap();
+    assert!(reasoning.contains("Need the weather."), "{reasoning}");
+    assert_eq!(answer["usage"]["prompt_tokens"], 41);
+    let requests = upstream.requests();
+    let first = requests[0].json();
+    assert_eq!(first["store"], false);
+    assert_eq!(first["include"], json!(["reasoning.encrypted_content"]));
+    assert_eq!(first["instructions"], "You are a weather assistant.");
+    assert_eq!(first["model"], "up-model");
+    let second = requests[1].json();
+    let input = second["input"].as_array().unwrap();
+    let carried = input
+        .iter()
+        .find(|item| item["type"] == "reasoning")
+        .expect("the round-1 reasoning item is carried");
+    assert_eq!(carried["encrypted_content"], "ENC-1");
+    assert_eq!(carried["id"], "rs_1");
+    let output = input
+        .iter()
+        .find(|item| item["type"] == "function_call_output")
+        .unwrap();
+    assert_eq!(output["call_id"], "call_w");
+    assert!(output["output"].as_str().unwrap().contains("21"));
+}
