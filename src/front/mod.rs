@@ -5,6 +5,8 @@
 //!
 //! [`Conversation`]: crate::conversation::Conversation
 
+pub mod responses;
+
 use bytes::Bytes;
 
 use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
