@@ -6,6 +6,7 @@
 //! [`Conversation`]: crate::conversation::Conversation
 
 pub mod chat;
+pub mod responses;
 
 use bytes::Bytes;
 

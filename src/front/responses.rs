@@ -1,0 +1,2686 @@
+//! The OpenAI Responses API front door (`POST /v1/responses`): the request
+//! decoder and the encoder of the answer, as OpenAI streams it (named SSE
+//! events with sequence numbers, ending in one `response.completed`,
+//! `response.incomplete` or `response.failed`) or as one Response object.
+//!
+//! The proxy is stateless: `previous_response_id`, `conversation` and
+//! `background` are refused, clients send the whole conversation as `input`
+//! (Codex does). Hosted tools are dropped; `namespace` tools are flattened to
+//! `<namespace>__<name>` functions and restored on the calls handed back.
+
+use std::collections::HashMap;
+
+use serde::ser::{SerializeSeq, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::conversation::{
+    CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
+    Reasoning, Role, ToolCall, ToolChoice, ToolResult, Usage,
+};
+use crate::error::ApiError;
+use crate::front::Encoder;
+
+/// Between a namespace and a function name in a flattened tool name.
+const NAMESPACE_SEPARATOR: &str = "__";
+
+/// What decoding a request learned that the encoder and the caller need.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// Types of the hosted tools the client declared (`web_search`, `mcp`,
+    /// …): the proxy cannot run them, so they are dropped; the caller logs them.
+    pub dropped_tools: Vec<String>,
+    /// Flattened function name (`<namespace>__<name>`) → (namespace, name
+    /// as the client declared it): the encoder puts them back on calls.
+    pub namespaced: HashMap<String, (String, String)>,
+    /// Request fields the Response object repeats.
+    pub echo: Echo,
+}
+
+/// The request fields a Response object echoes back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Echo {
+    pub instructions: Option<String>,
+    pub metadata: Value,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub tool_choice: Value,
+    pub parallel_tool_calls: bool,
+    pub max_output_tokens: Option<u64>,
+    pub store: bool,
+    pub user: Option<String>,
+    pub text: Value,
+    pub reasoning: Value,
+    pub truncation: Value,
+    pub prompt_cache_key: Option<String>,
+    pub safety_identifier: Option<String>,
+}
+
+impl Default for Echo {
+    /// OpenAI's defaults, except `store`: nothing is stored here.
+    fn default() -> Self {
+        Echo {
+            instructions: None,
+            metadata: json!({}),
+            temperature: None,
+            top_p: None,
+            tool_choice: json!("auto"),
+            parallel_tool_calls: true,
+            max_output_tokens: None,
+            store: false,
+            user: None,
+            text: json!({"format": {"type": "text"}}),
+            reasoning: json!({"effort": null, "summary": null}),
+            truncation: json!("disabled"),
+            prompt_cache_key: None,
+            safety_identifier: None,
+        }
+    }
+}
+
+// ------------------------------------------------------------------ decode
+
+fn invalid(message: impl Into<String>, param: impl Into<String>) -> ApiError {
+    ApiError::bad_request(message).with_param(param.into())
+}
+
+/// A `POST /v1/responses` body as a conversation (origin
+/// [`Dialect::Responses`]), with what the encoder must know about it.
+pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
+    let mut top: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
+    })?;
+    refuse_state(&top)?;
+    // Null or false, they only say what the stateless proxy does anyway.
+    for key in ["previous_response_id", "background", "conversation"] {
+        top.remove(key);
+    }
+
+    let mut ctx = Context::default();
+    let mut conv = Conversation {
+        origin: Dialect::Responses,
+        model: take_str(&mut top, "model")?,
+        ..Conversation::default()
+    };
+    let instructions = take_str(&mut top, "instructions")?;
+    let options = decode_options(&mut top, &mut ctx)?;
+
+    if let Some(tools) = top.remove("tools") {
+        conv.tools = decode_tools(tools, &mut ctx)?;
+    }
+
+    let mut system: Vec<String> = instructions
+        .iter()
+        .filter(|s| !s.is_empty())
+        .cloned()
+        .collect();
+    decode_input(top.remove("input"), &mut conv.items, &mut system, &mut ctx)?;
+    conv.system = (!system.is_empty()).then(|| system.join("\n\n"));
+
+    // Echoed as sent; also forwarded (in `extra`) to a Responses upstream.
+    let echo = &mut ctx.echo;
+    echo.instructions = instructions;
+    if let Some(metadata) = top.get("metadata").filter(|v| v.is_object()) {
+        echo.metadata = metadata.clone();
+    }
+    if let Some(store) = top.get("store").and_then(Value::as_bool) {
+        echo.store = store;
+    }
+    if let Some(truncation) = top.get("truncation").filter(|v| v.is_string()) {
+        echo.truncation = truncation.clone();
+    }
+    let text_of = |key| top.get(key).and_then(Value::as_str).map(str::to_owned);
+    echo.prompt_cache_key = text_of("prompt_cache_key");
+    echo.safety_identifier = text_of("safety_identifier");
+
+    conv.options = options;
+    conv.extra = top;
+    Ok((conv, ctx))
+}
+
+/// Stored state the proxy does not have: a request relying on it is refused
+/// rather than answered without the context it expects.
+fn refuse_state(top: &Map<String, Value>) -> Result<(), ApiError> {
+    let set = |key| top.get(key).is_some_and(|v| !v.is_null());
+    if set("previous_response_id") {
+        return Err(invalid(
+            "agent-proxy is stateless: previous_response_id is not supported; send the whole \
+             conversation in input (and set store to false).",
+            "previous_response_id",
+        ));
+    }
+    if top.get("background").and_then(Value::as_bool) == Some(true) {
+        return Err(invalid(
+            "agent-proxy is stateless: background responses are not supported; stream the \
+             response instead.",
+            "background",
+        ));
+    }
+    if set("conversation") {
+        return Err(invalid(
+            "agent-proxy is stateless: conversation is not supported; send the whole \
+             conversation in input.",
+            "conversation",
+        ));
+    }
+    Ok(())
+}
+
+/// The sampling and output options; `text` and `reasoning` fields the core
+/// does not map stay in `top` (forwarded to a Responses upstream).
+fn decode_options(top: &mut Map<String, Value>, ctx: &mut Context) -> Result<Options, ApiError> {
+    let mut options = Options {
+        stream: take_bool(top, "stream")?.unwrap_or(false),
+        // The Response object always reports usage: ask upstreams for it.
+        include_usage: true,
+        max_tokens: take_u64(top, "max_output_tokens")?,
+        temperature: take_f64(top, "temperature")?,
+        top_p: take_f64(top, "top_p")?,
+        parallel_tool_calls: take_bool(top, "parallel_tool_calls")?,
+        user: take_str(top, "user")?,
+        ..Options::default()
+    };
+    let echo = &mut ctx.echo;
+    echo.max_output_tokens = options.max_tokens;
+    echo.temperature = options.temperature;
+    echo.top_p = options.top_p;
+    echo.parallel_tool_calls = options.parallel_tool_calls.unwrap_or(true);
+    echo.user = options.user.clone();
+
+    if let Some(choice) = top.remove("tool_choice").filter(|v| !v.is_null()) {
+        options.tool_choice = decode_tool_choice(&choice)?;
+        echo.tool_choice = choice;
+    }
+
+    if let Some(text) = top.remove("text").filter(|v| !v.is_null()) {
+        let Value::Object(mut fields) = text else {
+            return Err(invalid("text must be an object.", "text"));
+        };
+        echo.text = Value::Object(fields.clone());
+        if let Some(format) = fields.remove("format").filter(|v| !v.is_null()) {
+            options.format = decode_format(format)?;
+        }
+        if !fields.is_empty() {
+            top.insert("text".into(), Value::Object(fields));
+        }
+    }
+
+    if let Some(reasoning) = top.remove("reasoning").filter(|v| !v.is_null()) {
+        let Value::Object(mut fields) = reasoning else {
+            return Err(invalid("reasoning must be an object.", "reasoning"));
+        };
+        echo.reasoning = Value::Object(fields.clone());
+        options.reasoning_effort = take_str_at(&mut fields, "effort", "reasoning.effort")?;
+        let summary = take_str_at(&mut fields, "summary", "reasoning.summary")?;
+        let legacy = take_str_at(
+            &mut fields,
+            "generate_summary",
+            "reasoning.generate_summary",
+        )?;
+        options.reasoning_summary = summary.or(legacy);
+        if !fields.is_empty() {
+            top.insert("reasoning".into(), Value::Object(fields));
+        }
+    }
+    Ok(options)
+}
+
+fn decode_tool_choice(choice: &Value) -> Result<Option<ToolChoice>, ApiError> {
+    let param = "tool_choice";
+    match choice {
+        Value::String(mode) => match mode.as_str() {
+            "auto" => Ok(Some(ToolChoice::Auto)),
+            "none" => Ok(Some(ToolChoice::None)),
+            "required" => Ok(Some(ToolChoice::Required)),
+            other => Err(invalid(
+                format!("Invalid tool_choice `{other}`: expected auto, none or required."),
+                param,
+            )),
+        },
+        Value::Object(fields) => match fields.get("type").and_then(Value::as_str) {
+            Some("function" | "custom") => match fields.get("name").and_then(Value::as_str) {
+                Some(name) => Ok(Some(ToolChoice::Function(name.to_owned()))),
+                None => Err(invalid("tool_choice.name is required.", "tool_choice.name")),
+            },
+            Some("allowed_tools") => Ok(Some(match fields.get("mode").and_then(Value::as_str) {
+                Some("required") => ToolChoice::Required,
+                _ => ToolChoice::Auto,
+            })),
+            // A hosted tool's type: that tool is dropped, so nothing to force.
+            Some(_) => Ok(None),
+            None => Err(invalid("tool_choice.type is required.", "tool_choice.type")),
+        },
+        _ => Err(invalid("tool_choice must be a string or an object.", param)),
+    }
+}
+
+fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
+    let Value::Object(mut fields) = format else {
+        return Err(invalid("text.format must be an object.", "text.format"));
+    };
+    let kind = take_str_at(&mut fields, "type", "text.format.type")?;
+    Ok(match kind.as_deref() {
+        // `{name, schema, strict, description}`: the same object chat nests
+        // in `response_format.json_schema`.
+        Some("json_schema") => Some(Format::JsonSchema(Value::Object(fields))),
+        Some("json_object") => Some(Format::JsonObject),
+        _ => None,
+    })
+}
+
+fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
+    let list = match tools {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(list) => list,
+        _ => return Err(invalid("tools must be an array.", "tools")),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, tool) in list.into_iter().enumerate() {
+        let param = format!("tools[{i}]");
+        let Value::Object(mut tool) = tool else {
+            return Err(invalid(format!("{param} must be an object."), param));
+        };
+        let kind = required_str(&mut tool, "type", &param)?;
+        match kind.as_str() {
+            "function" | "custom" => out.push(function_tool(tool, &kind, None, &param, ctx)?),
+            "namespace" => {
+                let namespace = required_str(&mut tool, "name", &param)?;
+                let Some(Value::Array(nested)) = tool.remove("tools") else {
+                    return Err(invalid(
+                        format!("{param}.tools must be an array."),
+                        format!("{param}.tools"),
+                    ));
+                };
+                for (j, inner) in nested.into_iter().enumerate() {
+                    let param = format!("{param}.tools[{j}]");
+                    let Value::Object(mut inner) = inner else {
+                        return Err(invalid(format!("{param} must be an object."), param));
+                    };
+                    let kind = required_str(&mut inner, "type", &param)?;
+                    if kind == "function" || kind == "custom" {
+                        out.push(function_tool(inner, &kind, Some(&namespace), &param, ctx)?);
+                    } else {
+                        note_dropped(ctx, kind);
+                    }
+                }
+            }
+            _ => note_dropped(ctx, kind),
+        }
+    }
+    Ok(out)
+}
+
+fn note_dropped(ctx: &mut Context, kind: String) {
+    if !ctx.dropped_tools.contains(&kind) {
+        ctx.dropped_tools.push(kind);
+    }
+}
+
+/// A `function` or `custom` tool definition; whatever else it carries
+/// (`strict`, a custom tool's `format`, …) goes to `extra`.
+fn function_tool(
+    mut tool: Map<String, Value>,
+    kind: &str,
+    namespace: Option<&str>,
+    param: &str,
+    ctx: &mut Context,
+) -> Result<FunctionTool, ApiError> {
+    let name = required_str(&mut tool, "name", param)?;
+    let description = take_str_at(&mut tool, "description", &format!("{param}.description"))?;
+    let (kind, parameters) = if kind == "custom" {
+        // A freeform tool takes one raw string; to a model without custom
+        // tools it is a function of one string argument.
+        let schema = json!({
+            "type": "object",
+            "properties": {"input": {"type": "string"}},
+            "required": ["input"],
+        });
+        (CallKind::Custom, schema)
+    } else {
+        let parameters = tool
+            .remove("parameters")
+            .filter(|v| !v.is_null())
+            .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+        (CallKind::Function, parameters)
+    };
+    Ok(FunctionTool {
+        name: match namespace {
+            Some(namespace) => flatten(ctx, namespace, name),
+            None => name,
+        },
+        description,
+        parameters,
+        kind,
+        extra: tool,
+    })
+}
+
+/// `<namespace>__<name>`, remembered so calls can be handed back as sent.
+fn flatten(ctx: &mut Context, namespace: &str, name: String) -> String {
+    let flat = format!("{namespace}{NAMESPACE_SEPARATOR}{name}");
+    ctx.namespaced
+        .entry(flat.clone())
+        .or_insert_with(|| (namespace.to_owned(), name));
+    flat
+}
+
+fn decode_input(
+    input: Option<Value>,
+    items: &mut Vec<Item>,
+    system: &mut Vec<String>,
+    ctx: &mut Context,
+) -> Result<(), ApiError> {
+    let list = match input {
+        Some(Value::String(text)) if !text.is_empty() => {
+            items.push(Item::Message(Message::text(Role::User, text)));
+            return Ok(());
+        }
+        Some(Value::Array(list)) if !list.is_empty() => list,
+        None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {
+            return Err(invalid(
+                "input is required: a string or a non-empty array of input items.",
+                "input",
+            ))
+        }
+        Some(_) => {
+            return Err(invalid(
+                "input must be a string or an array of input items.",
+                "input",
+            ))
+        }
+    };
+    items.reserve(list.len());
+    for (i, item) in list.into_iter().enumerate() {
+        let Some(item) = decode_item(item, i, ctx)? else {
+            continue;
+        };
+        match item {
+            // Instructions before anything else are the system prompt.
+            Item::Message(m) if m.role == Role::System && items.is_empty() => {
+                system.push(m.text_content())
+            }
+            item => items.push(item),
+        }
+    }
+    Ok(())
+}
+
+/// One input item; `None` for item types the proxy does not model (such as
+/// `item_reference` or hosted tool calls), which are skipped.
+fn decode_item(item: Value, i: usize, ctx: &mut Context) -> Result<Option<Item>, ApiError> {
+    let param = format!("input[{i}]");
+    let Value::Object(mut item) = item else {
+        return Err(invalid(format!("{param} must be an object."), param));
+    };
+    let kind = match item.remove("type") {
+        Some(Value::String(kind)) => kind,
+        // An "easy" input message: `{role, content}`.
+        None | Some(Value::Null) if item.contains_key("role") => "message".to_owned(),
+        _ => {
+            return Err(invalid(
+                format!("{param}.type is required."),
+                format!("{param}.type"),
+            ))
+        }
+    };
+    Ok(Some(match kind.as_str() {
+        "message" => Item::Message(decode_message(item, &param)?),
+        "function_call" | "custom_tool_call" => {
+            let call_id = required_str(&mut item, "call_id", &param)?;
+            let mut name = required_str(&mut item, "name", &param)?;
+            let namespace = take_str_at(&mut item, "namespace", &format!("{param}.namespace"))?;
+            if let Some(namespace) = namespace {
+                name = flatten(ctx, &namespace, name);
+            }
+            let (field, kind) = if kind == "function_call" {
+                ("arguments", CallKind::Function)
+            } else {
+                ("input", CallKind::Custom)
+            };
+            let arguments =
+                take_str_at(&mut item, field, &format!("{param}.{field}"))?.unwrap_or_default();
+            Item::ToolCall(ToolCall {
+                id: call_id,
+                name,
+                arguments,
+                kind,
+            })
+        }
+        "function_call_output" | "custom_tool_call_output" => Item::ToolResult(ToolResult {
+            call_id: required_str(&mut item, "call_id", &param)?,
+            output: output_text(item.remove("output"), &param)?,
+            is_error: false,
+        }),
+        "reasoning" => Item::Reasoning(decode_reasoning(item, &param)?),
+        _ => return Ok(None),
+    }))
+}
+
+fn decode_message(mut item: Map<String, Value>, param: &str) -> Result<Message, ApiError> {
+    let role = match required_str(&mut item, "role", param)?.as_str() {
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "system" | "developer" => Role::System,
+        other => {
+            return Err(invalid(
+                format!(
+                "Invalid {param}.role `{other}`: expected user, assistant, system or developer."
+            ),
+                format!("{param}.role"),
+            ))
+        }
+    };
+    let content = match item.remove("content") {
+        Some(Value::String(text)) => vec![Part::Text(text)],
+        Some(Value::Array(parts)) => {
+            let mut out = Vec::with_capacity(parts.len());
+            for (j, part) in parts.into_iter().enumerate() {
+                out.push(decode_part(part, &format!("{param}.content[{j}]"))?);
+            }
+            out
+        }
+        _ => {
+            return Err(invalid(
+                format!("{param}.content must be a string or an array of content parts."),
+                format!("{param}.content"),
+            ))
+        }
+    };
+    // The id and status of an item the client got from a response say
+    // nothing to a model; anything else (`phase`, …) is kept.
+    item.remove("id");
+    item.remove("status");
+    Ok(Message {
+        role,
+        content,
+        extra: item,
+    })
+}
+
+fn decode_part(part: Value, param: &str) -> Result<Part, ApiError> {
+    let Value::Object(mut part) = part else {
+        return Err(invalid(format!("{param} must be an object."), param));
+    };
+    let text_field = match part.get("type").and_then(Value::as_str) {
+        Some("input_text" | "output_text" | "text") => "text",
+        Some("refusal") => "refusal",
+        Some("input_image") if part.get("image_url").is_some_and(Value::is_string) => {
+            let url = take_str_at(&mut part, "image_url", param)?.unwrap_or_default();
+            let detail = take_str_at(&mut part, "detail", param)?;
+            return Ok(Part::Image { url, detail });
+        }
+        // Images by file id, files, audio: passed on as they are.
+        _ => return Ok(Part::Other(Value::Object(part))),
+    };
+    match part.remove(text_field) {
+        Some(Value::String(text)) => Ok(Part::Text(text)),
+        _ => Err(invalid(
+            format!("{param}.{text_field} must be a string."),
+            format!("{param}.{text_field}"),
+        )),
+    }
+}
+
+/// A tool output: a string, or content parts whose texts are joined.
+fn output_text(output: Option<Value>, param: &str) -> Result<String, ApiError> {
+    match output {
+        Some(Value::String(text)) => Ok(text),
+        Some(Value::Array(parts)) => {
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect();
+            Ok(texts.join("\n"))
+        }
+        _ => Err(invalid(
+            format!("{param}.output must be a string or an array of content parts."),
+            format!("{param}.output"),
+        )),
+    }
+}
+
+fn decode_reasoning(mut item: Map<String, Value>, param: &str) -> Result<Reasoning, ApiError> {
+    let id = take_str_at(&mut item, "id", &format!("{param}.id"))?;
+    let encrypted = take_str_at(
+        &mut item,
+        "encrypted_content",
+        &format!("{param}.encrypted_content"),
+    )?;
+    let texts = |parts: Option<Value>, field: &str| -> Result<Vec<String>, ApiError> {
+        match parts {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(parts)) => parts
+                .into_iter()
+                .enumerate()
+                .map(|(j, part)| match part {
+                    Value::Object(mut part) => match part.remove("text") {
+                        Some(Value::String(text)) => Ok(text),
+                        _ => Err(invalid(
+                            format!("{param}.{field}[{j}].text must be a string."),
+                            format!("{param}.{field}[{j}].text"),
+                        )),
+                    },
+                    _ => Err(invalid(
+                        format!("{param}.{field}[{j}] must be an object."),
+                        format!("{param}.{field}[{j}]"),
+                    )),
+                })
+                .collect(),
+            Some(_) => Err(invalid(
+                format!("{param}.{field} must be an array."),
+                format!("{param}.{field}"),
+            )),
+        }
+    };
+    let summary = texts(item.remove("summary"), "summary")?;
+    let text = texts(item.remove("content"), "content")?.join("\n");
+    Ok(Reasoning {
+        id,
+        text,
+        summary,
+        encrypted,
+    })
+}
+
+// Typed field readers: null counts as absent; a wrong type is a 400 naming
+// the field.
+
+fn take_str(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    take_str_at(map, key, key)
+}
+
+fn take_str_at(
+    map: &mut Map<String, Value>,
+    key: &str,
+    param: &str,
+) -> Result<Option<String>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(invalid(format!("{param} must be a string."), param)),
+    }
+}
+
+fn required_str(map: &mut Map<String, Value>, key: &str, at: &str) -> Result<String, ApiError> {
+    let param = format!("{at}.{key}");
+    match take_str_at(map, key, &param)? {
+        Some(s) => Ok(s),
+        None => Err(invalid(format!("{param} is required."), param)),
+    }
+}
+
+fn take_bool(map: &mut Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(b)),
+        Some(_) => Err(invalid(format!("{key} must be a boolean."), key)),
+    }
+}
+
+fn take_f64(map: &mut Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(invalid(format!("{key} must be a number."), key)),
+    }
+}
+
+fn take_u64(map: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+        Some(_) => Err(invalid(
+            format!("{key} must be a non-negative integer."),
+            key,
+        )),
+    }
+}
+
+// ----------------------------------------------------------------- encode
+
+fn new_id(prefix: &str) -> String {
+    let mut id = String::with_capacity(prefix.len() + 32);
+    id.push_str(prefix);
+    id.extend((0..32).map(|_| fastrand::alphanumeric()));
+    id
+}
+
+/// One output item of the response, as far as it got.
+#[derive(Debug)]
+struct OutputItem {
+    id: String,
+    body: Body,
+}
+
+#[derive(Debug)]
+enum Body {
+    Message {
+        text: String,
+    },
+    Reasoning {
+        /// What was streamed as `reasoning_text`.
+        text: String,
+        /// Whether a `reasoning_text` content part is open.
+        part: bool,
+        /// The upstream's item, once it completed: its text replaces the
+        /// streamed one in the finished item (which goes back upstream).
+        upstream_text: Option<String>,
+        summary: Vec<String>,
+        encrypted: Option<String>,
+    },
+    FunctionCall {
+        call_id: String,
+        name: String,
+        namespace: Option<String>,
+        arguments: String,
+    },
+    CustomCall {
+        call_id: String,
+        name: String,
+        namespace: Option<String>,
+        input: String,
+    },
+}
+
+/// How far an item is, for its wire form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Just opened (`output_item.added`): no content yet.
+    Added,
+    Done,
+    /// Cut off by a failure.
+    Cut,
+}
+
+impl OutputItem {
+    /// About the bytes of text the item serializes to.
+    fn size_hint(&self) -> usize {
+        let text = match &self.body {
+            Body::Message { text } => text.len(),
+            Body::Reasoning {
+                text,
+                upstream_text,
+                summary,
+                encrypted,
+                ..
+            } => {
+                upstream_text.as_ref().map_or(text.len(), String::len)
+                    + summary.iter().map(String::len).sum::<usize>()
+                    + encrypted.as_ref().map_or(0, String::len)
+            }
+            Body::FunctionCall { arguments, .. } => arguments.len() + 64,
+            Body::CustomCall { input, .. } => input.len() + 64,
+        };
+        text + 128
+    }
+
+    fn wire(&self, phase: Phase) -> ItemOut<'_> {
+        let status = match phase {
+            Phase::Added => "in_progress",
+            Phase::Done => "completed",
+            Phase::Cut => "incomplete",
+        };
+        let added = phase == Phase::Added;
+        let id = self.id.as_str();
+        match &self.body {
+            Body::Message { text } => ItemOut::Message {
+                id,
+                status,
+                role: "assistant",
+                content: ZeroOrOne((!added).then_some(PartOut::OutputText {
+                    text,
+                    annotations: Empty,
+                    logprobs: Empty,
+                })),
+            },
+            Body::Reasoning {
+                text,
+                upstream_text,
+                summary,
+                encrypted,
+                ..
+            } => {
+                let text = upstream_text.as_deref().unwrap_or(text);
+                ItemOut::Reasoning {
+                    id,
+                    summary: SummaryList(if added { &[] } else { summary }),
+                    content: (!added && !text.is_empty())
+                        .then_some(ZeroOrOne(Some(PartOut::ReasoningText { text }))),
+                    encrypted_content: encrypted.as_deref().filter(|_| !added),
+                }
+            }
+            Body::FunctionCall {
+                call_id,
+                name,
+                namespace,
+                arguments,
+            } => ItemOut::FunctionCall {
+                id,
+                call_id,
+                name,
+                namespace: namespace.as_deref(),
+                arguments: if added { "" } else { arguments },
+                status,
+            },
+            Body::CustomCall {
+                call_id,
+                name,
+                namespace,
+                input,
+            } => ItemOut::CustomToolCall {
+                id,
+                call_id,
+                name,
+                namespace: namespace.as_deref(),
+                input: if added { "" } else { input },
+            },
+        }
+    }
+}
+
+/// Writes the events of a stream, numbered; writes nothing for a
+/// non-streaming answer (which only collects the items). `Copy`, so an
+/// event borrowing the encoder can be written with a copy, then put back.
+#[derive(Clone, Copy)]
+struct Sink {
+    stream: bool,
+    sequence: u64,
+}
+
+impl Sink {
+    fn emit<T: Serialize>(&mut self, out: &mut Vec<u8>, kind: &'static str, body: T) {
+        if !self.stream {
+            return;
+        }
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        let event = EventOut {
+            kind,
+            sequence_number: self.sequence,
+            body,
+        };
+        // Our own types of strings, numbers and parsed JSON: cannot fail.
+        let _ = serde_json::to_writer(&mut *out, &event);
+        out.extend_from_slice(b"\n\n");
+        self.sequence += 1;
+    }
+}
+
+/// The Responses [`Encoder`]: one Response, whatever number of rounds the
+/// loop took.
+pub struct ResponsesEncoder {
+    id: String,
+    created_at: u64,
+    model: String,
+    context: Context,
+    sink: Sink,
+    output: Vec<OutputItem>,
+    /// The message or reasoning item (an index into `output`) still taking text.
+    open: Option<usize>,
+    /// The terminal event went out: nothing more may follow it.
+    ended: bool,
+}
+
+impl ResponsesEncoder {
+    pub fn new(model: &str, stream: bool, context: Context) -> Self {
+        ResponsesEncoder {
+            id: new_id("resp_"),
+            created_at: unix_now(),
+            model: model.to_owned(),
+            context,
+            sink: Sink {
+                stream,
+                sequence: 0,
+            },
+            output: Vec::new(),
+            open: None,
+            ended: false,
+        }
+    }
+
+    /// The open item if it is a message, else a new one (closing what was open).
+    fn message(&mut self, out: &mut Vec<u8>) -> usize {
+        if let Some(index) = self.open {
+            if matches!(self.output[index].body, Body::Message { .. }) {
+                return index;
+            }
+        }
+        self.close(None, out);
+        let index = self.add(
+            new_id("msg_"),
+            Body::Message {
+                text: String::new(),
+            },
+            out,
+        );
+        let item_id = &self.output[index].id;
+        self.sink.emit(
+            out,
+            "response.content_part.added",
+            PartEvent {
+                item_id,
+                output_index: index,
+                content_index: 0,
+                part: PartOut::OutputText {
+                    text: "",
+                    annotations: Empty,
+                    logprobs: Empty,
+                },
+            },
+        );
+        self.open = Some(index);
+        index
+    }
+
+    /// The open item if it is reasoning, else a new one (closing what was open).
+    fn reasoning_index(&mut self, id: Option<&str>, out: &mut Vec<u8>) -> usize {
+        if let Some(index) = self.open {
+            if matches!(self.output[index].body, Body::Reasoning { .. }) {
+                return index;
+            }
+        }
+        self.close(None, out);
+        let id = id.map_or_else(|| new_id("rs_"), str::to_owned);
+        let index = self.add(
+            id,
+            Body::Reasoning {
+                text: String::new(),
+                part: false,
+                upstream_text: None,
+                summary: Vec::new(),
+                encrypted: None,
+            },
+            out,
+        );
+        self.open = Some(index);
+        index
+    }
+
+    /// Appends an item and announces it.
+    fn add(&mut self, id: String, body: Body, out: &mut Vec<u8>) -> usize {
+        let index = self.output.len();
+        self.output.push(OutputItem { id, body });
+        self.sink.emit(
+            out,
+            "response.output_item.added",
+            ItemEvent {
+                output_index: index,
+                item: self.output[index].wire(Phase::Added),
+            },
+        );
+        index
+    }
+
+    /// Streams reasoning text into the open reasoning item at `index`.
+    fn reasoning_text(&mut self, index: usize, delta: &str, out: &mut Vec<u8>) {
+        let item = &mut self.output[index];
+        let Body::Reasoning { text, part, .. } = &mut item.body else {
+            return;
+        };
+        if !*part {
+            *part = true;
+            self.sink.emit(
+                out,
+                "response.content_part.added",
+                PartEvent {
+                    item_id: &item.id,
+                    output_index: index,
+                    content_index: 0,
+                    part: PartOut::ReasoningText { text: "" },
+                },
+            );
+        }
+        text.push_str(delta);
+        self.sink.emit(
+            out,
+            "response.reasoning_text.delta",
+            DeltaEvent {
+                item_id: &item.id,
+                output_index: index,
+                content_index: 0,
+                delta,
+            },
+        );
+    }
+
+    /// Finishes the open item, if any; a reasoning item takes the summary,
+    /// text and encrypted content of `upstream`, the item the upstream made.
+    fn close(&mut self, upstream: Option<&Reasoning>, out: &mut Vec<u8>) {
+        let Some(index) = self.open.take() else {
+            return;
+        };
+        let item = &mut self.output[index];
+        let item_id = item.id.as_str();
+        match &mut item.body {
+            Body::Message { text } => {
+                self.sink.emit(
+                    out,
+                    "response.output_text.done",
+                    TextDoneEvent {
+                        item_id,
+                        output_index: index,
+                        content_index: 0,
+                        text,
+                        logprobs: Empty,
+                    },
+                );
+                self.sink.emit(
+                    out,
+                    "response.content_part.done",
+                    PartEvent {
+                        item_id,
+                        output_index: index,
+                        content_index: 0,
+                        part: PartOut::OutputText {
+                            text,
+                            annotations: Empty,
+                            logprobs: Empty,
+                        },
+                    },
+                );
+            }
+            Body::Reasoning {
+                text,
+                part,
+                upstream_text,
+                summary,
+                encrypted,
+            } => {
+                if *part {
+                    *part = false;
+                    self.sink.emit(
+                        out,
+                        "response.reasoning_text.done",
+                        ReasoningDoneEvent {
+                            item_id,
+                            output_index: index,
+                            content_index: 0,
+                            text,
+                        },
+                    );
+                    self.sink.emit(
+                        out,
+                        "response.content_part.done",
+                        PartEvent {
+                            item_id,
+                            output_index: index,
+                            content_index: 0,
+                            part: PartOut::ReasoningText { text },
+                        },
+                    );
+                }
+                if let Some(upstream) = upstream {
+                    *upstream_text = Some(upstream.text.clone());
+                    summary.clone_from(&upstream.summary);
+                    encrypted.clone_from(&upstream.encrypted);
+                    // A round decoder may have streamed the summary as
+                    // reasoning already; then it is not shown twice.
+                    if !contains_in_order(text, summary) {
+                        emit_summary(&mut self.sink, item_id, index, summary, out);
+                    }
+                }
+            }
+            // Calls are finished as they are added.
+            Body::FunctionCall { .. } | Body::CustomCall { .. } => {}
+        }
+        self.sink.emit(
+            out,
+            "response.output_item.done",
+            ItemEvent {
+                output_index: index,
+                item: self.output[index].wire(Phase::Done),
+            },
+        );
+    }
+
+    /// The Response object: `output` with every item finished, but for the
+    /// one a failure cut off.
+    fn response<'a>(
+        &'a self,
+        status: &'static str,
+        incomplete: Option<&'static str>,
+        usage: Option<Usage>,
+        error: Option<ErrorOut<'a>>,
+    ) -> ResponseOut<'a> {
+        let echo = &self.context.echo;
+        ResponseOut {
+            id: &self.id,
+            object: "response",
+            created_at: self.created_at,
+            status,
+            completed_at: (status == "completed").then(unix_now),
+            background: false,
+            error,
+            incomplete_details: incomplete.map(|reason| IncompleteOut { reason }),
+            instructions: echo.instructions.as_deref(),
+            max_output_tokens: echo.max_output_tokens,
+            model: &self.model,
+            output: OutputList {
+                items: &self.output,
+                cut: self.open,
+            },
+            parallel_tool_calls: echo.parallel_tool_calls,
+            previous_response_id: None,
+            prompt_cache_key: echo.prompt_cache_key.as_deref(),
+            reasoning: &echo.reasoning,
+            safety_identifier: echo.safety_identifier.as_deref(),
+            store: echo.store,
+            temperature: echo.temperature,
+            text: &echo.text,
+            tool_choice: &echo.tool_choice,
+            tools: Empty,
+            top_p: echo.top_p,
+            truncation: &echo.truncation,
+            usage: usage.map(UsageOut::from),
+            user: echo.user.as_deref(),
+            metadata: &echo.metadata,
+        }
+    }
+}
+
+/// Announces summary parts not streamed before, each whole.
+fn emit_summary(sink: &mut Sink, item_id: &str, index: usize, parts: &[String], out: &mut Vec<u8>) {
+    for (summary_index, text) in parts.iter().enumerate() {
+        let text = text.as_str();
+        let at = SummaryAt {
+            item_id,
+            output_index: index,
+            summary_index,
+        };
+        let part = |text| SummaryPartOut {
+            kind: "summary_text",
+            text,
+        };
+        sink.emit(
+            out,
+            "response.reasoning_summary_part.added",
+            SummaryPartEvent {
+                at: &at,
+                part: part(""),
+            },
+        );
+        sink.emit(
+            out,
+            "response.reasoning_summary_text.delta",
+            SummaryDeltaEvent {
+                at: &at,
+                delta: text,
+            },
+        );
+        sink.emit(
+            out,
+            "response.reasoning_summary_text.done",
+            SummaryDoneEvent { at: &at, text },
+        );
+        sink.emit(
+            out,
+            "response.reasoning_summary_part.done",
+            SummaryPartEvent {
+                at: &at,
+                part: part(text),
+            },
+        );
+    }
+}
+
+/// Whether every part occurs in `text`, in order (whatever lies between).
+fn contains_in_order(text: &str, parts: &[String]) -> bool {
+    let mut rest = text;
+    parts.iter().all(|part| match rest.find(part.as_str()) {
+        Some(at) => {
+            rest = &rest[at + part.len()..];
+            true
+        }
+        None => false,
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Encoder for ResponsesEncoder {
+    fn streams(&self) -> bool {
+        self.sink.stream
+    }
+
+    fn open(&mut self, out: &mut Vec<u8>) {
+        if !self.sink.stream {
+            return;
+        }
+        let mut sink = self.sink;
+        let response = self.response("in_progress", None, None, None);
+        for kind in ["response.created", "response.in_progress"] {
+            sink.emit(
+                out,
+                kind,
+                ResponseEvent {
+                    response: &response,
+                },
+            );
+        }
+        self.sink = sink;
+    }
+
+    fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
+        if text.is_empty() || self.ended {
+            return;
+        }
+        let index = self.reasoning_index(None, out);
+        self.reasoning_text(index, text, out);
+    }
+
+    /// Finishes the open reasoning item with what the upstream completed
+    /// (summary, encrypted content), or hands it on as a new item.
+    fn reasoning_item(&mut self, item: &Reasoning, out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        let reasoning_open = self
+            .open
+            .is_some_and(|i| matches!(self.output[i].body, Body::Reasoning { .. }));
+        if !reasoning_open {
+            let index = self.reasoning_index(item.id.as_deref(), out);
+            if !item.text.is_empty() {
+                self.reasoning_text(index, &item.text, out);
+            }
+        }
+        self.close(Some(item), out);
+    }
+
+    fn content(&mut self, text: &str, out: &mut Vec<u8>) {
+        if text.is_empty() || self.ended {
+            return;
+        }
+        let index = self.message(out);
+        let item = &mut self.output[index];
+        if let Body::Message { text: all } = &mut item.body {
+            all.push_str(text);
+        }
+        self.sink.emit(
+            out,
+            "response.output_text.delta",
+            TextDeltaEvent {
+                item_id: &item.id,
+                output_index: index,
+                content_index: 0,
+                delta: text,
+                logprobs: Empty,
+            },
+        );
+    }
+
+    fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        self.close(None, out);
+        for call in calls {
+            // A flattened namespace function goes back under its own name.
+            let (namespace, name) = match self.context.namespaced.get(&call.name) {
+                Some((namespace, name)) => (Some(namespace.clone()), name.clone()),
+                None => (None, call.name.clone()),
+            };
+            let (id, body) = match call.kind {
+                CallKind::Function => (
+                    new_id("fc_"),
+                    Body::FunctionCall {
+                        call_id: call.id.clone(),
+                        name,
+                        namespace,
+                        arguments: call.arguments.clone(),
+                    },
+                ),
+                CallKind::Custom => (
+                    new_id("ctc_"),
+                    Body::CustomCall {
+                        call_id: call.id.clone(),
+                        name,
+                        namespace,
+                        input: call.arguments.clone(),
+                    },
+                ),
+            };
+            let index = self.add(id, body, out);
+            let item_id = self.output[index].id.as_str();
+            let whole = call.arguments.as_str();
+            let (delta, done) = match call.kind {
+                CallKind::Function => (
+                    "response.function_call_arguments.delta",
+                    "response.function_call_arguments.done",
+                ),
+                CallKind::Custom => (
+                    "response.custom_tool_call_input.delta",
+                    "response.custom_tool_call_input.done",
+                ),
+            };
+            if !whole.is_empty() {
+                self.sink.emit(
+                    out,
+                    delta,
+                    CallDeltaEvent {
+                        item_id,
+                        output_index: index,
+                        delta: whole,
+                    },
+                );
+            }
+            match call.kind {
+                CallKind::Function => self.sink.emit(
+                    out,
+                    done,
+                    ArgumentsDoneEvent {
+                        item_id,
+                        output_index: index,
+                        arguments: whole,
+                    },
+                ),
+                CallKind::Custom => self.sink.emit(
+                    out,
+                    done,
+                    InputDoneEvent {
+                        item_id,
+                        output_index: index,
+                        input: whole,
+                    },
+                ),
+            }
+            self.sink.emit(
+                out,
+                "response.output_item.done",
+                ItemEvent {
+                    output_index: index,
+                    item: self.output[index].wire(Phase::Done),
+                },
+            );
+        }
+    }
+
+    fn finish(&mut self, finish: Finish, usage: Usage, out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        self.close(None, out);
+        self.ended = true;
+        let (kind, status, incomplete) = match finish {
+            Finish::Stop | Finish::ToolCalls => ("response.completed", "completed", None),
+            Finish::Length => (
+                "response.incomplete",
+                "incomplete",
+                Some("max_output_tokens"),
+            ),
+            Finish::ContentFilter => ("response.incomplete", "incomplete", Some("content_filter")),
+        };
+        if !self.sink.stream {
+            // Sized for the texts and the envelope: one allocation, no regrowth.
+            let texts: usize = self.output.iter().map(OutputItem::size_hint).sum();
+            out.reserve(1024 + texts);
+        }
+        let mut sink = self.sink;
+        let response = self.response(status, incomplete, Some(usage), None);
+        write_end(&mut sink, kind, &response, out);
+        self.sink = sink;
+    }
+
+    /// `response.failed`, its response carrying the error and the output so
+    /// far; without a stream, that failed Response object as the body.
+    fn stream_error(&mut self, status: u16, openai_error: &[u8], out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let parsed: Option<ErrorEnvelope> = serde_json::from_slice(openai_error).ok();
+        let (code, message) = match &parsed {
+            Some(ErrorEnvelope { error }) => (failure_code(error), error.message.as_deref()),
+            None => ("server_error".to_owned(), None),
+        };
+        let message = message
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("upstream error {status}"));
+        // The item cut off stays open: it goes out as `incomplete`.
+        let mut sink = self.sink;
+        let response = self.response(
+            "failed",
+            None,
+            None,
+            Some(ErrorOut {
+                code: &code,
+                message: &message,
+            }),
+        );
+        write_end(&mut sink, "response.failed", &response, out);
+        self.sink = sink;
+    }
+}
+
+fn write_end(sink: &mut Sink, kind: &'static str, response: &ResponseOut<'_>, out: &mut Vec<u8>) {
+    if sink.stream {
+        sink.emit(out, kind, ResponseEvent { response });
+    } else {
+        // Our own types: cannot fail.
+        let _ = serde_json::to_writer(&mut *out, response);
+    }
+}
+
+/// The `code` of a failed response: the error's `code`, else its `type`.
+/// llama.cpp's context overflow gets OpenAI's code, which clients such as
+/// Codex act on.
+fn failure_code(error: &ErrorIn<'_>) -> String {
+    let code = match &error.code {
+        Some(Value::String(code))
+            if !code.is_empty() && !code.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Some(code.as_str())
+        }
+        _ => None,
+    };
+    match code.or(error.kind.as_deref()) {
+        Some("exceed_context_size_error") => "context_length_exceeded".to_owned(),
+        Some(code) => code.to_owned(),
+        None => "server_error".to_owned(),
+    }
+}
+
+// ------------------------------------------------------------- wire types
+
+#[derive(Deserialize)]
+struct ErrorEnvelope<'a> {
+    #[serde(borrow)]
+    error: ErrorIn<'a>,
+}
+
+#[derive(Deserialize)]
+struct ErrorIn<'a> {
+    #[serde(default, borrow)]
+    message: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, rename = "type", borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    code: Option<Value>,
+}
+
+/// `[]`, for the lists the proxy never fills (annotations, logprobs, tools).
+struct Empty;
+
+impl Serialize for Empty {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_seq(Some(0))?.end()
+    }
+}
+
+/// A list of no or one element.
+struct ZeroOrOne<T>(Option<T>);
+
+impl<T: Serialize> Serialize for ZeroOrOne<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter())
+    }
+}
+
+/// Summary texts as `[{type: summary_text, text}]`.
+struct SummaryList<'a>(&'a [String]);
+
+impl Serialize for SummaryList<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|text| SummaryPartOut {
+            kind: "summary_text",
+            text,
+        }))
+    }
+}
+
+#[derive(Serialize)]
+struct SummaryPartOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+/// Every event: its type and number, then its own fields.
+#[derive(Serialize)]
+struct EventOut<T> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    sequence_number: u64,
+    #[serde(flatten)]
+    body: T,
+}
+
+#[derive(Serialize)]
+struct ResponseEvent<'a> {
+    response: &'a ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+struct ItemEvent<'a> {
+    output_index: usize,
+    item: ItemOut<'a>,
+}
+
+#[derive(Serialize)]
+struct PartEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    part: PartOut<'a>,
+}
+
+#[derive(Serialize)]
+struct TextDeltaEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    delta: &'a str,
+    logprobs: Empty,
+}
+
+#[derive(Serialize)]
+struct TextDoneEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    text: &'a str,
+    logprobs: Empty,
+}
+
+#[derive(Serialize)]
+struct DeltaEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    delta: &'a str,
+}
+
+#[derive(Serialize)]
+struct ReasoningDoneEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+struct SummaryAt<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    summary_index: usize,
+}
+
+#[derive(Serialize)]
+struct SummaryPartEvent<'a> {
+    #[serde(flatten)]
+    at: &'a SummaryAt<'a>,
+    part: SummaryPartOut<'a>,
+}
+
+#[derive(Serialize)]
+struct SummaryDeltaEvent<'a> {
+    #[serde(flatten)]
+    at: &'a SummaryAt<'a>,
+    delta: &'a str,
+}
+
+#[derive(Serialize)]
+struct SummaryDoneEvent<'a> {
+    #[serde(flatten)]
+    at: &'a SummaryAt<'a>,
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+struct CallDeltaEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    delta: &'a str,
+}
+
+#[derive(Serialize)]
+struct ArgumentsDoneEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct InputDoneEvent<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    input: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum PartOut<'a> {
+    OutputText {
+        text: &'a str,
+        annotations: Empty,
+        logprobs: Empty,
+    },
+    ReasoningText {
+        text: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ItemOut<'a> {
+    Message {
+        id: &'a str,
+        status: &'static str,
+        role: &'static str,
+        content: ZeroOrOne<PartOut<'a>>,
+    },
+    Reasoning {
+        id: &'a str,
+        summary: SummaryList<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<ZeroOrOne<PartOut<'a>>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        encrypted_content: Option<&'a str>,
+    },
+    FunctionCall {
+        id: &'a str,
+        call_id: &'a str,
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        namespace: Option<&'a str>,
+        arguments: &'a str,
+        status: &'static str,
+    },
+    CustomToolCall {
+        id: &'a str,
+        call_id: &'a str,
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        namespace: Option<&'a str>,
+        input: &'a str,
+    },
+}
+
+/// The items in `output`: finished, but for the one a failure cut off.
+struct OutputList<'a> {
+    items: &'a [OutputItem],
+    cut: Option<usize>,
+}
+
+impl Serialize for OutputList<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.items.iter().enumerate().map(|(i, item)| {
+            item.wire(if self.cut == Some(i) {
+                Phase::Cut
+            } else {
+                Phase::Done
+            })
+        }))
+    }
+}
+
+#[derive(Serialize)]
+struct ResponseOut<'a> {
+    id: &'a str,
+    object: &'static str,
+    created_at: u64,
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completed_at: Option<u64>,
+    background: bool,
+    error: Option<ErrorOut<'a>>,
+    incomplete_details: Option<IncompleteOut>,
+    instructions: Option<&'a str>,
+    max_output_tokens: Option<u64>,
+    model: &'a str,
+    output: OutputList<'a>,
+    parallel_tool_calls: bool,
+    previous_response_id: Option<&'a str>,
+    prompt_cache_key: Option<&'a str>,
+    reasoning: &'a Value,
+    safety_identifier: Option<&'a str>,
+    store: bool,
+    temperature: Option<f64>,
+    text: &'a Value,
+    tool_choice: &'a Value,
+    /// The client's tools are not repeated: no SDK reads them back, and
+    /// Codex's are tens of kilobytes, thrice per response.
+    tools: Empty,
+    top_p: Option<f64>,
+    truncation: &'a Value,
+    usage: Option<UsageOut>,
+    user: Option<&'a str>,
+    metadata: &'a Value,
+}
+
+#[derive(Serialize)]
+struct ErrorOut<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+#[derive(Serialize)]
+struct IncompleteOut {
+    reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct UsageOut {
+    input_tokens: u64,
+    input_tokens_details: CachedTokens,
+    output_tokens: u64,
+    output_tokens_details: ReasoningTokens,
+    total_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct CachedTokens {
+    cached_tokens: u64,
+    /// Required by the SDKs' usage type, though OpenAI's docs omit it.
+    cache_write_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct ReasoningTokens {
+    reasoning_tokens: u64,
+}
+
+impl From<Usage> for UsageOut {
+    fn from(usage: Usage) -> Self {
+        UsageOut {
+            input_tokens: usage.prompt_tokens,
+            input_tokens_details: CachedTokens {
+                cached_tokens: 0,
+                cache_write_tokens: 0,
+            },
+            output_tokens: usage.completion_tokens,
+            output_tokens_details: ReasoningTokens {
+                reasoning_tokens: 0,
+            },
+            total_tokens: usage
+                .total_tokens
+                .max(usage.prompt_tokens + usage.completion_tokens),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CODEX_ROUND1: &[u8] =
+        include_bytes!("../../tests/fixtures/clients/codex-0.169.0-round1.request.json");
+    const CODEX_ROUND2: &[u8] =
+        include_bytes!("../../tests/fixtures/clients/codex-0.169.0-round2.request.json");
+
+    fn decode_json(body: Value) -> Result<(Conversation, Context), ApiError> {
+        decode(&serde_json::to_vec(&body).unwrap())
+    }
+
+    fn text(role: Role, text: &str) -> Item {
+        Item::Message(Message::text(role, text))
+    }
+
+    fn call(id: &str, name: &str, arguments: &str, kind: CallKind) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+            kind,
+        }
+    }
+
+    /// Parses a stream, checking the framing: every event named as its
+    /// `type`, numbered from 0 without gaps.
+    fn events(bytes: &[u8]) -> Vec<Value> {
+        let mut parser = crate::sse::Parser::new(1 << 24);
+        parser.feed(bytes);
+        let mut all: Vec<Value> = Vec::new();
+        while let Some(event) = parser.next_event().unwrap() {
+            let data: Value = serde_json::from_slice(&event.data).unwrap();
+            assert_eq!(event.name.as_deref(), data["type"].as_str(), "{data}");
+            assert_eq!(data["sequence_number"], all.len(), "{data}");
+            all.push(data);
+        }
+        assert!(
+            parser.finish().is_none(),
+            "the stream ends with a whole event"
+        );
+        all
+    }
+
+    fn kinds(events: &[Value]) -> Vec<&str> {
+        events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+    }
+
+    /// The items of the `output_item.done` events, in order.
+    fn done_items(events: &[Value]) -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.done")
+            .map(|e| e["item"].clone())
+            .collect()
+    }
+
+    fn usage() -> Usage {
+        Usage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            total_tokens: 15,
+        }
+    }
+
+    fn streaming(context: Context) -> ResponsesEncoder {
+        ResponsesEncoder::new("coder", true, context)
+    }
+
+    // ------------------------------------------------------------ decode
+
+    #[test]
+    fn string_input_is_one_user_message() {
+        let (conv, ctx) =
+            decode_json(json!({"model": "coder", "input": "hi", "instructions": "Be brief."}))
+                .unwrap();
+        assert_eq!(conv.origin, Dialect::Responses);
+        assert_eq!(conv.model.as_deref(), Some("coder"));
+        assert_eq!(conv.system.as_deref(), Some("Be brief."));
+        assert_eq!(conv.items, vec![text(Role::User, "hi")]);
+        assert!(!conv.options.stream);
+        assert!(conv.extra.is_empty(), "{:?}", conv.extra);
+        assert_eq!(ctx.echo.instructions.as_deref(), Some("Be brief."));
+        assert!(ctx.dropped_tools.is_empty());
+    }
+
+    #[test]
+    fn every_input_item_form() {
+        let (conv, ctx) = decode_json(json!({
+            "model": "coder",
+            "instructions": "First.",
+            "input": [
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Second."}]},
+                {"role": "system", "content": "Third."},
+                {"role": "user", "content": [
+                    {"type": "input_text", "text": "look"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low"},
+                    {"type": "input_image", "file_id": "file-1"},
+                    {"type": "input_file", "file_id": "file-2"}
+                ]},
+                {"type": "item_reference", "id": "msg_old"},
+                {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "phase": "commentary",
+                 "content": [{"type": "output_text", "text": "Sure.", "annotations": [], "logprobs": []},
+                             {"type": "refusal", "refusal": "Not that."}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "S1"}, {"type": "summary_text", "text": "S2"}],
+                 "content": [{"type": "reasoning_text", "text": "thinking"}], "encrypted_content": "ENC"},
+                {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "spawn_agent", "namespace": "agents", "arguments": "{\"a\":1}", "status": "completed"},
+                {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "one"}, {"type": "input_text", "text": "two"}]},
+                {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+                {"type": "custom_tool_call_output", "call_id": "c2", "output": "Done."},
+                {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+                {"type": "developer", "role": "developer", "content": "ignored: unknown type"},
+                {"role": "developer", "content": "Later."}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(conv.system.as_deref(), Some("First.\n\nSecond.\n\nThird."));
+        let mut assistant = Message {
+            role: Role::Assistant,
+            content: vec![Part::Text("Sure.".into()), Part::Text("Not that.".into())],
+            extra: Map::new(),
+        };
+        assistant.extra.insert("phase".into(), json!("commentary"));
+        let expected = vec![
+            Item::Message(Message {
+                role: Role::User,
+                content: vec![
+                    Part::Text("look".into()),
+                    Part::Image {
+                        url: "data:image/png;base64,AA".into(),
+                        detail: Some("low".into()),
+                    },
+                    Part::Other(json!({"type": "input_image", "file_id": "file-1"})),
+                    Part::Other(json!({"type": "input_file", "file_id": "file-2"})),
+                ],
+                extra: Map::new(),
+            }),
+            Item::Message(assistant),
+            Item::Reasoning(Reasoning {
+                id: Some("rs_1".into()),
+                text: "thinking".into(),
+                summary: vec!["S1".into(), "S2".into()],
+                encrypted: Some("ENC".into()),
+            }),
+            Item::ToolCall(call(
+                "c1",
+                "agents__spawn_agent",
+                "{\"a\":1}",
+                CallKind::Function,
+            )),
+            Item::ToolResult(ToolResult {
+                call_id: "c1".into(),
+                output: "one\ntwo".into(),
+                is_error: false,
+            }),
+            Item::ToolCall(call(
+                "c2",
+                "apply_patch",
+                "*** Begin Patch",
+                CallKind::Custom,
+            )),
+            Item::ToolResult(ToolResult {
+                call_id: "c2".into(),
+                output: "Done.".into(),
+                is_error: false,
+            }),
+            text(Role::System, "Later."),
+        ];
+        assert_eq!(conv.items, expected);
+        assert_eq!(
+            ctx.namespaced.get("agents__spawn_agent"),
+            Some(&("agents".to_owned(), "spawn_agent".to_owned()))
+        );
+    }
+
+    #[test]
+    fn tools_are_flattened_and_hosted_ones_dropped() {
+        let (conv, ctx) = decode_json(json!({
+            "input": "hi",
+            "tools": [
+                {"type": "function", "name": "exec", "description": "Run.", "strict": false,
+                 "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+                {"type": "custom", "name": "apply_patch", "description": "Patch.",
+                 "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"}},
+                {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
+                    {"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {}}},
+                    {"type": "custom", "name": "note"}
+                ]},
+                {"type": "web_search", "external_web_access": true},
+                {"type": "file_search", "vector_store_ids": []},
+                {"type": "web_search"}
+            ]
+        }))
+        .unwrap();
+        let names: Vec<&str> = conv.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["exec", "apply_patch", "agents__spawn", "agents__note"]
+        );
+        assert_eq!(ctx.dropped_tools, ["web_search", "file_search"]);
+
+        let exec = &conv.tools[0];
+        assert_eq!(exec.kind, CallKind::Function);
+        assert_eq!(exec.description.as_deref(), Some("Run."));
+        assert_eq!(exec.parameters["properties"]["cmd"]["type"], "string");
+        assert_eq!(
+            exec.extra,
+            json!({"strict": false}).as_object().unwrap().clone()
+        );
+
+        let patch = &conv.tools[1];
+        assert_eq!(patch.kind, CallKind::Custom);
+        assert_eq!(
+            patch.parameters,
+            json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]})
+        );
+        assert_eq!(patch.extra["format"]["syntax"], "lark");
+        assert_eq!(conv.tools[3].kind, CallKind::Custom);
+        assert_eq!(
+            ctx.namespaced.get("agents__note"),
+            Some(&("agents".to_owned(), "note".to_owned()))
+        );
+    }
+
+    #[test]
+    fn options_are_mapped_and_the_rest_kept() {
+        let (conv, ctx) = decode_json(json!({
+            "model": "coder", "input": "hi", "stream": true,
+            "max_output_tokens": 100, "temperature": 0.5, "top_p": 0.9,
+            "tool_choice": {"type": "function", "name": "exec"}, "parallel_tool_calls": false,
+            "reasoning": {"effort": "high", "summary": "auto", "context": "all_turns"},
+            "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": true}, "verbosity": "low"},
+            "user": "u1", "metadata": {"k": "v"}, "store": false, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "pk", "client_metadata": {"a": "b"}, "truncation": "auto",
+            "service_tier": "flex", "safety_identifier": "sid", "x_unknown": 1,
+            "previous_response_id": null, "background": false, "conversation": null
+        }))
+        .unwrap();
+        let o = &conv.options;
+        assert!(o.stream && o.include_usage);
+        assert_eq!(o.max_tokens, Some(100));
+        assert_eq!((o.temperature, o.top_p), (Some(0.5), Some(0.9)));
+        assert_eq!(o.tool_choice, Some(ToolChoice::Function("exec".into())));
+        assert_eq!(o.parallel_tool_calls, Some(false));
+        assert_eq!(o.reasoning_effort.as_deref(), Some("high"));
+        assert_eq!(o.reasoning_summary.as_deref(), Some("auto"));
+        assert_eq!(
+            o.format,
+            Some(Format::JsonSchema(
+                json!({"name": "out", "schema": {"type": "object"}, "strict": true})
+            ))
+        );
+        assert_eq!(o.user.as_deref(), Some("u1"));
+
+        let mut keys: Vec<&str> = conv.extra.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "client_metadata",
+                "include",
+                "metadata",
+                "prompt_cache_key",
+                "reasoning",
+                "safety_identifier",
+                "service_tier",
+                "store",
+                "text",
+                "truncation",
+                "x_unknown"
+            ]
+        );
+        assert_eq!(conv.extra["text"], json!({"verbosity": "low"}));
+        assert_eq!(conv.extra["reasoning"], json!({"context": "all_turns"}));
+
+        let echo = &ctx.echo;
+        assert_eq!(echo.metadata, json!({"k": "v"}));
+        assert_eq!(
+            echo.tool_choice,
+            json!({"type": "function", "name": "exec"})
+        );
+        assert!(!echo.parallel_tool_calls && !echo.store);
+        assert_eq!(echo.max_output_tokens, Some(100));
+        assert_eq!(echo.text["verbosity"], "low");
+        assert_eq!(echo.reasoning["effort"], "high");
+        assert_eq!(echo.truncation, "auto");
+        assert_eq!(echo.prompt_cache_key.as_deref(), Some("pk"));
+        assert_eq!(echo.user.as_deref(), Some("u1"));
+    }
+
+    #[test]
+    fn tool_choice_and_format_forms() {
+        let choice = |v: Value| {
+            decode_json(json!({"input": "hi", "tool_choice": v}))
+                .unwrap()
+                .0
+                .options
+                .tool_choice
+        };
+        assert_eq!(choice(json!("auto")), Some(ToolChoice::Auto));
+        assert_eq!(choice(json!("none")), Some(ToolChoice::None));
+        assert_eq!(choice(json!("required")), Some(ToolChoice::Required));
+        assert_eq!(
+            choice(json!({"type": "custom", "name": "apply_patch"})),
+            Some(ToolChoice::Function("apply_patch".into()))
+        );
+        assert_eq!(
+            choice(json!({"type": "allowed_tools", "mode": "required", "tools": []})),
+            Some(ToolChoice::Required)
+        );
+        assert_eq!(choice(json!({"type": "web_search_preview"})), None);
+
+        let format = |v: Value| {
+            decode_json(json!({"input": "hi", "text": {"format": v}}))
+                .unwrap()
+                .0
+                .options
+                .format
+        };
+        assert_eq!(
+            format(json!({"type": "json_object"})),
+            Some(Format::JsonObject)
+        );
+        assert_eq!(format(json!({"type": "text"})), None);
+    }
+
+    #[test]
+    fn stateful_and_malformed_requests_are_400_with_param() {
+        let param = |body: Value| {
+            let e = decode_json(body).unwrap_err();
+            assert_eq!((e.status, e.kind), (400, "invalid_request_error"), "{e}");
+            e.param.map(|p| p.into_owned())
+        };
+        let e = decode_json(json!({"input": "hi", "previous_response_id": "resp_1"})).unwrap_err();
+        assert!(e.message.contains("stateless"), "{e}");
+        assert_eq!(e.param.as_deref(), Some("previous_response_id"));
+        assert_eq!(
+            param(json!({"input": "hi", "background": true})).as_deref(),
+            Some("background")
+        );
+        assert_eq!(
+            param(json!({"input": "hi", "conversation": "conv_1"})).as_deref(),
+            Some("conversation")
+        );
+        for input in [json!(null), json!(""), json!([])] {
+            assert_eq!(param(json!({"input": input})).as_deref(), Some("input"));
+        }
+        assert_eq!(param(json!({"model": "m"})).as_deref(), Some("input"));
+        assert_eq!(param(json!({"input": 3})).as_deref(), Some("input"));
+        assert_eq!(param(json!({"input": ["hi"]})).as_deref(), Some("input[0]"));
+        assert_eq!(
+            param(json!({"input": [{"content": "no role or type"}]})).as_deref(),
+            Some("input[0].type")
+        );
+        assert_eq!(
+            param(json!({"input": [{"type": "message", "content": "x"}]})).as_deref(),
+            Some("input[0].role")
+        );
+        assert_eq!(
+            param(json!({"input": [{"role": "tool", "content": "x"}]})).as_deref(),
+            Some("input[0].role")
+        );
+        assert_eq!(
+            param(json!({"input": [{"role": "user", "content": 1}]})).as_deref(),
+            Some("input[0].content")
+        );
+        assert_eq!(
+            param(json!({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}))
+                .as_deref(),
+            Some("input[0].content[0].text")
+        );
+        assert_eq!(
+            param(json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}))
+                .as_deref(),
+            Some("input[0].call_id")
+        );
+        assert_eq!(
+            param(json!({"input": [{"type": "function_call_output", "call_id": "c"}]})).as_deref(),
+            Some("input[0].output")
+        );
+        assert_eq!(
+            param(json!({"input": [{"type": "reasoning", "summary": "x"}]})).as_deref(),
+            Some("input[0].summary")
+        );
+        assert_eq!(
+            param(json!({"input": "hi", "tools": {"type": "function"}})).as_deref(),
+            Some("tools")
+        );
+        assert_eq!(
+            param(json!({"input": "hi", "tools": [{"type": "function"}]})).as_deref(),
+            Some("tools[0].name")
+        );
+        assert_eq!(
+            param(json!({"input": "hi", "tool_choice": "sometimes"})).as_deref(),
+            Some("tool_choice")
+        );
+        assert_eq!(
+            param(json!({"input": "hi", "max_output_tokens": -1})).as_deref(),
+            Some("max_output_tokens")
+        );
+        assert_eq!(
+            param(json!({"input": "hi", "model": 7})).as_deref(),
+            Some("model")
+        );
+        let e = decode(b"{\"input\": ").unwrap_err();
+        assert_eq!((e.status, e.param), (400, None));
+        assert_eq!(decode(b"[1]").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn codex_requests_decode_and_round_two_extends_round_one() {
+        let (one, ctx) = decode(CODEX_ROUND1).unwrap();
+        let (two, ctx2) = decode(CODEX_ROUND2).unwrap();
+        assert_eq!(one.model.as_deref(), Some("gpt-5-codex"));
+        assert!(one.options.stream);
+        assert_eq!(one.options.tool_choice, Some(ToolChoice::Auto));
+        assert_eq!(one.options.parallel_tool_calls, Some(true));
+        assert_eq!(one.options.reasoning_summary.as_deref(), Some("auto"));
+        // Both developer messages lead: the system prompt.
+        let system = one.system.as_deref().unwrap();
+        assert!(system.starts_with("You are a coding agent running in the Codex CLI"));
+        assert!(system.contains("<skills_instructions>"));
+        assert_eq!(one.items.len(), 2);
+        assert!(
+            matches!(&one.items[0], Item::Message(m) if m.role == Role::User
+            && m.text_content().starts_with("<environment_context>"))
+        );
+        assert_eq!(
+            one.items[1],
+            text(Role::User, "CODEX-SHELL: run the check command.")
+        );
+
+        assert_eq!(two.system, one.system);
+        assert_eq!(two.items[..2], one.items[..]);
+        assert_eq!(
+            two.items[2..],
+            [
+                Item::Reasoning(Reasoning {
+                    id: Some("rs_mock1795443323559".into()),
+                    text: String::new(),
+                    summary: vec!["Let me think.".into()],
+                    encrypted: Some("ENC-1".into()),
+                }),
+                Item::ToolCall(call(
+                    "call_mock1",
+                    "exec_command",
+                    "{\"cmd\": \"echo CODEX-RAN\"}",
+                    CallKind::Function
+                )),
+                Item::ToolResult(ToolResult {
+                    call_id: "call_mock1".into(),
+                    output: "Chunk ID: 395f41\nWall time: 0.0000 seconds\nProcess exited with code 0\nOriginal token count: 3\nOutput:\nCODEX-RAN\n".into(),
+                    is_error: false,
+                }),
+            ]
+        );
+
+        let names: Vec<&str> = one.tools.iter().map(|t| t.name.as_str()).collect();
+        for name in [
+            "exec_command",
+            "multi_agent_v1__spawn_agent",
+            "multi_agent_v1__wait_agent",
+            "update_goal",
+        ] {
+            assert!(names.contains(&name), "{name} in {names:?}");
+        }
+        assert_eq!(
+            ctx.namespaced.get("multi_agent_v1__close_agent"),
+            Some(&("multi_agent_v1".to_owned(), "close_agent".to_owned()))
+        );
+        assert_eq!(ctx.dropped_tools, ["web_search"]);
+        assert_eq!(ctx2.dropped_tools, ["web_search"]);
+        assert_eq!(two.tools, one.tools);
+        for key in ["store", "include", "prompt_cache_key", "client_metadata"] {
+            assert!(one.extra.contains_key(key), "{key}");
+        }
+        assert!(!ctx.echo.store);
+    }
+
+    // ------------------------------------------------------------ encode
+
+    #[test]
+    fn reasoning_then_text_stream() {
+        let mut enc = streaming(Context::default());
+        let mut out = Vec::new();
+        enc.open(&mut out);
+        enc.reasoning("Let me ", &mut out);
+        enc.reasoning("think.", &mut out);
+        enc.content("Hello", &mut out);
+        enc.content(", world.", &mut out);
+        enc.finish(Finish::Stop, usage(), &mut out);
+        let events = events(&out);
+        assert_eq!(
+            kinds(&events),
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let created = &events[0]["response"];
+        assert_eq!(created["status"], "in_progress");
+        assert_eq!(created["output"], json!([]));
+        assert_eq!(created["object"], "response");
+        assert_eq!(created["model"], "coder");
+        assert!(created["usage"].is_null());
+        assert_eq!(events[1]["response"]["id"], created["id"]);
+
+        let rs = events[2]["item"]["id"].as_str().unwrap();
+        assert!(rs.starts_with("rs_"));
+        assert_eq!(
+            events[2]["item"],
+            json!({"type": "reasoning", "id": rs, "summary": []})
+        );
+        assert_eq!(events[4]["delta"], "Let me ");
+        assert_eq!(events[4]["item_id"], rs);
+        assert_eq!(events[6]["text"], "Let me think.");
+        assert_eq!(
+            events[8]["item"],
+            json!({"type": "reasoning", "id": rs, "summary": [],
+                   "content": [{"type": "reasoning_text", "text": "Let me think."}]})
+        );
+
+        let msg = events[9]["item"]["id"].as_str().unwrap();
+        assert!(msg.starts_with("msg_"));
+        assert_eq!(events[9]["output_index"], 1);
+        assert_eq!(
+            events[9]["item"],
+            json!({"type": "message", "id": msg, "status": "in_progress", "role": "assistant", "content": []})
+        );
+        assert_eq!(
+            events[10]["part"],
+            json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        );
+        assert_eq!(
+            events[11],
+            json!({"type": "response.output_text.delta", "sequence_number": 11, "item_id": msg,
+                   "output_index": 1, "content_index": 0, "delta": "Hello", "logprobs": []})
+        );
+        assert_eq!(events[13]["text"], "Hello, world.");
+        assert_eq!(events[13]["logprobs"], json!([]));
+        assert_eq!(
+            events[15]["item"],
+            json!({"type": "message", "id": msg, "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": "Hello, world.", "annotations": [], "logprobs": []}]})
+        );
+
+        let done = &events[16]["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["id"], created["id"]);
+        assert!(done["id"].as_str().unwrap().starts_with("resp_"));
+        assert!(done["completed_at"].is_u64());
+        assert!(done["error"].is_null() && done["incomplete_details"].is_null());
+        assert_eq!(done["output"], Value::Array(done_items(&events)));
+        assert_eq!(
+            done["usage"],
+            json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                   "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15})
+        );
+        assert!(done.get("output_text").is_none());
+        for (key, value) in [
+            ("tools", json!([])),
+            ("metadata", json!({})),
+            ("tool_choice", json!("auto")),
+            ("parallel_tool_calls", json!(true)),
+            ("previous_response_id", json!(null)),
+            ("truncation", json!("disabled")),
+            ("text", json!({"format": {"type": "text"}})),
+            ("store", json!(false)),
+        ] {
+            assert_eq!(done[key], value, "{key}");
+        }
+    }
+
+    #[test]
+    fn reasoning_then_client_calls_stream_with_namespace_restored() {
+        let (_, context) = decode_json(json!({"input": "hi", "tools": [
+            {"type": "namespace", "name": "agents", "description": "d", "tools": [
+                {"type": "function", "name": "spawn", "parameters": {"type": "object"}}]},
+            {"type": "custom", "name": "apply_patch"}
+        ]}))
+        .unwrap();
+        let mut enc = streaming(context);
+        let mut out = Vec::new();
+        enc.open(&mut out);
+        enc.reasoning("Plan.", &mut out);
+        enc.client_calls(
+            &[
+                call(
+                    "call_1",
+                    "agents__spawn",
+                    "{\"task\":\"x\"}",
+                    CallKind::Function,
+                ),
+                call("call_2", "apply_patch", "*** Begin Patch", CallKind::Custom),
+            ],
+            &mut out,
+        );
+        enc.finish(Finish::ToolCalls, usage(), &mut out);
+        let events = events(&out);
+        assert_eq!(
+            kinds(&events)[2..],
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let fc = events[8]["item"]["id"].as_str().unwrap();
+        assert!(fc.starts_with("fc_"));
+        assert_eq!(
+            events[8]["item"],
+            json!({"type": "function_call", "id": fc, "call_id": "call_1", "name": "spawn",
+                   "namespace": "agents", "arguments": "", "status": "in_progress"})
+        );
+        assert_eq!(events[9]["delta"], "{\"task\":\"x\"}");
+        assert_eq!(events[10]["arguments"], "{\"task\":\"x\"}");
+        assert_eq!(
+            events[11]["item"],
+            json!({"type": "function_call", "id": fc, "call_id": "call_1", "name": "spawn",
+                   "namespace": "agents", "arguments": "{\"task\":\"x\"}", "status": "completed"})
+        );
+        let ctc = events[12]["item"]["id"].as_str().unwrap();
+        assert!(ctc.starts_with("ctc_"));
+        assert_eq!(events[12]["output_index"], 2);
+        assert_eq!(events[13]["delta"], "*** Begin Patch");
+        assert_eq!(events[14]["input"], "*** Begin Patch");
+        assert_eq!(
+            events[15]["item"],
+            json!({"type": "custom_tool_call", "id": ctc, "call_id": "call_2", "name": "apply_patch",
+                   "input": "*** Begin Patch"})
+        );
+        let done = &events[16]["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["output"], Value::Array(done_items(&events)));
+    }
+
+    #[test]
+    fn limits_end_in_response_incomplete() {
+        for (finish, reason) in [
+            (Finish::Length, "max_output_tokens"),
+            (Finish::ContentFilter, "content_filter"),
+        ] {
+            let mut enc = streaming(Context::default());
+            let mut out = Vec::new();
+            enc.open(&mut out);
+            enc.content("cut", &mut out);
+            enc.finish(finish, usage(), &mut out);
+            // Only one terminal event, whatever comes after.
+            enc.finish(Finish::Stop, usage(), &mut out);
+            enc.content("more", &mut out);
+            enc.stream_error(500, b"{}", &mut out);
+            let events = events(&out);
+            let last = events.last().unwrap();
+            assert_eq!(last["type"], "response.incomplete");
+            assert_eq!(last["response"]["status"], "incomplete");
+            assert_eq!(
+                last["response"]["incomplete_details"],
+                json!({"reason": reason})
+            );
+            assert!(last["response"].get("completed_at").is_none());
+            assert_eq!(
+                last["response"]["output"],
+                Value::Array(done_items(&events))
+            );
+            let terminal = kinds(&events)
+                .into_iter()
+                .filter(|k| k.starts_with("response.") && k.matches('.').count() == 1)
+                .collect::<Vec<_>>();
+            assert_eq!(
+                terminal,
+                [
+                    "response.created",
+                    "response.in_progress",
+                    "response.incomplete"
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn upstream_reasoning_items_close_or_open_items() {
+        let mut enc = streaming(Context::default());
+        let mut out = Vec::new();
+        enc.open(&mut out);
+        // 1. Streamed text, then the upstream's item with a summary not seen.
+        enc.reasoning("raw thoughts", &mut out);
+        enc.reasoning_item(
+            &Reasoning {
+                id: Some("rs_up1".into()),
+                text: "raw thoughts".into(),
+                summary: vec!["Thinking.".into()],
+                encrypted: Some("ENC-1".into()),
+            },
+            &mut out,
+        );
+        // 2. The summary streamed as reasoning: not shown twice.
+        enc.reasoning("Checking.", &mut out);
+        enc.reasoning_item(
+            &Reasoning {
+                id: Some("rs_up2".into()),
+                text: String::new(),
+                summary: vec!["Checking.".into()],
+                encrypted: Some("ENC-2".into()),
+            },
+            &mut out,
+        );
+        // 3. Nothing open (after text): a whole new item, with the upstream's id.
+        enc.content("Answer.", &mut out);
+        enc.reasoning_item(
+            &Reasoning {
+                id: Some("rs_up3".into()),
+                text: String::new(),
+                summary: vec![],
+                encrypted: Some("ENC-3".into()),
+            },
+            &mut out,
+        );
+        enc.finish(Finish::Stop, usage(), &mut out);
+        let events = events(&out);
+        let items = done_items(&events);
+        assert_eq!(items.len(), 4);
+        let first = items[0]["id"].as_str().unwrap();
+        assert!(first.starts_with("rs_"), "the streamed item keeps its id");
+        assert_eq!(
+            items[0],
+            json!({"type": "reasoning", "id": first,
+                   "summary": [{"type": "summary_text", "text": "Thinking."}],
+                   "content": [{"type": "reasoning_text", "text": "raw thoughts"}],
+                   "encrypted_content": "ENC-1"})
+        );
+        let second = items[1]["id"].as_str().unwrap();
+        assert_eq!(
+            items[1],
+            json!({"type": "reasoning", "id": second,
+                   "summary": [{"type": "summary_text", "text": "Checking."}],
+                   "encrypted_content": "ENC-2"})
+        );
+        assert_eq!(items[2]["type"], "message");
+        assert_eq!(
+            items[3],
+            json!({"type": "reasoning", "id": "rs_up3", "summary": [], "encrypted_content": "ENC-3"})
+        );
+        let summary: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["type"].as_str().unwrap().contains("summary"))
+            .collect();
+        assert_eq!(
+            summary
+                .iter()
+                .map(|e| e["type"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            [
+                "response.reasoning_summary_part.added",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.done",
+                "response.reasoning_summary_part.done",
+            ]
+        );
+        assert_eq!(
+            summary[0],
+            &json!({"type": "response.reasoning_summary_part.added", "sequence_number": summary[0]["sequence_number"],
+                    "item_id": first, "output_index": 0, "summary_index": 0,
+                    "part": {"type": "summary_text", "text": ""}})
+        );
+        assert_eq!(summary[1]["delta"], "Thinking.");
+        assert_eq!(summary[2]["text"], "Thinking.");
+        assert_eq!(summary[3]["part"]["text"], "Thinking.");
+        let last = events.last().unwrap();
+        assert_eq!(last["response"]["output"], Value::Array(items));
+    }
+
+    #[test]
+    fn switching_channels_opens_new_items() {
+        let mut enc = streaming(Context::default());
+        let mut out = Vec::new();
+        enc.open(&mut out);
+        enc.content("a", &mut out);
+        enc.reasoning("b", &mut out);
+        enc.content("c", &mut out);
+        enc.reasoning("", &mut out);
+        enc.content("", &mut out);
+        enc.content("d", &mut out);
+        enc.finish(Finish::Stop, Usage::default(), &mut out);
+        let events = events(&out);
+        let items = done_items(&events);
+        let types: Vec<&str> = items.iter().map(|i| i["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["message", "reasoning", "message"]);
+        assert_eq!(items[2]["content"][0]["text"], "cd");
+        let ids: std::collections::HashSet<&str> =
+            items.iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert_eq!(ids.len(), 3, "ids are unique");
+        let last = &events.last().unwrap()["response"];
+        assert_eq!(last["usage"]["total_tokens"], 0);
+    }
+
+    #[test]
+    fn stream_error_is_response_failed_with_what_was_sent() {
+        let mut enc = streaming(Context::default());
+        let mut out = Vec::new();
+        enc.open(&mut out);
+        enc.content("partial", &mut out);
+        let body = ApiError::bad_gateway("upstream `x` failed").to_json();
+        enc.stream_error(502, &body, &mut out);
+        enc.finish(Finish::Stop, usage(), &mut out);
+        let events = events(&out);
+        let last = events.last().unwrap();
+        assert_eq!(last["type"], "response.failed");
+        let response = &last["response"];
+        assert_eq!(response["status"], "failed");
+        assert_eq!(
+            response["error"],
+            json!({"code": "bad_gateway", "message": "upstream `x` failed"})
+        );
+        assert_eq!(response["output"][0]["status"], "incomplete");
+        assert_eq!(response["output"][0]["content"][0]["text"], "partial");
+        assert_eq!(
+            kinds(&events)
+                .iter()
+                .filter(|k| k.starts_with("response.failed"))
+                .count(),
+            1
+        );
+        assert!(!kinds(&events).contains(&"response.completed"));
+    }
+
+    #[test]
+    fn failure_codes() {
+        let code = |body: &[u8]| {
+            let mut enc = streaming(Context::default());
+            let mut out = Vec::new();
+            enc.stream_error(500, body, &mut out);
+            let events = events(&out);
+            events[0]["response"]["error"].clone()
+        };
+        assert_eq!(
+            code(&ApiError::internal("boom").to_json()),
+            json!({"code": "server_error", "message": "boom"})
+        );
+        let llama =
+            br#"{"error":{"code":"400","message":"too long","type":"exceed_context_size_error"}}"#;
+        assert_eq!(code(llama)["code"], "context_length_exceeded");
+        assert_eq!(
+            code(br#"{"error":{"message":"slow","type":"rate_limit_error","code":"rate_limit_exceeded"}}"#)["code"],
+            "rate_limit_exceeded"
+        );
+        assert_eq!(
+            code(b"<html>"),
+            json!({"code": "server_error", "message": "upstream error 500"})
+        );
+    }
+
+    #[test]
+    fn non_streaming_body_is_the_response_object() {
+        let (_, context) = decode_json(json!({
+            "input": "hi", "instructions": "Be brief.", "temperature": 0.2,
+            "metadata": {"k": "v"}, "max_output_tokens": 50, "store": true,
+            "text": {"format": {"type": "json_object"}},
+            "tools": [{"type": "namespace", "name": "ns", "description": "d",
+                       "tools": [{"type": "function", "name": "f"}]}]
+        }))
+        .unwrap();
+        let mut enc = ResponsesEncoder::new("coder", false, context);
+        assert!(!enc.streams());
+        let mut out = Vec::new();
+        enc.open(&mut out);
+        enc.reasoning("hmm", &mut out);
+        enc.content("{\"a\":1}", &mut out);
+        enc.client_calls(&[call("c1", "ns__f", "{}", CallKind::Function)], &mut out);
+        assert!(out.is_empty(), "nothing before the end");
+        enc.finish(Finish::ToolCalls, usage(), &mut out);
+        let body: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(body["object"], "response");
+        assert_eq!(body["status"], "completed");
+        assert_eq!(body["model"], "coder");
+        assert_eq!(body["instructions"], "Be brief.");
+        assert_eq!(body["temperature"], 0.2);
+        assert_eq!(body["metadata"], json!({"k": "v"}));
+        assert_eq!(body["max_output_tokens"], 50);
+        assert_eq!(body["store"], true);
+        assert_eq!(body["text"], json!({"format": {"type": "json_object"}}));
+        assert_eq!(body["usage"]["total_tokens"], 15);
+        let output = body["output"].as_array().unwrap();
+        assert_eq!(output.len(), 3);
+        assert_eq!(output[0]["content"][0]["text"], "hmm");
+        assert_eq!(output[1]["status"], "completed");
+        assert_eq!(output[1]["content"][0]["text"], "{\"a\":1}");
+        assert_eq!(output[2]["name"], "f");
+        assert_eq!(output[2]["namespace"], "ns");
+        assert_eq!(output[2]["arguments"], "{}");
+        assert!(body.get("sequence_number").is_none());
+    }
+
+    #[test]
+    fn output_items_round_trip_through_decode() {
+        let tools = json!([{"type": "namespace", "name": "agents", "description": "d", "tools": [
+            {"type": "function", "name": "spawn", "parameters": {"type": "object"}}]},
+            {"type": "custom", "name": "apply_patch"}]);
+        let (_, context) = decode_json(json!({"input": "go", "tools": tools})).unwrap();
+        let mut enc = streaming(context);
+        let mut out = Vec::new();
+        enc.open(&mut out);
+        enc.reasoning("Plan it.", &mut out);
+        enc.reasoning_item(
+            &Reasoning {
+                id: Some("rs_up".into()),
+                text: "Plan it.".into(),
+                summary: vec!["Planning.".into()],
+                encrypted: Some("ENC-9".into()),
+            },
+            &mut out,
+        );
+        enc.content("Spawning.", &mut out);
+        let calls = [
+            call(
+                "call_1",
+                "agents__spawn",
+                "{\"task\":\"t\"}",
+                CallKind::Function,
+            ),
+            call("call_2", "apply_patch", "*** Begin Patch", CallKind::Custom),
+        ];
+        enc.client_calls(&calls, &mut out);
+        enc.finish(Finish::ToolCalls, usage(), &mut out);
+        let events = events(&out);
+        let output = events.last().unwrap()["response"]["output"].clone();
+        let rs_id = output[0]["id"].as_str().unwrap().to_owned();
+
+        let mut input = vec![json!({"role": "user", "content": "go"})];
+        input.extend(output.as_array().unwrap().iter().cloned());
+        input.push(json!({"type": "function_call_output", "call_id": "call_1", "output": "ok"}));
+        let (conv, _) = decode_json(json!({"input": input, "tools": tools})).unwrap();
+        assert_eq!(
+            conv.items,
+            vec![
+                text(Role::User, "go"),
+                Item::Reasoning(Reasoning {
+                    id: Some(rs_id),
+                    text: "Plan it.".into(),
+                    summary: vec!["Planning.".into()],
+                    encrypted: Some("ENC-9".into()),
+                }),
+                text(Role::Assistant, "Spawning."),
+                Item::ToolCall(calls[0].clone()),
+                Item::ToolCall(calls[1].clone()),
+                Item::ToolResult(ToolResult {
+                    call_id: "call_1".into(),
+                    output: "ok".into(),
+                    is_error: false,
+                }),
+            ]
+        );
+    }
+}
