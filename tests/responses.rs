@@ -60,8 +60,12 @@ fn check_stream(events: &[(String, Value)]) -> &Value {
     assert_eq!(events[0].0, "response.created");
     let terminal = &events.last().unwrap();
     assert!(
-        ["response.completed", "response.incomplete", "response.failed"]
-            .contains(&terminal.0.as_str()),
+        [
+            "response.completed",
+            "response.incomplete",
+            "response.failed"
+        ]
+        .contains(&terminal.0.as_str()),
         "{}",
         terminal.0
     );
@@ -72,7 +76,10 @@ fn check_stream(events: &[(String, Value)]) -> &Value {
         .collect();
     let response = &terminal.1["response"];
     let output: Vec<&Value> = response["output"].as_array().unwrap().iter().collect();
-    assert_eq!(output, done_items, "the final output is the items as streamed");
+    assert_eq!(
+        output, done_items,
+        "the final output is the items as streamed"
+    );
     response
 }
 
@@ -269,7 +276,8 @@ async fn what_codex_sends_is_accepted_and_its_namespace_tools_come_back_named() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateful_fields_get_a_clear_400_in_openai_shape() {
-    let upstream = FakeServer::start(|_, _| Reply::events(vec![content("x"), finish("stop")])).await;
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("x"), finish("stop")])).await;
     let tool = weather_tool().await;
     let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
     let response = post_json(
@@ -293,12 +301,16 @@ async fn stateful_fields_get_a_clear_400_in_openai_shape() {
 async fn other_models_pass_through_to_the_upstream_responses_endpoint() {
     let upstream = FakeServer::start(|req, _| {
         assert_eq!(req.path, "/v1/responses");
-        Reply::json(200, json!({"id": "resp_up", "object": "response", "echo": req.json()}))
+        Reply::json(
+            200,
+            json!({"id": "resp_up", "object": "response", "echo": req.json()}),
+        )
     })
     .await;
     let tool = weather_tool().await;
     let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
-    let body = json!({"model": "gpt-x", "input": "hi", "previous_response_id": "resp_1", "x_vendor": 1});
+    let body =
+        json!({"model": "gpt-x", "input": "hi", "previous_response_id": "resp_1", "x_vendor": 1});
     let response = post_json(proxy.port, "/v1/responses", &body).await;
     assert_eq!(response.status, 200);
     assert_eq!(response.json()["echo"], body, "forwarded untouched");

@@ -14,9 +14,11 @@ async fn upstream() -> FakeServer {
         let body = req.json();
         let messages = body["messages"].as_array().unwrap();
         let results = req.tool_results();
-        let asks_file = messages
-            .iter()
-            .any(|m| m["content"].as_str().is_some_and(|c| c.contains("notes.txt")));
+        let asks_file = messages.iter().any(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("notes.txt"))
+        });
         match (asks_file, results.last()) {
             (true, None) => Reply::events(vec![
                 tool_call(0, "call_f", "read_file", "{\"path\":\"notes.txt\"}"),

@@ -111,7 +111,8 @@ impl Reply {
         self.usage += usage;
     }
 
-    /// Opens the event stream (header and opening events) if not yet open.
+    /// Opens the event stream (header and opening events) if not yet open;
+    /// every streamed event is written after these.
     pub async fn start(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
         if !self.encoder.streams() || client.header_sent() {
             return Ok(());
@@ -119,19 +120,6 @@ impl Reply {
         client.start_event_stream().await?;
         self.buf.clear();
         self.encoder.open(&mut self.buf);
-        self.flush(client).await
-    }
-
-    /// Writes what the encoder produced, opening the stream first.
-    async fn send(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        if !client.header_sent() {
-            let pending = std::mem::take(&mut self.buf);
-            self.start(client).await?;
-            self.buf = pending;
-        }
         self.flush(client).await
     }
 
@@ -153,8 +141,9 @@ impl Reply {
         if self.report(text, true) {
             return Ok(());
         }
+        self.start(client).await?;
         self.encoder.content(text, &mut self.buf);
-        self.send(client).await
+        self.flush(client).await
     }
 
     pub async fn reasoning(
@@ -182,8 +171,9 @@ impl Reply {
         if !self.show_reasoning || self.nested.is_some() {
             return Ok(());
         }
+        self.start(client).await?;
         self.encoder.reasoning_item(item, &mut self.buf);
-        self.send(client).await
+        self.flush(client).await
     }
 
     /// Reasoning-channel text from the proxy itself (tool progress); shown
@@ -196,8 +186,9 @@ impl Reply {
         if self.report(text, false) {
             return Ok(());
         }
+        self.start(client).await?;
         self.encoder.reasoning(text, &mut self.buf);
-        self.send(client).await
+        self.flush(client).await
     }
 
     /// Tool calls the client runs itself, in the client's dialect.
@@ -206,8 +197,9 @@ impl Reply {
         client: &mut impl Downstream,
         calls: &[ToolCall],
     ) -> Result<(), Gone> {
+        self.start(client).await?;
         self.encoder.client_calls(calls, &mut self.buf);
-        self.send(client).await
+        self.flush(client).await
     }
 
     /// Ends the answer with `finish` (and the usage summed over rounds).
@@ -216,10 +208,11 @@ impl Reply {
         client: &mut impl Downstream,
         finish: Finish,
     ) -> Result<(), Gone> {
+        self.start(client).await?;
         self.buf.clear();
         self.encoder.finish(finish, self.usage, &mut self.buf);
         if self.encoder.streams() {
-            return self.send(client).await;
+            return self.flush(client).await;
         }
         if self.nested.is_some() {
             return Ok(());

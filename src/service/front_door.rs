@@ -9,11 +9,11 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 use pingora::Result;
+use tracing::info;
 
 use super::{forward, handled, reject, RequestCtx};
 use crate::agent::router::AUTO;
 use crate::agent::{tool_loop, Agent};
-use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
@@ -114,7 +114,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         let cut = forward::forward(&mut client, &config, body, affinity).await;
         return handled(cut);
     }
-    let (conversation, encoder) = match decode(dialect, &body, &config) {
+    let (conversation, encoder) = match decode(dialect, &body) {
         Ok(decoded) => decoded,
         Err(error) => return reject(session, &error).await,
     };
@@ -177,6 +177,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
 /// `reasoning_field`) is known.
 enum EncoderFor {
     Chat { stream: bool, include_usage: bool },
+    Responses(front::responses::Context, bool),
 }
 
 impl EncoderFor {
@@ -191,18 +192,25 @@ impl EncoderFor {
                 include_usage,
                 agent.reasoning_field,
             )),
+            EncoderFor::Responses(context, stream) => Box::new(
+                front::responses::ResponsesEncoder::new(&agent.id, stream, context),
+            ),
         }
     }
 }
 
 /// The request as a conversation, by its front's decoder.
-fn decode(
-    dialect: Dialect,
-    body: &[u8],
-    _config: &Config,
-) -> Result<(Conversation, EncoderFor), ApiError> {
+fn decode(dialect: Dialect, body: &[u8]) -> Result<(Conversation, EncoderFor), ApiError> {
     match dialect {
-        _ => {
+        Dialect::Responses => {
+            let (conversation, context) = front::responses::decode(body)?;
+            if !context.dropped_tools.is_empty() {
+                info!(tools = ?context.dropped_tools, "hosted tools dropped: the upstream cannot run them");
+            }
+            let stream = conversation.options.stream;
+            Ok((conversation, EncoderFor::Responses(context, stream)))
+        }
+        Dialect::Chat | Dialect::Messages => {
             let request: ChatRequest = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid chat request: {e}")))?;
             let conversation = front::chat::decode(request)?;

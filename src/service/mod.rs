@@ -62,6 +62,9 @@ pub struct RequestCtx {
     /// Counts a passed-through event stream while it lasts.
     stream: Option<StreamGuard>,
     _in_flight: InFlight,
+    /// The client's own conversation or session id (`session-id`,
+    /// `x-session-id`, `thread-id` headers), for the log line.
+    session: Option<String>,
     /// Pool members the proxy path tried (pingora retries on connect failure).
     tried: Vec<usize>,
     busy: Option<Busy>,
@@ -104,6 +107,7 @@ impl ProxyHttp for AgentProxy {
             summary: None,
             stream: None,
             _in_flight: InFlight::enter(),
+            session: None,
             tried: Vec::new(),
             busy: None,
         }
@@ -113,6 +117,16 @@ impl ProxyHttp for AgentProxy {
         let config = ctx.config.clone();
         ctx.request_id = request_id::ensure(session.req_header_mut());
         let req = session.req_header();
+        ctx.session = [
+            "x-session-id",
+            "session-id",
+            "thread-id",
+            "x-client-request-id",
+        ]
+        .iter()
+        .find_map(|name| req.headers.get(*name))
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.chars().take(128).collect());
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
         ctx.route = match (method.as_str(), path.as_str()) {
@@ -300,6 +314,7 @@ impl ProxyHttp for AgentProxy {
             status,
             route = ctx.route,
             agent = if agent.is_empty() { "-" } else { agent },
+            session = ctx.session.as_deref().unwrap_or("-"),
             upstream,
             rounds = summary.rounds,
             tools = summary.tool_calls,
