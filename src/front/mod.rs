@@ -6,11 +6,17 @@
 //! [`Conversation`]: crate::conversation::Conversation
 
 pub mod chat;
+pub mod messages;
 pub mod responses;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
+use crate::error::ApiError;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
 /// bytes to `out` as each call comes; non-streaming ones collect and write
@@ -49,6 +55,124 @@ pub trait Encoder: Send {
         openai_error
     }
 
+    /// The status of an error answered before anything was sent, for a
+    /// dialect whose status for a case differs (Anthropic's 529 overloaded).
+    fn error_status(&self, status: u16) -> u16 {
+        status
+    }
+
     /// An error once the stream is open: the dialect's error event.
     fn stream_error(&mut self, status: u16, openai_error: &[u8], out: &mut Vec<u8>);
+
+    /// What keeps a silent stream alive: an SSE comment, unless the dialect
+    /// has its own event for it (Anthropic's `ping`).
+    fn heartbeat(&self) -> &'static [u8] {
+        crate::sse::HEARTBEAT
+    }
+}
+
+// ------------------------------------------------ shared by the fronts
+
+/// A random id: `prefix` and 32 alphanumerics.
+fn new_id(prefix: &str) -> String {
+    let mut id = String::with_capacity(prefix.len() + 32);
+    id.push_str(prefix);
+    id.extend((0..32).map(|_| fastrand::alphanumeric()));
+    id
+}
+
+/// A request body, which must be a JSON object.
+fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
+    })
+}
+
+/// Notes a dropped tool type, once.
+fn note_dropped(dropped: &mut Vec<String>, kind: String) {
+    if !dropped.contains(&kind) {
+        dropped.push(kind);
+    }
+}
+
+/// A 400 naming the field at fault.
+fn invalid(message: impl Into<String>, param: impl Into<String>) -> ApiError {
+    ApiError::bad_request(message).with_param(param.into())
+}
+
+// Typed field readers: null counts as absent; a wrong type is a 400 naming
+// the field.
+
+fn take_str(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    take_str_at(map, key, key)
+}
+
+fn take_str_at(
+    map: &mut Map<String, Value>,
+    key: &str,
+    param: &str,
+) -> Result<Option<String>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(invalid(format!("{param} must be a string."), param)),
+    }
+}
+
+fn required_str(map: &mut Map<String, Value>, key: &str, at: &str) -> Result<String, ApiError> {
+    let param = format!("{at}.{key}");
+    match take_str_at(map, key, &param)? {
+        Some(s) => Ok(s),
+        None => Err(invalid(format!("{param} is required."), param)),
+    }
+}
+
+fn take_bool(map: &mut Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(b)),
+        Some(_) => Err(invalid(format!("{key} must be a boolean."), key)),
+    }
+}
+
+fn take_f64(map: &mut Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(invalid(format!("{key} must be a number."), key)),
+    }
+}
+
+fn take_u64(map: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+        Some(_) => Err(invalid(
+            format!("{key} must be a non-negative integer."),
+            key,
+        )),
+    }
+}
+
+/// An OpenAI-shaped error body (`{"error":{message,type,code,…}}`), as the
+/// encoders get it to carry in their own dialect.
+#[derive(Deserialize)]
+struct ErrorEnvelope<'a> {
+    #[serde(borrow)]
+    error: ErrorIn<'a>,
+}
+
+#[derive(Deserialize)]
+struct ErrorIn<'a> {
+    #[serde(default, borrow)]
+    message: Option<Cow<'a, str>>,
+    #[serde(default, rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    code: Option<Value>,
+    /// llama.cpp's context overflow: the prompt's size and the context's.
+    #[serde(default)]
+    n_prompt_tokens: Option<u64>,
+    #[serde(default)]
+    n_ctx: Option<u64>,
 }

@@ -11,9 +11,13 @@
 use std::collections::HashMap;
 
 use serde::ser::{SerializeSeq, Serializer};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use super::{
+    invalid, json_object, new_id, note_dropped, required_str, take_bool, take_f64, take_str,
+    take_str_at, take_u64, ErrorEnvelope, ErrorIn,
+};
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
     Reasoning, Role, ToolCall, ToolChoice, ToolResult, Usage,
@@ -80,16 +84,10 @@ impl Default for Echo {
 
 // ------------------------------------------------------------------ decode
 
-fn invalid(message: impl Into<String>, param: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message).with_param(param.into())
-}
-
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    let mut top: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
-    })?;
+    let mut top = json_object(body)?;
     refuse_state(&top)?;
     // Null or false, they only say what the stateless proxy does anyway.
     for key in ["previous_response_id", "background", "conversation"] {
@@ -300,20 +298,14 @@ fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
                     if kind == "function" || kind == "custom" {
                         out.push(function_tool(inner, &kind, Some(&namespace), &param, ctx)?);
                     } else {
-                        note_dropped(ctx, kind);
+                        note_dropped(&mut ctx.dropped_tools, kind);
                     }
                 }
             }
-            _ => note_dropped(ctx, kind),
+            _ => note_dropped(&mut ctx.dropped_tools, kind),
         }
     }
     Ok(out)
-}
-
-fn note_dropped(ctx: &mut Context, kind: String) {
-    if !ctx.dropped_tools.contains(&kind) {
-        ctx.dropped_tools.push(kind);
-    }
 }
 
 /// A `function` or `custom` tool definition; whatever else it carries
@@ -582,68 +574,7 @@ fn decode_reasoning(mut item: Map<String, Value>, param: &str) -> Result<Reasoni
     })
 }
 
-// Typed field readers: null counts as absent; a wrong type is a 400 naming
-// the field.
-
-fn take_str(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
-    take_str_at(map, key, key)
-}
-
-fn take_str_at(
-    map: &mut Map<String, Value>,
-    key: &str,
-    param: &str,
-) -> Result<Option<String>, ApiError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(invalid(format!("{param} must be a string."), param)),
-    }
-}
-
-fn required_str(map: &mut Map<String, Value>, key: &str, at: &str) -> Result<String, ApiError> {
-    let param = format!("{at}.{key}");
-    match take_str_at(map, key, &param)? {
-        Some(s) => Ok(s),
-        None => Err(invalid(format!("{param} is required."), param)),
-    }
-}
-
-fn take_bool(map: &mut Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(b)),
-        Some(_) => Err(invalid(format!("{key} must be a boolean."), key)),
-    }
-}
-
-fn take_f64(map: &mut Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(_) => Err(invalid(format!("{key} must be a number."), key)),
-    }
-}
-
-fn take_u64(map: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
-        Some(_) => Err(invalid(
-            format!("{key} must be a non-negative integer."),
-            key,
-        )),
-    }
-}
-
 // ----------------------------------------------------------------- encode
-
-fn new_id(prefix: &str) -> String {
-    let mut id = String::with_capacity(prefix.len() + 32);
-    id.push_str(prefix);
-    id.extend((0..32).map(|_| fastrand::alphanumeric()));
-    id
-}
 
 /// One output item of the response, as far as it got.
 #[derive(Debug)]
@@ -1385,22 +1316,6 @@ fn failure_code(error: &ErrorIn<'_>) -> String {
 }
 
 // ------------------------------------------------------------- wire types
-
-#[derive(Deserialize)]
-struct ErrorEnvelope<'a> {
-    #[serde(borrow)]
-    error: ErrorIn<'a>,
-}
-
-#[derive(Deserialize)]
-struct ErrorIn<'a> {
-    #[serde(default, borrow)]
-    message: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, rename = "type", borrow)]
-    kind: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    code: Option<Value>,
-}
 
 /// `[]`, for the lists the proxy never fills (annotations, logprobs, tools).
 struct Empty;

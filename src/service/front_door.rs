@@ -177,7 +177,8 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
 /// `reasoning_field`) is known.
 enum EncoderFor {
     Chat { stream: bool, include_usage: bool },
-    Responses(front::responses::Context, bool),
+    // Boxed: the context is large beside the chat variant.
+    Responses(Box<front::responses::Context>, bool),
 }
 
 impl EncoderFor {
@@ -193,7 +194,7 @@ impl EncoderFor {
                 agent.reasoning_field,
             )),
             EncoderFor::Responses(context, stream) => Box::new(
-                front::responses::ResponsesEncoder::new(&agent.id, stream, context),
+                front::responses::ResponsesEncoder::new(&agent.id, stream, *context),
             ),
         }
     }
@@ -208,7 +209,10 @@ fn decode(dialect: Dialect, body: &[u8]) -> Result<(Conversation, EncoderFor), A
                 info!(tools = ?context.dropped_tools, "hosted tools dropped: the upstream cannot run them");
             }
             let stream = conversation.options.stream;
-            Ok((conversation, EncoderFor::Responses(context, stream)))
+            Ok((
+                conversation,
+                EncoderFor::Responses(Box::new(context), stream),
+            ))
         }
         Dialect::Chat | Dialect::Messages => {
             let request: ChatRequest = serde_json::from_slice(body)
