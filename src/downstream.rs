@@ -9,6 +9,7 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
+use crate::conversation::Dialect;
 use crate::error::ApiError;
 use crate::metrics::StreamGuard;
 use crate::{request_id, sse};
@@ -20,6 +21,9 @@ pub struct Gone;
 pub struct Client<'s> {
     session: &'s mut Session,
     heartbeat: Duration,
+    /// What keeps a silent stream alive: an SSE comment, or the dialect's
+    /// own event (Anthropic's `ping`).
+    heartbeat_bytes: &'static [u8],
     /// SSE headers were sent: heartbeats are allowed, and the stream is counted.
     streaming: Option<StreamGuard>,
     watching: bool,
@@ -30,9 +34,15 @@ impl<'s> Client<'s> {
         Client {
             session,
             heartbeat,
+            heartbeat_bytes: sse::HEARTBEAT,
             streaming: None,
             watching: true,
         }
+    }
+
+    /// Sets what a heartbeat writes (the client's dialect decides).
+    pub fn set_heartbeat(&mut self, bytes: &'static [u8]) {
+        self.heartbeat_bytes = bytes;
     }
 
     pub fn session(&self) -> &Session {
@@ -67,7 +77,7 @@ impl<'s> Client<'s> {
                 }
                 _ = tokio::time::sleep(self.heartbeat), if streaming => {}
             }
-            self.write(Bytes::from_static(sse::HEARTBEAT)).await?;
+            self.write(Bytes::from_static(self.heartbeat_bytes)).await?;
         }
     }
 
@@ -139,7 +149,17 @@ impl<'s> Client<'s> {
     }
 
     pub async fn respond_error(&mut self, error: &ApiError) -> Result<(), Gone> {
-        self.respond_json(error.status, error.to_json(), &[]).await
+        self.respond_error_in(Dialect::Chat, error).await
+    }
+
+    /// An error in the shape `dialect`'s clients read.
+    pub async fn respond_error_in(
+        &mut self,
+        dialect: Dialect,
+        error: &ApiError,
+    ) -> Result<(), Gone> {
+        let (status, body) = crate::front::error_response(dialect, error);
+        self.respond_json(status, body, &[]).await
     }
 }
 

@@ -247,6 +247,7 @@ impl Reply {
             .map(|v| (http::header::RETRY_AFTER, v))
             .collect();
         let body = self.encoder.error_body(status, body);
+        let status = self.encoder.error_status(status);
         client.respond_json(status, body, &extra).await.is_err()
     }
 }

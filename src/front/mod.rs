@@ -176,3 +176,17 @@ struct ErrorIn<'a> {
     #[serde(default)]
     n_ctx: Option<u64>,
 }
+
+/// An error response (status and body) in the shape `dialect`'s clients read.
+pub fn error_response(
+    dialect: crate::conversation::Dialect,
+    error: &crate::error::ApiError,
+) -> (u16, Bytes) {
+    match dialect {
+        crate::conversation::Dialect::Messages => (
+            messages::error_status(error.status),
+            messages::anthropic_error(error.status, &error.message),
+        ),
+        _ => (error.status, error.to_json()),
+    }
+}

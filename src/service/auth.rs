@@ -4,17 +4,22 @@ use pingora::http::RequestHeader;
 
 use crate::config::Config;
 
+/// The key a client presents: `Authorization: Bearer <key>` (OpenAI SDKs,
+/// the anthropic Python SDK with a token) or `x-api-key` (Anthropic clients).
+pub fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
+    req.headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .or_else(|| req.headers.get("x-api-key").map(|v| v.as_bytes()))
+}
+
 /// With no keys configured every client is allowed. Otherwise the request
-/// needs `Authorization: Bearer <key>` with one of them.
+/// needs one of them, by [`presented_key`].
 pub fn allowed(config: &Config, req: &RequestHeader) -> bool {
     if config.api_keys.is_empty() {
         return true;
     }
-    let Some(presented) = req
-        .headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-    else {
+    let Some(presented) = presented_key(req) else {
         return false;
     };
     // Check every key, so the time taken does not tell which one was close.

@@ -12,7 +12,9 @@ use pingora::Result;
 use tracing::info;
 
 use super::{forward, handled, reject, RequestCtx};
+use crate::agent::rewrite::rewrite;
 use crate::agent::router::AUTO;
+use crate::agent::toolset::ToolSet;
 use crate::agent::{tool_loop, Agent};
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
@@ -27,31 +29,29 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     let config = ctx.config.clone();
     let body = match read_body(session, config.limits.max_body_bytes).await {
         Ok(body) => body,
-        Err(error) => return reject(session, &error).await,
+        Err(error) => return reject(session, dialect, &error).await,
     };
     let peek: RoutingPeek = match serde_json::from_slice(&body) {
         Ok(peek) => peek,
         Err(e) => {
             return reject(
                 session,
+                dialect,
                 &ApiError::bad_request(format!("invalid JSON body: {e}")),
             )
             .await
         }
     };
-    let listed = match dialect {
-        Dialect::Chat => peek.messages.as_ref().map(Vec::len),
-        _ => peek.input_len(),
-    };
-    let field = match dialect {
-        Dialect::Chat => "messages",
-        _ => "input",
+    let (listed, field) = match dialect {
+        Dialect::Responses => (peek.input_len(), "input"),
+        _ => (peek.messages.as_ref().map(Vec::len), "messages"),
     };
     match listed {
-        None if dialect != Dialect::Chat => {}
+        None if dialect == Dialect::Responses => {}
         None => {
             return reject(
                 session,
+                dialect,
                 &ApiError::bad_request("`messages` is required").with_param("messages"),
             )
             .await
@@ -59,6 +59,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         Some(0) => {
             return reject(
                 session,
+                dialect,
                 &ApiError::bad_request(format!("`{field}` must not be empty")).with_param(field),
             )
             .await
@@ -68,17 +69,13 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
                 "`{field}` has {n} entries; the limit is {}",
                 config.limits.max_messages
             ));
-            return reject(session, &error.with_param(field)).await;
+            return reject(session, dialect, &error.with_param(field)).await;
         }
         Some(_) => {}
     }
     // Streams hold connections for long: each client gets a bounded share.
     let _slot = if peek.stream == Some(true) {
-        let authorization = session
-            .req_header()
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
+        let authorization = super::auth::presented_key(session.req_header());
         let address = session.client_addr().map(|a| {
             a.as_inet()
                 .map_or_else(|| a.to_string(), |a| a.ip().to_string())
@@ -88,7 +85,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
             Some(slot) => Some(slot),
             None => {
                 let error = ApiError::too_many_streams(config.limits.max_streams_per_client);
-                return reject(session, &error).await;
+                return reject(session, dialect, &error).await;
             }
         }
     } else {
@@ -102,6 +99,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
             let model = model.unwrap_or_default();
             return reject(
                 session,
+                dialect,
                 &ApiError::not_found(format!("The model `{model}` does not exist"))
                     .with_param("model")
                     .with_code("model_not_found"),
@@ -116,7 +114,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     }
     let (conversation, encoder) = match decode(dialect, &body) {
         Ok(decoded) => decoded,
-        Err(error) => return reject(session, &error).await,
+        Err(error) => return reject(session, dialect, &error).await,
     };
     let ctx_call = CallContext {
         config: config.clone(),
@@ -159,6 +157,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     ctx.route = "agent";
     let call = ctx_call.nested(&agent.id, None);
     let encoder = encoder.build(&agent);
+    client.set_heartbeat(encoder.heartbeat());
     let summary = tool_loop::run(
         &agent,
         conversation,
@@ -177,6 +176,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
 /// `reasoning_field`) is known.
 enum EncoderFor {
     Chat { stream: bool, include_usage: bool },
+    Messages(front::messages::Context, bool),
     // Boxed: the context is large beside the chat variant.
     Responses(Box<front::responses::Context>, bool),
 }
@@ -193,6 +193,9 @@ impl EncoderFor {
                 include_usage,
                 agent.reasoning_field,
             )),
+            EncoderFor::Messages(context, stream) => Box::new(
+                front::messages::MessagesEncoder::new(&agent.id, stream, context),
+            ),
             EncoderFor::Responses(context, stream) => Box::new(
                 front::responses::ResponsesEncoder::new(&agent.id, stream, *context),
             ),
@@ -214,7 +217,15 @@ fn decode(dialect: Dialect, body: &[u8]) -> Result<(Conversation, EncoderFor), A
                 EncoderFor::Responses(Box::new(context), stream),
             ))
         }
-        Dialect::Chat | Dialect::Messages => {
+        Dialect::Messages => {
+            let (conversation, context) = front::messages::decode(body)?;
+            if !context.dropped_tools.is_empty() {
+                info!(tools = ?context.dropped_tools, "server tools dropped: the upstream cannot run them");
+            }
+            let stream = conversation.options.stream;
+            Ok((conversation, EncoderFor::Messages(context, stream)))
+        }
+        Dialect::Chat => {
             let request: ChatRequest = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid chat request: {e}")))?;
             let conversation = front::chat::decode(request)?;
@@ -225,6 +236,84 @@ fn decode(dialect: Dialect, body: &[u8]) -> Result<(Conversation, EncoderFor), A
             Ok((conversation, encoder))
         }
     }
+}
+
+/// `POST /v1/messages/count_tokens`. For an agent: the tokens of the
+/// request as its upstream would get it (the agent's prompt and tools
+/// included), counted by llama-server's own template and tokenizer
+/// (`/apply-template`, `/tokenize`) when it has them, else estimated at four
+/// bytes of the request's text per token. Other models are forwarded.
+pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    let config = ctx.config.clone();
+    let dialect = Dialect::Messages;
+    let body = match read_body(session, config.limits.max_body_bytes).await {
+        Ok(body) => body,
+        Err(error) => return reject(session, dialect, &error).await,
+    };
+    let model = serde_json::from_slice::<RoutingPeek>(&body)
+        .ok()
+        .and_then(|peek| peek.model.map(|m| m.into_owned()));
+    let Some(agent) = model.as_deref().and_then(|m| config.agent(m)).cloned() else {
+        let mut client = Client::new(session, config.limits.heartbeat);
+        return handled(forward::forward(&mut client, &config, body, 0).await);
+    };
+    let conversation = match front::messages::decode(&body) {
+        Ok((conversation, _)) => conversation,
+        Err(error) => return reject(session, dialect, &error).await,
+    };
+    ctx.agent = Some(agent.id.clone());
+    let toolset = ToolSet::of(&agent, &config);
+    let conversation = rewrite(&agent, &toolset, conversation);
+    let request = crate::round::chat::encode(&conversation, false);
+    let upstream = &agent.upstream;
+    let mut client = Client::new(session, config.limits.heartbeat);
+    let exact = client
+        .wait(Box::pin(tokenize(upstream, request.clone())))
+        .await;
+    let Ok(counted) = exact else {
+        return handled(true);
+    };
+    let tokens = counted.unwrap_or_else(|| request.len().div_ceil(4));
+    let body = serde_json::json!({ "input_tokens": tokens });
+    let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+    handled(client.respond_json(200, body, &[]).await.is_err())
+}
+
+/// The prompt's token count by llama-server's template and tokenizer; `None`
+/// when the upstream has no such endpoints (or is not llama-server).
+async fn tokenize(upstream: &crate::upstream::Upstream, chat_request: Vec<u8>) -> Option<usize> {
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+    #[derive(serde::Deserialize)]
+    struct Applied {
+        prompt: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Tokens {
+        tokens: Vec<serde_json::Value>,
+    }
+    let (status, applied) = upstream
+        .call(
+            "POST",
+            "/apply-template",
+            Some(Bytes::from(chat_request)),
+            WAIT,
+        )
+        .await
+        .ok()?;
+    let applied: Applied = serde_json::from_slice(&applied)
+        .ok()
+        .filter(|_| status == 200)?;
+    let request =
+        serde_json::json!({"content": applied.prompt, "add_special": true, "parse_special": true});
+    let request = Bytes::from(serde_json::to_vec(&request).ok()?);
+    let (status, tokens) = upstream
+        .call("POST", "/tokenize", Some(request), WAIT)
+        .await
+        .ok()?;
+    let tokens: Tokens = serde_json::from_slice(&tokens)
+        .ok()
+        .filter(|_| status == 200)?;
+    Some(tokens.tokens.len())
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes.

@@ -63,7 +63,7 @@ pub struct RequestCtx {
     stream: Option<StreamGuard>,
     _in_flight: InFlight,
     /// The client's own conversation or session id (`session-id`,
-    /// `x-session-id`, `thread-id` headers), for the log line.
+    /// `x-session-id`, Claude Code's, `thread-id` headers), for the log line.
     session: Option<String>,
     /// Pool members the proxy path tried (pingora retries on connect failure).
     tried: Vec<usize>,
@@ -80,12 +80,12 @@ fn handled(cut: bool) -> Result<bool> {
     }
 }
 
-/// Answers with an error; the request body may be unread, so the connection
-/// is not reused.
-async fn reject(session: &mut Session, error: &ApiError) -> Result<bool> {
+/// Answers with an error in `dialect`'s shape; the request body may be
+/// unread, so the connection is not reused.
+async fn reject(session: &mut Session, dialect: Dialect, error: &ApiError) -> Result<bool> {
     session.set_keepalive(None);
     let mut client = Client::new(session, std::time::Duration::MAX);
-    handled(client.respond_error(error).await == Err(Gone))
+    handled(client.respond_error_in(dialect, error).await == Err(Gone))
 }
 
 #[async_trait]
@@ -135,6 +135,10 @@ impl ProxyHttp for AgentProxy {
             ("GET", "/v1/models") => "models",
             ("POST", "/v1/chat/completions") => "chat",
             ("POST", "/v1/responses") => "responses",
+            ("POST", "/v1/messages") => "messages",
+            ("POST", "/v1/messages/count_tokens") => "count_tokens",
+            // Claude Code probes the base URL before it starts.
+            ("GET" | "HEAD", "/") => "root",
             _ => "proxy",
         };
         match path.as_str() {
@@ -142,18 +146,35 @@ impl ProxyHttp for AgentProxy {
             "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
             _ => {}
         }
+        let dialect = match ctx.route {
+            "messages" | "count_tokens" => Dialect::Messages,
+            "models"
+                if session
+                    .req_header()
+                    .headers
+                    .contains_key("anthropic-version") =>
+            {
+                Dialect::Messages
+            }
+            _ => Dialect::Chat,
+        };
+        if ctx.route == "root" {
+            return health::live(session).await;
+        }
         if !auth::allowed(&config, session.req_header()) {
-            return reject(session, &ApiError::invalid_api_key()).await;
+            return reject(session, dialect, &ApiError::invalid_api_key()).await;
         }
         match ctx.route {
             "metrics" => health::metrics(session).await,
-            "models" => models::list(session, &config).await,
+            "models" => models::list(session, &config, dialect).await,
             "chat" => front_door::handle(session, ctx, Dialect::Chat).await,
             "responses" => front_door::handle(session, ctx, Dialect::Responses).await,
+            "messages" => front_door::handle(session, ctx, Dialect::Messages).await,
+            "count_tokens" => front_door::count_tokens(session, ctx).await,
             _ if config.passthrough => Ok(false),
             _ => {
                 let error = ApiError::not_found(format!("no route for {method} {path}"));
-                reject(session, &error).await
+                reject(session, dialect, &error).await
             }
         }
     }
@@ -302,7 +323,7 @@ impl ProxyHttp for AgentProxy {
                 .config
                 .agent(id)
                 .map_or("-", |a| a.upstream.name.as_str()),
-            None if matches!(ctx.route, "chat" | "responses" | "proxy") => {
+            None if matches!(ctx.route, "chat" | "responses" | "messages" | "proxy") => {
                 ctx.config.default_upstream.name.as_str()
             }
             None => "-",

@@ -11,6 +11,7 @@ use tracing::warn;
 use super::handled;
 use crate::agent::router::AUTO;
 use crate::config::Config;
+use crate::conversation::Dialect;
 use crate::downstream::Client;
 use crate::openai::ModelCard;
 use crate::upstream::Upstream;
@@ -18,7 +19,9 @@ use crate::upstream::Upstream;
 /// How long the listing waits for the upstream's models.
 const UPSTREAM_WAIT: Duration = Duration::from_secs(3);
 
-pub async fn list(session: &mut Session, config: &Config) -> Result<bool> {
+/// The listing, in Anthropic's shape when the client is an Anthropic one
+/// (`dialect` is `Messages` when the request carries `anthropic-version`).
+pub async fn list(session: &mut Session, config: &Config, dialect: Dialect) -> Result<bool> {
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -60,10 +63,39 @@ pub async fn list(session: &mut Session, config: &Config) -> Result<bool> {
             }
         }
     }
-    let body = serde_json::json!({ "object": "list", "data": data });
+    let body = match dialect {
+        Dialect::Messages => anthropic_listing(&data, created),
+        _ => serde_json::json!({ "object": "list", "data": data }),
+    };
     let mut client = Client::new(session, config.limits.heartbeat);
     let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
     handled(client.respond_json(200, bytes, &[]).await.is_err())
+}
+
+/// `{data: [{type: "model", id, display_name, created_at}], has_more,
+/// first_id, last_id}`, as Anthropic's `GET /v1/models` answers.
+fn anthropic_listing(models: &[Value], created: u64) -> Value {
+    let created_at = rfc3339(created);
+    let data: Vec<Value> = models
+        .iter()
+        .filter_map(|m| {
+            let id = m.get("id")?.as_str()?;
+            let name = m.get("name").and_then(Value::as_str).unwrap_or(id);
+            Some(serde_json::json!({"type": "model", "id": id, "display_name": name, "created_at": created_at}))
+        })
+        .collect();
+    let first = data.first().map(|m| m["id"].clone());
+    let last = data.last().map(|m| m["id"].clone());
+    serde_json::json!({"data": data, "has_more": false, "first_id": first, "last_id": last})
+}
+
+/// Seconds since the epoch as an RFC 3339 UTC timestamp.
+fn rfc3339(secs: u64) -> String {
+    i64::try_from(secs)
+        .ok()
+        .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0))
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// The upstream's `data` array; an upstream that is down yields an error,

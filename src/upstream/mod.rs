@@ -117,6 +117,10 @@ impl Upstream {
         req: &mut RequestHeader,
         client_key_is_ours: bool,
     ) -> pingora::Result<()> {
+        // Anthropic clients send their key as `x-api-key`: never ours upstream.
+        if self.api_key.is_some() || client_key_is_ours {
+            req.remove_header("x-api-key");
+        }
         match &self.api_key {
             Some(key) => req.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?,
             None if client_key_is_ours => {
@@ -207,11 +211,27 @@ impl Upstream {
     /// `GET <url>/models` within `wait`: the status and body, or why not.
     /// Used by the model list and the readiness probe.
     pub async fn fetch_models(&self, wait: Duration) -> Result<(u16, Bytes), String> {
+        self.call("GET", "/v1/models", None, wait).await
+    }
+
+    /// A small request of the proxy's own (a listing, a tokenization): the
+    /// status and the whole body within `wait`, or why not.
+    pub async fn call(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<Bytes>,
+        wait: Duration,
+    ) -> Result<(u16, Bytes), String> {
+        let json = [(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        )];
         let request = Outbound {
-            method: "GET",
-            path: "/v1/models",
-            headers: &[],
-            body: None,
+            method,
+            path,
+            headers: if body.is_some() { &json } else { &[] },
+            body,
             affinity: None,
             client_key_is_ours: true,
         };
