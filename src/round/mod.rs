@@ -2,6 +2,8 @@
 //! request body) and a round decoder (the upstream's answer → neutral
 //! deltas and a [`RoundEnd`]). Pure: no I/O, no config.
 
+pub mod responses;
+
 use std::fmt;
 
 use crate::conversation::{Delta, Reasoning, RoundEnd, UpstreamError};
