@@ -1,7 +1,10 @@
 //! Property tests for the parsers that see untrusted bytes.
 
 use agent_proxy::agent::assemble::Assembler;
+use agent_proxy::conversation::{Reasoning, RoundEnd};
 use agent_proxy::openai::{FunctionDelta, ToolCallDelta};
+use agent_proxy::round::responses::Decoder;
+use agent_proxy::round::RoundDecoder;
 use agent_proxy::sse::Parser;
 use proptest::prelude::*;
 
@@ -37,6 +40,51 @@ fn parse(reads: &[&[u8]]) -> Vec<String> {
     events
 }
 
+/// `bytes` cut at `cuts` (indexes into `bytes.len() + 1`), as reads.
+fn reads<'a>(bytes: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
+    let mut points: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+    points.sort();
+    let mut reads = Vec::new();
+    let mut from = 0;
+    for point in points {
+        reads.push(&bytes[from..point]);
+        from = point;
+    }
+    reads.push(&bytes[from..]);
+    reads
+}
+
+/// A Responses stream read in `reads`, through the SSE parser and the round
+/// decoder: the content, the reasoning, the reasoning items handed on, and
+/// the round's end.
+fn decode_responses(reads: &[&[u8]]) -> (String, String, Vec<Reasoning>, RoundEnd) {
+    let mut parser = Parser::new(1 << 20);
+    let mut decoder = Decoder::default();
+    let (mut content, mut reasoning, mut items) = (String::new(), String::new(), Vec::new());
+    let mut take = |event: agent_proxy::sse::Event| {
+        let step = decoder.event(&event).expect("a valid event");
+        content.extend(step.delta.content);
+        reasoning.extend(step.delta.reasoning);
+        items.extend(step.reasoning_item);
+    };
+    for read in reads {
+        parser.feed(read);
+        while let Some(event) = parser.next_event().expect("within the limit") {
+            take(event);
+        }
+    }
+    if let Some(event) = parser.finish() {
+        take(event);
+    }
+    let end = decoder.end().expect("a complete stream");
+    (content, reasoning, items, end)
+}
+
+const RESPONSES_STREAMS: [&[u8]; 2] = [
+    include_bytes!("fixtures/openai/responses-tool-stream.sse"),
+    include_bytes!("fixtures/openai/responses-text-stream.sse"),
+];
+
 proptest! {
     #[test]
     fn any_split_of_an_sse_stream_parses_to_the_same_events(
@@ -45,15 +93,7 @@ proptest! {
         cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
     ) {
         let bytes = serialize(&events, ending);
-        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
-        points.sort();
-        let mut reads = Vec::new();
-        let mut from = 0;
-        for point in points {
-            reads.push(&bytes[from..point]);
-            from = point;
-        }
-        reads.push(&bytes[from..]);
+        let reads = reads(&bytes, &cuts);
         let expected: Vec<String> = events.iter().map(|lines| lines.join("\n")).collect();
         prop_assert_eq!(parse(&reads), expected);
     }
@@ -106,5 +146,26 @@ proptest! {
             prop_assert_eq!(&call.function.name, name);
             prop_assert_eq!(&call.function.arguments, args);
         }
+    }
+
+    #[test]
+    fn any_split_of_a_responses_stream_decodes_to_the_same_round(
+        stream in prop::sample::select(RESPONSES_STREAMS.to_vec()),
+        ending in prop::sample::select(vec!["\n", "\r\n", "\r"]),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
+    ) {
+        let whole = decode_responses(&[stream]);
+        prop_assert!(!whole.1.is_empty() && !whole.2.is_empty() && whole.3.finish.is_some());
+        // Event data is one JSON line: only the SSE framing has line ends.
+        let text = std::str::from_utf8(stream).unwrap().replace('\n', ending);
+        prop_assert_eq!(decode_responses(&reads(text.as_bytes(), &cuts)), whole);
+    }
+}
+
+#[test]
+fn a_responses_stream_read_byte_by_byte_decodes_to_the_same_round() {
+    for stream in RESPONSES_STREAMS {
+        let bytewise: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(decode_responses(&bytewise), decode_responses(&[stream]));
     }
 }

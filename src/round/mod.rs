@@ -3,6 +3,7 @@
 //! deltas and a [`RoundEnd`]). Pure: no I/O, no config.
 
 pub mod chat;
+pub mod responses;
 
 use std::fmt;
 
@@ -65,7 +66,7 @@ pub trait RoundDecoder {
 pub fn encode(api: UpstreamApi, conversation: &Conversation, stream: bool) -> Vec<u8> {
     match api {
         UpstreamApi::Chat => chat::encode(conversation, stream),
-        UpstreamApi::Responses => chat::encode(conversation, stream),
+        UpstreamApi::Responses => responses::encode(conversation, stream),
     }
 }
 
@@ -80,6 +81,6 @@ pub fn decoder(api: UpstreamApi, conversation: &Conversation) -> Box<dyn RoundDe
                 .map(|t| t.name.clone())
                 .collect(),
         )),
-        UpstreamApi::Responses => Box::new(chat::Decoder::default()),
+        UpstreamApi::Responses => Box::new(responses::Decoder::default()),
     }
 }

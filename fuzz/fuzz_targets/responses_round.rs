@@ -1,0 +1,80 @@
+//! An upstream's Responses answer as the tool loop reads it: bytes through
+//! the SSE parser and the Responses round decoder, and the same bytes as a
+//! whole body. Never panics; any split of the input into reads decodes to
+//! the same round; a round that ends has each call once.
+#![no_main]
+
+use agent_proxy::conversation::{Reasoning, RoundEnd};
+use agent_proxy::round::responses::Decoder;
+use agent_proxy::round::{DecodeError, RoundDecoder};
+use agent_proxy::sse::Parser;
+use libfuzzer_sys::fuzz_target;
+
+/// What the loop would see: text, reasoning, reasoning items as they
+/// completed, and how the round ended (or the first error).
+type Round = (
+    String,
+    String,
+    Vec<Reasoning>,
+    Result<RoundEnd, DecodeError>,
+);
+
+/// `None` when an event exceeds the parser's limit (where that shows
+/// depends on the reads).
+fn decode(reads: &[&[u8]]) -> Option<Round> {
+    let mut parser = Parser::new(1 << 16);
+    let mut decoder = Decoder::default();
+    let (mut content, mut reasoning, mut items) = (String::new(), String::new(), Vec::new());
+    let mut events = Vec::new();
+    for read in reads {
+        parser.feed(read);
+        while let Some(event) = parser.next_event().ok()? {
+            events.push(event);
+        }
+    }
+    events.extend(parser.finish());
+    for event in &events {
+        match decoder.event(event) {
+            Ok(step) => {
+                content.extend(step.delta.content);
+                reasoning.extend(step.delta.reasoning);
+                items.extend(step.reasoning_item);
+            }
+            Err(e) => return Some((content, reasoning, items, Err(e))),
+        }
+    }
+    Some((content, reasoning, items, decoder.end()))
+}
+
+fn check(end: &Result<RoundEnd, DecodeError>) {
+    if let Ok(end) = end {
+        assert!(end.finish.is_some(), "a round ended without a finish");
+        for (i, call) in end.calls.iter().enumerate() {
+            assert!(
+                end.calls[..i].iter().all(|c| c.id != call.id),
+                "a call came twice"
+            );
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let whole = decode(&[data]);
+    if let Some(round) = &whole {
+        check(&round.3);
+    }
+    // The first byte chooses where to split the rest.
+    if let Some((&seed, rest)) = data.split_first() {
+        let cut = usize::from(seed) % (rest.len() + 1);
+        let split = decode(&[&data[..1], &rest[..cut], &rest[cut..]]);
+        if let (Some(split), Some(whole)) = (&split, &whole) {
+            assert_eq!(split, whole, "a split changed the round");
+        }
+    }
+    let mut decoder = Decoder::default();
+    if decoder.body(data).is_ok() {
+        let end = decoder.end();
+        assert!(end.is_ok(), "a whole answer is a complete round");
+        check(&end);
+    }
+});
