@@ -3,8 +3,8 @@
 use agent_proxy::agent::assemble::Assembler;
 use agent_proxy::conversation::{Reasoning, RoundEnd};
 use agent_proxy::openai::{FunctionDelta, ToolCallDelta};
-use agent_proxy::round::responses::Decoder;
 use agent_proxy::round::RoundDecoder;
+use agent_proxy::round::{chat, responses};
 use agent_proxy::sse::Parser;
 use proptest::prelude::*;
 
@@ -54,12 +54,14 @@ fn reads<'a>(bytes: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
     reads
 }
 
-/// A Responses stream read in `reads`, through the SSE parser and the round
-/// decoder: the content, the reasoning, the reasoning items handed on, and
-/// the round's end.
-fn decode_responses(reads: &[&[u8]]) -> (String, String, Vec<Reasoning>, RoundEnd) {
+/// An upstream stream read in `reads`, through the SSE parser and the round
+/// decoder `D`: the content, the reasoning, the reasoning items handed on,
+/// and the round's end.
+fn decode_round<D: RoundDecoder + Default>(
+    reads: &[&[u8]],
+) -> (String, String, Vec<Reasoning>, RoundEnd) {
     let mut parser = Parser::new(1 << 20);
-    let mut decoder = Decoder::default();
+    let mut decoder = D::default();
     let (mut content, mut reasoning, mut items) = (String::new(), String::new(), Vec::new());
     let mut take = |event: agent_proxy::sse::Event| {
         let step = decoder.event(&event).expect("a valid event");
@@ -79,6 +81,12 @@ fn decode_responses(reads: &[&[u8]]) -> (String, String, Vec<Reasoning>, RoundEn
     let end = decoder.end().expect("a complete stream");
     (content, reasoning, items, end)
 }
+
+const CHAT_STREAMS: [&[u8]; 3] = [
+    include_bytes!("fixtures/llama.cpp/reasoning-stream.sse"),
+    include_bytes!("fixtures/llama.cpp/toolcall-stream.sse"),
+    include_bytes!("fixtures/llama.cpp/usage-stream.sse"),
+];
 
 const RESPONSES_STREAMS: [&[u8]; 2] = [
     include_bytes!("fixtures/openai/responses-tool-stream.sse"),
@@ -154,11 +162,26 @@ proptest! {
         ending in prop::sample::select(vec!["\n", "\r\n", "\r"]),
         cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
     ) {
-        let whole = decode_responses(&[stream]);
+        let whole = decode_round::<responses::Decoder>(&[stream]);
         prop_assert!(!whole.1.is_empty() && !whole.2.is_empty() && whole.3.finish.is_some());
         // Event data is one JSON line: only the SSE framing has line ends.
         let text = std::str::from_utf8(stream).unwrap().replace('\n', ending);
-        prop_assert_eq!(decode_responses(&reads(text.as_bytes(), &cuts)), whole);
+        prop_assert_eq!(decode_round::<responses::Decoder>(&reads(text.as_bytes(), &cuts)), whole);
+    }
+}
+
+proptest! {
+    #[test]
+    fn any_split_of_a_llama_cpp_stream_decodes_to_the_same_round(
+        stream in prop::sample::select(CHAT_STREAMS.to_vec()),
+        ending in prop::sample::select(vec!["\n", "\r\n", "\r"]),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
+    ) {
+        let whole = decode_round::<chat::Decoder>(&[stream]);
+        prop_assert!(whole.3.finish.is_some());
+        prop_assert!(!whole.0.is_empty() || !whole.1.is_empty() || !whole.3.calls.is_empty());
+        let text = std::str::from_utf8(stream).unwrap().replace("\r\n", "\n").replace('\n', ending);
+        prop_assert_eq!(decode_round::<chat::Decoder>(&reads(text.as_bytes(), &cuts)), whole);
     }
 }
 
@@ -166,6 +189,9 @@ proptest! {
 fn a_responses_stream_read_byte_by_byte_decodes_to_the_same_round() {
     for stream in RESPONSES_STREAMS {
         let bytewise: Vec<&[u8]> = stream.chunks(1).collect();
-        assert_eq!(decode_responses(&bytewise), decode_responses(&[stream]));
+        assert_eq!(
+            decode_round::<responses::Decoder>(&bytewise),
+            decode_round::<responses::Decoder>(&[stream])
+        );
     }
 }

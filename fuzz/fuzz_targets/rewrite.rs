@@ -1,6 +1,7 @@
-//! A client's chat request through the agent rewrite: any request that
-//! parses is rewritten without panicking into one that serializes, starts
-//! with the agent's system message and streams.
+//! A client's request through each front decoder (chat, Responses,
+//! Messages), the agent rewrite and each upstream encoder: whatever decodes
+//! is rewritten without panicking into a valid request that carries the
+//! agent's instructions first and streams as the client asked.
 #![no_main]
 
 use std::sync::LazyLock;
@@ -8,8 +9,12 @@ use std::sync::LazyLock;
 use agent_proxy::agent::rewrite::rewrite;
 use agent_proxy::agent::toolset::ToolSet;
 use agent_proxy::config::Config;
+use agent_proxy::conversation::Conversation;
+use agent_proxy::front;
 use agent_proxy::openai::ChatRequest;
+use agent_proxy::round;
 use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
 
 static CONFIG: LazyLock<Config> = LazyLock::new(|| {
     Config::parse(
@@ -26,17 +31,28 @@ agents:
     .expect("the fuzz config is valid")
 });
 
+fn decoded(data: &[u8]) -> Vec<Conversation> {
+    let chat = serde_json::from_slice::<ChatRequest>(data)
+        .ok()
+        .and_then(|r| front::chat::decode(r).ok());
+    let responses = front::responses::decode(data).ok().map(|(c, _)| c);
+    let messages = front::messages::decode(data).ok().map(|(c, _)| c);
+    [chat, responses, messages].into_iter().flatten().collect()
+}
+
 fuzz_target!(|data: &[u8]| {
-    let Ok(request) = serde_json::from_slice::<ChatRequest>(data) else {
-        return;
-    };
     let agent = CONFIG.agent("a").expect("agent a");
     let toolset = ToolSet::of(agent, &CONFIG);
-    let stream = request.stream.unwrap_or(false);
-    let out = rewrite(agent, &toolset, request, stream);
-    assert_eq!(out.stream, Some(stream));
-    assert_eq!(out.stream_options.is_some(), stream);
-    assert_eq!(out.messages.first().map(|m| m.role.as_str()), Some("system"));
-    let bytes = serde_json::to_vec(&out).expect("a rewritten request serializes");
-    serde_json::from_slice::<serde_json::Value>(&bytes).expect("and is valid JSON");
+    for conversation in decoded(data) {
+        let stream = conversation.options.stream;
+        let out = rewrite(agent, &toolset, conversation);
+        assert!(out.system.as_deref().is_some_and(|s| s.starts_with("AGENT")));
+        let chat: Value = serde_json::from_slice(&round::chat::encode(&out, stream))
+            .expect("a chat request is valid JSON");
+        assert_eq!(chat["stream"], stream);
+        assert_eq!(chat["messages"][0]["role"], "system");
+        let responses: Value = serde_json::from_slice(&round::responses::encode(&out, stream))
+            .expect("a Responses request is valid JSON");
+        assert_eq!(responses["store"], false);
+    }
 });

@@ -1,11 +1,12 @@
-//! An upstream's Responses answer as the tool loop reads it: bytes through
-//! the SSE parser and the Responses round decoder, and the same bytes as a
-//! whole body. Never panics; any split of the input into reads decodes to
-//! the same round; a round that ends has each call once.
+//! An upstream's answer as the tool loop reads it, for each upstream
+//! dialect (chat completions, Responses): bytes through the SSE parser and
+//! the round decoder, and the same bytes as a whole body. Never panics; any
+//! split of the input into reads decodes to the same round; a round that
+//! ends has each call once.
 #![no_main]
 
 use agent_proxy::conversation::{Reasoning, RoundEnd};
-use agent_proxy::round::responses::Decoder;
+use agent_proxy::round::{chat, responses};
 use agent_proxy::round::{DecodeError, RoundDecoder};
 use agent_proxy::sse::Parser;
 use libfuzzer_sys::fuzz_target;
@@ -21,9 +22,9 @@ type Round = (
 
 /// `None` when an event exceeds the parser's limit (where that shows
 /// depends on the reads).
-fn decode(reads: &[&[u8]]) -> Option<Round> {
+fn decode<D: RoundDecoder + Default>(reads: &[&[u8]]) -> Option<Round> {
     let mut parser = Parser::new(1 << 16);
-    let mut decoder = Decoder::default();
+    let mut decoder = D::default();
     let (mut content, mut reasoning, mut items) = (String::new(), String::new(), Vec::new());
     let mut events = Vec::new();
     for read in reads {
@@ -58,23 +59,28 @@ fn check(end: &Result<RoundEnd, DecodeError>) {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
-    let whole = decode(&[data]);
+fn run<D: RoundDecoder + Default>(data: &[u8]) {
+    let whole = decode::<D>(&[data]);
     if let Some(round) = &whole {
         check(&round.3);
     }
     // The first byte chooses where to split the rest.
     if let Some((&seed, rest)) = data.split_first() {
         let cut = usize::from(seed) % (rest.len() + 1);
-        let split = decode(&[&data[..1], &rest[..cut], &rest[cut..]]);
+        let split = decode::<D>(&[&data[..1], &rest[..cut], &rest[cut..]]);
         if let (Some(split), Some(whole)) = (&split, &whole) {
             assert_eq!(split, whole, "a split changed the round");
         }
     }
-    let mut decoder = Decoder::default();
+    let mut decoder = D::default();
     if decoder.body(data).is_ok() {
         let end = decoder.end();
         assert!(end.is_ok(), "a whole answer is a complete round");
         check(&end);
     }
+}
+
+fuzz_target!(|data: &[u8]| {
+    run::<chat::Decoder>(data);
+    run::<responses::Decoder>(data);
 });
