@@ -133,18 +133,98 @@ impl std::error::Error for ApiError {}
 
 /// Maps an error from pingora's HTTP client to what the client should see:
 /// a timeout is a 504, anything else on the way to the upstream is a 502.
+/// The message names the endpoint when the error carries it ([`AtEndpoint`]),
+/// and says what to do about a refused connection: on a first run that is
+/// almost always a model server that is not started yet.
 pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
     use pingora::ErrorType::*;
-    crate::metrics::metrics().upstream_error(upstream, err.etype().as_str());
-    match err.etype() {
-        ConnectTimedout | ReadTimedout | WriteTimedout => ApiError::gateway_timeout(format!(
-            "upstream `{upstream}` timed out ({})",
-            err.etype().as_str()
+    let kind = err.etype();
+    crate::metrics::metrics().upstream_error(upstream, kind.as_str());
+    let origin = AtEndpoint::origin_of(err);
+    let at = origin.map(|o| format!(" at {o}")).unwrap_or_default();
+    let reason = failure_reason(kind);
+    match kind {
+        ConnectRefused => ApiError::bad_gateway(format!(
+            "upstream `{upstream}` refused the connection{at}: is llama-server (or your model server) running {}?",
+            if origin.is_some() { "there" } else { "and reachable" }
         )),
-        _ => ApiError::bad_gateway(format!(
-            "upstream `{upstream}` failed: {}",
-            err.etype().as_str()
+        ConnectTimedout | ReadTimedout | WriteTimedout => {
+            ApiError::gateway_timeout(format!("upstream `{upstream}` timed out{at} ({reason})"))
+        }
+        ConnectNoRoute => ApiError::bad_gateway(format!(
+            "upstream `{upstream}` cannot be reached{at}: {reason}"
         )),
+        TLSHandshakeFailure | TLSHandshakeTimedout | InvalidCert | HandshakeError => {
+            ApiError::bad_gateway(format!(
+                "upstream `{upstream}` failed the TLS handshake{at} ({reason}): check the URL's scheme and the upstream's `ca_file`"
+            ))
+        }
+        _ => ApiError::bad_gateway(format!("upstream `{upstream}` failed{at}: {reason}")),
+    }
+}
+
+/// What went wrong on the way to an upstream, in words, for error messages,
+/// logs and `/readyz`.
+pub fn failure_reason(kind: &pingora::ErrorType) -> &'static str {
+    use pingora::ErrorType::*;
+    match kind {
+        ConnectRefused => "connection refused",
+        ConnectTimedout => "connect timed out",
+        ConnectNoRoute => "no route to the host, or its name does not resolve",
+        ConnectError => "connect failed",
+        TLSHandshakeFailure | HandshakeError => "TLS handshake failed",
+        TLSHandshakeTimedout => "TLS handshake timed out",
+        InvalidCert => "certificate not trusted",
+        ReadTimedout => "no answer in time",
+        WriteTimedout => "sending the request timed out",
+        ConnectionClosed => "connection closed",
+        ReadError => "read failed",
+        WriteError => "write failed",
+        other => other.as_str(),
+    }
+}
+
+/// A failed exchange with an upstream and the endpoint it was with
+/// (`scheme://host:port`, never credentials). The upstream layer wraps its
+/// errors in this so the client's message can say where the failure was.
+#[derive(Debug)]
+pub struct AtEndpoint {
+    origin: String,
+    error: Box<pingora::Error>,
+}
+
+impl AtEndpoint {
+    /// `error` with `origin` attached; its type, source and retry decision
+    /// stay the same, so callers that look at those see no difference.
+    pub fn wrap(origin: &str, error: Box<pingora::Error>) -> Box<pingora::Error> {
+        Box::new(pingora::Error {
+            etype: error.etype.clone(),
+            esource: error.esource.clone(),
+            retry: error.retry,
+            cause: Some(Box::new(AtEndpoint {
+                origin: origin.to_owned(),
+                error,
+            })),
+            context: None,
+        })
+    }
+
+    /// The endpoint `err` happened at, when it was wrapped.
+    pub fn origin_of(err: &pingora::Error) -> Option<&str> {
+        let cause = err.cause.as_deref()?.downcast_ref::<AtEndpoint>()?;
+        Some(&cause.origin)
+    }
+}
+
+impl fmt::Display for AtEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "at {}: {}", self.origin, self.error)
+    }
+}
+
+impl std::error::Error for AtEndpoint {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.error)
     }
 }
 
@@ -169,5 +249,22 @@ mod tests {
         assert!(std::str::from_utf8(&e.to_json())
             .unwrap()
             .contains("\"code\":\"invalid_api_key\""));
+    }
+
+    #[test]
+    fn a_refused_connection_names_the_endpoint_and_what_to_start() {
+        let refused = pingora::Error::new(pingora::ErrorType::ConnectRefused).into_up();
+        let e = from_upstream("local", &AtEndpoint::wrap("http://127.0.0.1:8080", refused));
+        assert_eq!(e.status, 502);
+        assert_eq!(
+            e.message,
+            "upstream `local` refused the connection at http://127.0.0.1:8080: \
+             is llama-server (or your model server) running there?"
+        );
+        let timeout = pingora::Error::new(pingora::ErrorType::ReadTimedout).into_up();
+        let wrapped = AtEndpoint::wrap("http://h:1", timeout);
+        assert_eq!(wrapped.etype(), &pingora::ErrorType::ReadTimedout);
+        assert_eq!(wrapped.esource(), &pingora::ErrorSource::Upstream);
+        assert_eq!(from_upstream("local", &wrapped).status, 504);
     }
 }

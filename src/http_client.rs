@@ -29,7 +29,10 @@ pub struct Endpoint {
     host: String,
     port: u16,
     base_path: String,
+    /// `host[:port]` as written, without userinfo: the `Host` header.
     authority: String,
+    /// `scheme://host[:port]`: where connections go, for messages and logs.
+    origin: String,
     timeouts: Timeouts,
     /// Roots that replace the system's for this endpoint (`ca_file`).
     ca: Option<Arc<[WrappedX509]>>,
@@ -92,9 +95,16 @@ impl Endpoint {
         }
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let ca = options.ca_file.as_deref().map(load_ca_file).transpose()?;
+        // Userinfo (`user:pass@`) is a credential: never in `Host` or a message.
+        let authority = authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, host_port)| host_port)
+            .to_owned();
         Ok(Endpoint {
             tls,
-            authority: authority.as_str().to_owned(),
+            origin: format!("{}://{authority}", if tls { "https" } else { "http" }),
+            authority,
             host,
             port,
             base_path,
@@ -115,6 +125,16 @@ impl Endpoint {
     /// The `Host` header value.
     pub fn authority(&self) -> &str {
         &self.authority
+    }
+
+    /// `scheme://host[:port]`, without credentials.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The base URL without credentials (`http://127.0.0.1:8080/v1`).
+    pub fn url(&self) -> String {
+        format!("{}{}", self.origin, self.base_path)
     }
 
     /// The peer to connect to, built once per DNS answer and shared by every
@@ -138,6 +158,18 @@ impl Endpoint {
         let peer = Arc::new(peer);
         *self.lock_peer() = Some((Instant::now(), peer.clone()));
         Ok(peer)
+    }
+
+    /// Opens a connection (TCP, and TLS for https) and closes it again:
+    /// whether anything accepts connections here, without spending a request.
+    pub async fn try_connect(&self) -> Result<()> {
+        let peer = self.peer().await?;
+        let (mut session, _) = connector()
+            .get_http_session(&*peer)
+            .await
+            .map_err(|e| e.into_up())?;
+        session.shutdown().await;
+        Ok(())
     }
 
     async fn resolve(&self) -> Result<SocketAddr> {

@@ -30,9 +30,13 @@ use agent_proxy::upstream::HealthChecks;
     about = "Turns any OpenAI-compatible LLM server into an agent server"
 )]
 struct Args {
-    /// The config file. It is reloaded on SIGHUP and when its content changes.
-    #[arg(long, short, default_value = "proxy.yaml")]
-    config: PathBuf,
+    /// The config file (default: proxy.yaml). It is reloaded on SIGHUP and
+    /// when its content changes.
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The config file, given without `--config` (`agent-proxy --check proxy.yaml`).
+    #[arg(value_name = "CONFIG", conflicts_with = "config")]
+    config_file: Option<PathBuf>,
     /// Validate the config and exit.
     #[arg(long)]
     check: bool,
@@ -68,17 +72,22 @@ fn main() -> ExitCode {
         logs.init();
     }
 
-    let config = match Config::load(&args.config) {
+    let config_path = args
+        .config
+        .or(args.config_file)
+        .unwrap_or_else(|| PathBuf::from("proxy.yaml"));
+    let config = match Config::load(&config_path) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("{}: {e}", args.config.display());
+            // The error names the file, line and key itself.
+            eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
     if args.check {
         println!(
             "{}: OK ({} agents, default upstream `{}`)",
-            args.config.display(),
+            config_path.display(),
             config.agents.len(),
             config.default_upstream.name
         );
@@ -127,7 +136,7 @@ fn main() -> ExitCode {
     }
     server.add_service(background_service(
         "health checks",
-        HealthChecks::new(config.clone()),
+        HealthChecks::new(config.clone(), config_path.clone()),
     ));
     server.add_service(background_service(
         "mcp",
@@ -136,7 +145,7 @@ fn main() -> ExitCode {
     let poll = Duration::from_millis(args.reload_poll_ms.max(10));
     server.add_service(background_service(
         "config reload",
-        Reloader::new(args.config.clone(), config, poll),
+        Reloader::new(config_path, config, poll),
     ));
     server.add_service(background_service("drain", Drain));
     server.run_forever()

@@ -58,3 +58,107 @@ fn every_configmap_under_deploy_holds_a_valid_config() {
     }
     assert_eq!(checked, 2);
 }
+
+/// Runs `agent-proxy` with `args` and returns (exit code, stdout, stderr).
+fn run(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-proxy"))
+        .args(args)
+        .output()
+        .expect("run agent-proxy");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `yaml` written to a fresh file; its path.
+fn config_file(name: &str, yaml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agent-proxy-configs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+const BROKEN: &str = r#"default_upstream: local
+upstreams:
+  local: { url: "http://127.0.0.1:8080/v1" }
+skills:
+  forecasting: { prompt: "Use Celsius." }
+agents:
+  weather:
+    skills: [forecasting, nope]
+"#;
+
+#[test]
+fn check_takes_the_config_as_a_plain_argument_too() {
+    let example = root().join("proxy.yaml");
+    let (code, stdout, stderr) = run(&["--check".as_ref(), example.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("proxy.yaml: OK (5 agents"), "{stdout}");
+    let (code, _, stderr) = run(&["--check".as_ref(), "--config".as_ref(), example.as_os_str()]);
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn check_names_the_file_line_and_key_and_what_was_expected() {
+    let path = config_file("bad-reference.yaml", BROKEN);
+    let (code, stdout, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
+    assert_eq!(code, Some(2));
+    assert!(stdout.is_empty(), "{stdout}");
+    assert_eq!(
+        stderr,
+        format!(
+            "{}:8:27: agents.weather.skills[1]: no skill named `nope` (defined skills: forecasting)\n",
+            path.display()
+        )
+    );
+
+    let typo = BROKEN.replace(
+        "    skills: [forecasting, nope]",
+        "    skils: [forecasting]",
+    );
+    let path = config_file("unknown-key.yaml", &typo);
+    let (code, _, stderr) = run(&["--check".as_ref(), "--config".as_ref(), path.as_os_str()]);
+    assert_eq!(code, Some(2));
+    let expected = format!(
+        "{}:8:5: agents.weather.skils: unknown field `skils`, expected one of `name`, `description`",
+        path.display()
+    );
+    assert!(stderr.starts_with(&expected), "{stderr}");
+    assert!(
+        stderr.contains("`skills`"),
+        "the expected keys are listed: {stderr}"
+    );
+
+    let path = config_file(
+        "syntax.yaml",
+        &BROKEN.replace("[forecasting, nope]", "[forecasting"),
+    );
+    let (code, _, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
+    assert_eq!(code, Some(2));
+    let prefix = format!("{}:9:1: invalid YAML: ", path.display());
+    assert!(stderr.starts_with(&prefix), "{stderr}");
+
+    let path = config_file(
+        "wrong-type.yaml",
+        &format!("{BROKEN}    max_tool_rounds: many\n"),
+    );
+    let (code, _, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
+    assert_eq!(code, Some(2));
+    let prefix = format!(
+        "{}:9:5: agents.weather.max_tool_rounds: invalid type: string \"many\", expected u32",
+        path.display()
+    );
+    assert!(stderr.starts_with(&prefix), "{stderr}");
+
+    let missing = config_file("missing.yaml", "").with_file_name("no-such-file.yaml");
+    let (code, _, stderr) = run(&["--check".as_ref(), missing.as_os_str()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.starts_with(&format!("{}: cannot read", missing.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

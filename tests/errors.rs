@@ -203,6 +203,50 @@ async fn unreachable_upstream_is_502_on_every_path() {
 }
 
 #[tokio::test]
+async fn a_refused_connection_says_which_url_and_what_to_start() {
+    let port = free_port();
+    let yaml = format!(
+        r#"
+default_upstream: local
+upstreams:
+  local: {{ url: "http://user:url-secret@127.0.0.1:{port}/v1", api_key: key-secret }}
+agents:
+  helper: {{ system_prompt: "Be brief." }}
+"#
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let expected = format!(
+        "upstream `local` refused the connection at http://127.0.0.1:{port}: \
+         is llama-server (or your model server) running there?"
+    );
+    // An agent, and a model passed through to the upstream.
+    for model in ["helper", "some-upstream-model"] {
+        for stream in [false, true] {
+            let res = post_json(proxy.port, "/v1/chat/completions", &chat(model, stream)).await;
+            let error = assert_error(&res, 502, "upstream_error");
+            assert_eq!(error["message"], expected.as_str(), "{model}");
+        }
+    }
+
+    // One line at start says the same, with the URL as configured.
+    let warning = format!(
+        "default upstream `local` is not answering at http://127.0.0.1:{port}/v1 (connection refused): \
+         start llama-server there, or set default_upstream in {}",
+        proxy.dir.join("proxy.yaml").display()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !proxy.logs().contains(&warning) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let logs = proxy.logs();
+    assert_eq!(logs.matches(&warning).count(), 1, "{logs}");
+    assert!(
+        !logs.contains("secret"),
+        "credentials stay out of the logs: {logs}"
+    );
+}
+
+#[tokio::test]
 async fn upstream_timeout_is_504() {
     let upstream = FakeServer::start(|_, _| Reply::Stall).await;
     let proxy = Proxy::start(&config(&upstream.url(), "")).await;

@@ -3,6 +3,7 @@
 
 mod expand;
 pub mod file;
+mod locate;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -18,6 +19,7 @@ use crate::mcp::{self, McpServer};
 use crate::tools::Tool;
 use crate::upstream::Upstream;
 use file::ConfigFile;
+use locate::{locate, KeyPath, Location};
 
 /// A loaded, validated configuration. Requests hold an `Arc` of the one they
 /// started with.
@@ -49,51 +51,90 @@ pub struct Limits {
     pub max_upstream_body_bytes: usize,
 }
 
-/// What is wrong with a config, naming the key.
+/// What is wrong with a config, as one line for the operator: where in the
+/// file, the key, and what was expected (`proxy.yaml:42:7:
+/// agents.weather.skills[0]: no skill named `x` (defined skills: a, b)`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The bad key (`agents.weather.skills[0]`); empty for the file as a whole.
     pub key: String,
+    /// The whole line, location and key included.
     pub message: String,
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.key.is_empty() {
-            write!(f, "config error: {}", self.message)
-        } else {
-            write!(f, "config error at `{}`: {}", self.key, self.message)
-        }
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for ConfigError {}
 
-fn error(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.into(),
+/// A problem found while loading, before it is placed in the text.
+#[derive(Debug)]
+struct Invalid {
+    key: KeyPath,
+    message: String,
+    /// Known for YAML syntax errors; found from `key` for the others.
+    at: Option<Location>,
+}
+
+fn error(key: KeyPath, message: impl Into<String>) -> Invalid {
+    Invalid {
+        key,
         message: message.into(),
+        at: None,
     }
 }
 
+impl Invalid {
+    /// The operator's line: `file:line:column: key: message`; without a file
+    /// name, `line L, column C: key: message`.
+    fn render(self, file: Option<&str>, text: &str) -> ConfigError {
+        let at = self.at.or_else(|| locate(text, &self.key));
+        let key = self.key.to_string();
+        let mut message = match (file, at) {
+            (Some(file), Some(at)) => format!("{file}:{}:{}: ", at.line, at.column),
+            (Some(file), None) => format!("{file}: "),
+            (None, Some(at)) => format!("line {}, column {}: ", at.line, at.column),
+            (None, None) => String::new(),
+        };
+        if !key.is_empty() {
+            message.push_str(&key);
+            message.push_str(": ");
+        }
+        message.push_str(&self.message);
+        ConfigError { key, message }
+    }
+}
+
+/// `no skill named `x` (defined skills: a, b)`: what was asked for and what
+/// it could have been.
+fn no_such<'a>(kind: &str, name: &str, defined: impl IntoIterator<Item = &'a String>) -> String {
+    const SHOWN: usize = 20;
+    let defined: Vec<&str> = defined.into_iter().map(String::as_str).collect();
+    let choices = match defined.len() {
+        0 => format!("no {kind}s are defined"),
+        n if n > SHOWN => format!("defined {kind}s: {}, …", defined[..SHOWN].join(", ")),
+        _ => format!("defined {kind}s: {}", defined.join(", ")),
+    };
+    format!("no {kind} named `{name}` ({choices})")
+}
+
 impl Config {
+    /// Reads and checks the config file; errors name the file, line and key.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| error("", format!("cannot read {}: {e}", path.display())))?;
-        Self::parse(&text, |name| std::env::var(name).ok())
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            key: String::new(),
+            message: format!("{file}: cannot read the config file: {e}"),
+        })?;
+        parse_text(&text, &|name| std::env::var(name).ok())
+            .map_err(|invalid| invalid.render(Some(&file), &text))
     }
 
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let mut yaml: Yaml =
-            serde_yaml_ng::from_str(text).map_err(|e| error("", format!("invalid YAML: {e}")))?;
-        expand_strings(&mut yaml, &mut String::new(), &env)?;
-        let file: ConfigFile = serde_path_to_error::deserialize(yaml).map_err(|e| {
-            let key = e.path().to_string();
-            error(
-                if key == "." { String::new() } else { key },
-                e.into_inner().to_string(),
-            )
-        })?;
-        resolve(file)
+        parse_text(text, &env).map_err(|invalid| invalid.render(None, text))
     }
 
     pub fn agent(&self, id: &str) -> Option<&Arc<Agent>> {
@@ -101,33 +142,55 @@ impl Config {
     }
 }
 
+fn parse_text(text: &str, env: &impl Fn(&str) -> Option<String>) -> Result<Config, Invalid> {
+    let mut yaml: Yaml = serde_yaml_ng::from_str(text).map_err(|e| {
+        let at = Location::of(&e);
+        // The position leads the line; libyaml's own copy of it goes.
+        let mut message = e.to_string();
+        if let Some(at) = at {
+            message =
+                message.replacen(&format!(" at line {} column {}", at.line, at.column), "", 1);
+        }
+        Invalid {
+            key: KeyPath::default(),
+            message: format!("invalid YAML: {message}"),
+            at,
+        }
+    })?;
+    if yaml.is_null() {
+        return Err(error(
+            KeyPath::default(),
+            "the config is empty: it needs at least `default_upstream` and `upstreams`",
+        ));
+    }
+    expand_strings(&mut yaml, &mut KeyPath::default(), env)?;
+    let file: ConfigFile = serde_path_to_error::deserialize(yaml)
+        .map_err(|e| error(KeyPath::from_serde(e.path()), e.into_inner().to_string()))?;
+    resolve(file)
+}
+
 /// Replaces `${VAR}` in every string value, tracking the key path for errors.
 fn expand_strings(
     value: &mut Yaml,
-    path: &mut String,
+    path: &mut KeyPath,
     env: &impl Fn(&str) -> Option<String>,
-) -> Result<(), ConfigError> {
+) -> Result<(), Invalid> {
     match value {
         Yaml::String(s) => {
             *s = expand::expand(s, env).map_err(|m| error(path.clone(), m))?;
         }
         Yaml::Sequence(items) => {
             for (i, item) in items.iter_mut().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
+                path.push_index(i);
                 expand_strings(item, path, env)?;
-                path.truncate(len);
+                path.pop();
             }
         }
         Yaml::Mapping(map) => {
             for (key, item) in map.iter_mut() {
-                let len = path.len();
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                path.push_str(key.as_str().unwrap_or("?"));
+                path.push_key(key.as_str().unwrap_or("?"));
                 expand_strings(item, path, env)?;
-                path.truncate(len);
+                path.pop();
             }
         }
         Yaml::Tagged(tagged) => expand_strings(&mut tagged.value, path, env)?,
@@ -139,61 +202,60 @@ fn expand_strings(
 /// Fields of a chat request the proxy manages itself: not settable as `params`.
 const MANAGED_FIELDS: &[&str] = &["model", "messages", "tools", "stream", "stream_options"];
 
-fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
+fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
     let mut upstreams = BTreeMap::new();
     for (name, upstream) in file.upstreams {
         let resolved = Upstream::from_file(&name, upstream)
-            .map_err(|m| error(format!("upstreams.{name}"), m))?;
+            .map_err(|m| error(KeyPath::of(&["upstreams", &name]), m))?;
         upstreams.insert(name, Arc::new(resolved));
     }
-    let default_upstream = upstreams
-        .get(&file.default_upstream)
-        .cloned()
-        .ok_or_else(|| {
-            error(
-                "default_upstream",
-                format!("no upstream named `{}`", file.default_upstream),
-            )
-        })?;
+    let find_upstream = |key: KeyPath, name: &str| {
+        upstreams
+            .get(name)
+            .cloned()
+            .ok_or_else(|| error(key, no_such("upstream", name, upstreams.keys())))
+    };
+    let default_upstream =
+        find_upstream(KeyPath::of(&["default_upstream"]), &file.default_upstream)?;
 
     let mut tools = BTreeMap::new();
     for (name, tool) in file.tools {
+        let key = KeyPath::of(&["tools", &name]);
         if !is_function_name(&name) {
             return Err(error(
-                format!("tools.{name}"),
+                key,
                 "a tool name must be 1-64 letters, digits, `_` or `-`",
             ));
         }
-        let resolved =
-            Tool::from_file(&name, tool).map_err(|m| error(format!("tools.{name}"), m))?;
+        let resolved = Tool::from_file(&name, tool).map_err(|m| error(key, m))?;
         tools.insert(name, Arc::new(resolved));
     }
     let mut mcp_servers = BTreeMap::new();
     for (name, server) in &file.mcp_servers {
+        let key = KeyPath::of(&["mcp_servers", name]);
         if !is_function_name(name) || name.contains(mcp::SEPARATOR) {
             return Err(error(
-                format!("mcp_servers.{name}"),
+                key,
                 "a server name must be 1-64 letters, digits, `_` or `-`, without `__`",
             ));
         }
-        let resolved =
-            mcp::server(name, server).map_err(|m| error(format!("mcp_servers.{name}"), m))?;
+        let resolved = mcp::server(name, server).map_err(|m| error(key, m))?;
         mcp_servers.insert(name.clone(), resolved);
     }
     let agent_ids: Vec<String> = file.agents.keys().cloned().collect();
     // `tool`, `server/*`, `server/tool` or `agent:<id>`.
-    let find_tool = |key: String, name: &str| -> Result<AgentTool, ConfigError> {
+    let find_tool = |key: KeyPath, name: &str| -> Result<AgentTool, Invalid> {
         if let Some(id) = name.strip_prefix("agent:") {
             return match agent_ids.iter().any(|a| a == id) {
                 true => Ok(AgentTool::Agent(id.to_owned())),
-                false => Err(error(key, format!("no agent named `{id}`"))),
+                false => Err(error(key, no_such("agent", id, &agent_ids))),
             };
         }
         if let Some((server, tool)) = name.split_once('/') {
             let server = mcp_servers
                 .get(server)
                 .cloned()
-                .ok_or_else(|| error(key, format!("no MCP server named `{server}`")))?;
+                .ok_or_else(|| error(key, no_such("MCP server", server, mcp_servers.keys())))?;
             let tool = (tool != "*").then(|| tool.to_owned());
             return Ok(AgentTool::Mcp { server, tool });
         }
@@ -201,7 +263,7 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
             .get(name)
             .cloned()
             .map(AgentTool::Local)
-            .ok_or_else(|| error(key, format!("no tool named `{name}`")))
+            .ok_or_else(|| error(key, no_such("tool", name, tools.keys())))
     };
 
     let mut skills = BTreeMap::new();
@@ -210,20 +272,17 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
             .tools
             .iter()
             .enumerate()
-            .map(|(i, t)| find_tool(format!("skills.{name}.tools[{i}]"), t))
+            .map(|(i, t)| find_tool(KeyPath::of(&["skills", name, "tools"]).index(i), t))
             .collect::<Result<Vec<_>, _>>()?;
         skills.insert(name.clone(), (skill.prompt.clone(), skill_tools));
     }
 
     let mut agents = BTreeMap::new();
     for (id, agent) in file.agents {
-        let key = |field: &str| format!("agents.{id}.{field}");
+        let key = |field: &str| KeyPath::of(&["agents", &id, field]);
         let upstream = match &agent.upstream {
             None => default_upstream.clone(),
-            Some(name) => upstreams
-                .get(name)
-                .cloned()
-                .ok_or_else(|| error(key("upstream"), format!("no upstream named `{name}`")))?,
+            Some(name) => find_upstream(key("upstream"), name)?,
         };
         if let Some(field) = agent
             .params
@@ -231,8 +290,11 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
             .find(|k| MANAGED_FIELDS.contains(&k.as_str()))
         {
             return Err(error(
-                key(&format!("params.{field}")),
-                "set by the proxy; not allowed in params",
+                key("params").key(field),
+                format!(
+                    "set by the proxy; not allowed in params (the proxy manages {})",
+                    MANAGED_FIELDS.join(", ")
+                ),
             ));
         }
         let mut prompt_parts: Vec<String> = agent.system_prompt.iter().cloned().collect();
@@ -241,13 +303,13 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
         let mut agent_tools: Vec<AgentTool> = Vec::new();
         let mut add_tool = |tool: AgentTool| agent_tools.push(tool);
         for (i, name) in agent.tools.iter().enumerate() {
-            add_tool(find_tool(key(&format!("tools[{i}]")), name)?);
+            add_tool(find_tool(key("tools").index(i), name)?);
         }
         for (i, name) in agent.skills.iter().enumerate() {
             let (prompt, skill_tools) = skills.get(name).ok_or_else(|| {
                 error(
-                    key(&format!("skills[{i}]")),
-                    format!("no skill named `{name}`"),
+                    key("skills").index(i),
+                    no_such("skill", name, skills.keys()),
                 )
             })?;
             prompt_parts.extend(prompt.iter().cloned());
@@ -279,14 +341,12 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
         .map(|router| {
             let upstream = match &router.upstream {
                 None => default_upstream.clone(),
-                Some(name) => upstreams.get(name).cloned().ok_or_else(|| {
-                    error("router.upstream", format!("no upstream named `{name}`"))
-                })?,
+                Some(name) => find_upstream(KeyPath::of(&["router", "upstream"]), name)?,
             };
             if !agents.contains_key(&router.default_agent) {
                 return Err(error(
-                    "router.default_agent",
-                    format!("no agent named `{}`", router.default_agent),
+                    KeyPath::of(&["router", "default_agent"]),
+                    no_such("agent", &router.default_agent, agents.keys()),
                 ));
             }
             Ok(Router {
@@ -299,7 +359,10 @@ fn resolve(file: ConfigFile) -> Result<Config, ConfigError> {
         .transpose()?;
 
     if file.limits.max_body_bytes == 0 {
-        return Err(error("limits.max_body_bytes", "must be greater than 0"));
+        return Err(error(
+            KeyPath::of(&["limits", "max_body_bytes"]),
+            "must be greater than 0",
+        ));
     }
     Ok(Config {
         listen: file.listen,
@@ -401,5 +464,43 @@ agents:
         assert_eq!(e.key, "default_upstream");
         let e = err(&BASE.replace("http: {", "command: { argv: [x] }\n    http: {"));
         assert_eq!(e.key, "tools.get_weather");
+    }
+
+    #[test]
+    fn errors_point_at_the_line_and_say_what_was_expected() {
+        let e = err(&BASE.replace("skills: [forecasting]", "skills: [nope]"));
+        assert_eq!(
+            e.to_string(),
+            "line 16, column 14: agents.weather.skills[0]: \
+             no skill named `nope` (defined skills: forecasting)"
+        );
+        let e = err(&BASE.replace("system_prompt:", "sytem_prompt:"));
+        assert_eq!(e.key, "agents.weather.sytem_prompt");
+        assert!(
+            e.message.starts_with(
+                "line 15, column 5: agents.weather.sytem_prompt: unknown field `sytem_prompt`, \
+                 expected one of `name`, `description`"
+            ),
+            "{e}"
+        );
+        let e = err(&BASE.replace("default_upstream: local", "default_upstream: remote"));
+        assert_eq!(
+            e.message,
+            "line 2, column 1: default_upstream: no upstream named `remote` (defined upstreams: local)"
+        );
+        let e = err(&format!("{BASE}    max_tool_rounds: many\n"));
+        assert!(
+            e.message
+                .starts_with("line 18, column 5: agents.weather.max_tool_rounds: invalid type"),
+            "{e}"
+        );
+        let e = err(&BASE.replace("[forecasting]", "[forecasting"));
+        assert!(
+            e.message
+                .starts_with("line 17, column 11: invalid YAML: did not find expected ',' or ']'"),
+            "{e}"
+        );
+        assert!(!e.message.contains("at line 17 column 11"), "{e}");
+        assert!(err("# nothing yet\n").message.contains("empty"));
     }
 }

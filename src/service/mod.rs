@@ -207,6 +207,7 @@ impl ProxyHttp for AgentProxy {
         let upstream = &ctx.config.default_upstream;
         if let Some(&index) = ctx.tried.last() {
             upstream.pool.connect_failed(index);
+            e = upstream.pool.member(index).tag_error(e);
         }
         if ctx.tried.len() <= upstream.retries() && ctx.tried.len() < upstream.pool.size() {
             e.set_retry(true);

@@ -9,6 +9,7 @@ mod pool;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::join_all;
 use pingora::http::RequestHeader;
 use pingora::ErrorType;
 use tracing::warn;
@@ -17,6 +18,7 @@ pub use health::HealthChecks;
 pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool};
 
 use crate::config::file::{UpstreamApi, UpstreamFile};
+use crate::error::AtEndpoint;
 use crate::http_client::{Endpoint, EndpointOptions, Exchange, Timeouts};
 
 pub struct Upstream {
@@ -60,7 +62,11 @@ impl Upstream {
                     timeouts,
                     ca_file: file.ca_file.clone(),
                 };
-                Endpoint::parse(&url, options).map(|endpoint| (endpoint, url))
+                // Credentials in the URL stay out of the logs that name it.
+                Endpoint::parse(&url, options).map(|endpoint| {
+                    let url = endpoint.url();
+                    (endpoint, url)
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let is_pool = members.len() > 1;
@@ -167,9 +173,9 @@ impl Upstream {
                     if !last {
                         warn!(upstream = %self.name, endpoint = %member.url, error = e.etype().as_str(), "retrying on another endpoint");
                     }
-                    failure = Some(e);
+                    failure = Some(member.tag_error(e));
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(member.tag_error(e)),
             }
         }
         Err(failure.unwrap_or_else(|| pingora::Error::new(ErrorType::ConnectNoRoute).into_up()))
@@ -236,19 +242,49 @@ impl Upstream {
             client_key_is_ours: true,
         };
         let fetch = async {
-            let mut exchange = self
-                .send(&request)
-                .await
-                .map_err(|e| e.etype().as_str().to_owned())?;
+            let mut exchange = self.send(&request).await.map_err(describe_failure)?;
             let body = exchange
                 .read_to_end(4 << 20)
                 .await
-                .map_err(|e| e.etype().as_str().to_owned())?;
+                .map_err(describe_failure)?;
             Ok((exchange.status(), body))
         };
         tokio::time::timeout(wait, fetch)
             .await
             .unwrap_or_else(|_| Err("timed out".into()))
+    }
+
+    /// Whether any replica accepts a connection, within `wait`. Nothing is
+    /// sent: the model server sees no request. `Err` says why not (the last
+    /// replica's failure).
+    pub async fn accepts_connections(&self, wait: Duration) -> Result<(), &'static str> {
+        let tries = (0..self.pool.size()).map(|i| self.pool.member(i).endpoint.try_connect());
+        let outcomes = tokio::time::timeout(wait, join_all(tries))
+            .await
+            .map_err(|_| "timed out")?;
+        outcomes
+            .into_iter()
+            .reduce(Result::or)
+            .unwrap_or(Ok(()))
+            .map_err(|e| crate::error::failure_reason(e.etype()))
+    }
+
+    /// Every replica's base URL, without credentials, for messages.
+    pub fn urls(&self) -> String {
+        (0..self.pool.size())
+            .map(|i| self.pool.member(i).url.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Why an exchange failed, in words, and where (`connection refused at
+/// http://127.0.0.1:8080`).
+fn describe_failure(err: Box<pingora::Error>) -> String {
+    let reason = crate::error::failure_reason(err.etype());
+    match AtEndpoint::origin_of(&err) {
+        Some(origin) => format!("{reason} at {origin}"),
+        None => reason.to_owned(),
     }
 }
 

@@ -10,6 +10,7 @@ use futures::future::join_all;
 use tracing::{info, warn};
 
 use crate::config::file::Balance;
+use crate::error::AtEndpoint;
 use crate::http_client::Endpoint;
 
 /// Failed checks in a row before a replica leaves the rotation.
@@ -32,6 +33,12 @@ impl Member {
             failed_checks: AtomicU32::new(0),
             in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// `error` marked as having happened at this member, so the client's
+    /// message can name where.
+    pub fn tag_error(&self, error: Box<pingora::Error>) -> Box<pingora::Error> {
+        AtEndpoint::wrap(self.endpoint.origin(), error)
     }
 
     pub fn is_healthy(&self) -> bool {
