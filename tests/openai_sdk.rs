@@ -1,15 +1,15 @@
-//! The official `openai` Python client against the running proxy
-//! (`pip install -r tests/python/requirements.txt`).
+//! The official `openai` Python client against the running proxy (installed
+//! on first use into a virtualenv under the target directory).
 
 mod common;
-
-use std::process::Command;
 
 use common::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_client_streams_through_an_agent_with_a_tool_call() {
+    // Installed (the first time) before anything starts: it can take a while.
+    let mut python = tokio::task::spawn_blocking(python_with_sdks).await.unwrap();
     let tool =
         FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await;
     let upstream = FakeServer::start(|req, _| {
@@ -73,11 +73,11 @@ agents:
     );
     let base_url = format!("http://127.0.0.1:{}/v1", proxy.port);
     let output = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
+        python
             .arg(script)
             .env("AGENT_PROXY_BASE_URL", base_url)
             .output()
-            .expect("python3 runs")
+            .expect("python runs")
     })
     .await
     .unwrap();
@@ -85,7 +85,7 @@ agents:
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "openai SDK checks failed (is `openai` installed? pip install -r tests/python/requirements.txt)\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
+        "openai SDK checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
         proxy.logs()
     );
     assert!(stdout.contains("all openai SDK checks passed"), "{stdout}");

@@ -6,7 +6,9 @@
 pub mod client;
 pub mod fake;
 pub mod proxy;
+pub mod sdk;
 
 pub use client::*;
 pub use fake::*;
 pub use proxy::*;
+pub use sdk::*;

@@ -1,0 +1,163 @@
+//! The official client SDKs, installed on demand for the end-to-end tests:
+//! a Python virtualenv under the target directory with the pinned
+//! `tests/python/requirements.txt`, so `cargo test` needs no manual setup.
+//! More Python SDKs are one more line in that file.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// A `python` command whose interpreter can import every package in
+/// `tests/python/requirements.txt`. The first call in a test run installs
+/// them (once per target directory, and again when the file changes).
+pub fn python_with_sdks() -> Command {
+    static PYTHON: OnceLock<Python> = OnceLock::new();
+    let python = PYTHON.get_or_init(|| {
+        let requirements =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/requirements.txt");
+        let dir = target_dir().join("sdk-python");
+        provision_python(&dir, &requirements).unwrap_or_else(|why| {
+            panic!(
+                "the SDK tests need python3 (with its venv module or pip) and access to PyPI, \
+                 to install {} into {}: {why}",
+                requirements.display(),
+                dir.display()
+            )
+        })
+    });
+    let mut command = Command::new(&python.exe);
+    if let Some(site) = &python.site {
+        command.env("PYTHONPATH", site);
+    }
+    command
+}
+
+struct Python {
+    exe: PathBuf,
+    /// Where the packages are when there is no virtualenv (`pip --target`).
+    site: Option<PathBuf>,
+}
+
+fn provision_python(dir: &Path, requirements: &Path) -> Result<Python, String> {
+    let wanted = std::fs::read(requirements).map_err(|e| e.to_string())?;
+    let venv_python = dir.join("bin/python");
+    let site = dir.join("site");
+    let usable = || venv_python.is_file() || site.is_dir();
+    provisioned(dir, &wanted, usable, || {
+        let (mut pip, target) = match run(Command::new("python3").args(["-m", "venv"]).arg(dir)) {
+            Ok(()) => (Command::new(&venv_python), None),
+            // Some distributions ship python3 without venv (Debian's
+            // python3-venv): then the system's own pip installs to a folder.
+            Err(no_venv) => {
+                let _ = std::fs::remove_dir_all(dir);
+                run(Command::new("python3").args(["-m", "pip", "--version"]))
+                    .map_err(|no_pip| format!("{no_venv}; {no_pip}"))?;
+                (Command::new("python3"), Some(&site))
+            }
+        };
+        pip.args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(requirements);
+        if let Some(site) = target {
+            pip.arg("--target").arg(site);
+        }
+        run(&mut pip)
+    })?;
+    Ok(if venv_python.is_file() {
+        Python {
+            exe: venv_python,
+            site: None,
+        }
+    } else {
+        Python {
+            exe: "python3".into(),
+            site: Some(site),
+        }
+    })
+}
+
+/// Runs `install` into a fresh `dir` unless `dir` is `usable` and was made
+/// from `wanted`, under a file lock: test binaries run in parallel and each
+/// would otherwise install at once.
+fn provisioned(
+    dir: &Path,
+    wanted: &[u8],
+    usable: impl Fn() -> bool,
+    install: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    let lock_path = dir.with_extension("lock");
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+    }
+    let lock = File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    lock.lock()
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let stamp = dir.join("installed-from");
+    if usable() && std::fs::read(&stamp).is_ok_and(|done| done == wanted) {
+        return Ok(());
+    }
+    // A half-finished or outdated install is redone from scratch.
+    let _ = std::fs::remove_dir_all(dir);
+    install()?;
+    std::fs::write(&stamp, wanted).map_err(|e| e.to_string())
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let shown = format!("{command:?}");
+    match command.output() {
+        Ok(Output { status, .. }) if status.success() => Ok(()),
+        Ok(Output { status, stderr, .. }) => Err(format!(
+            "{shown} failed ({status}): {}",
+            String::from_utf8_lossy(&stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run {shown}: {e}")),
+    }
+}
+
+/// Cargo's target directory (it marks its root with `CACHEDIR.TAG`), found
+/// from this test binary's own path so `CARGO_TARGET_DIR` and
+/// `--target-dir` are honoured.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+        .or_else(|| exe.parent())
+        .map(Path::to_path_buf)
+        .expect("the test binary is in a directory")
+}
+
+/// The executable `bin` of the npm package `spec` (`name@version`, pinned),
+/// installed on first use with the machine's npm into a folder of its own
+/// under `<target>/node-tools` (once per target directory, and again when
+/// `spec` changes). npm's commands are Node scripts: `node` runs them.
+pub fn node_package(spec: &str, bin: &str) -> PathBuf {
+    let name: String = spec
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let dir = target_dir().join("node-tools").join(name.trim_matches('-'));
+    let exe = dir.join("node_modules/.bin").join(bin);
+    let install = || {
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        run(Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+            .arg("--prefix")
+            .arg(&dir)
+            .arg(spec))
+    };
+    provisioned(&dir, spec.as_bytes(), || exe.is_file(), install).unwrap_or_else(|why| {
+        panic!(
+            "this test needs Node.js with npm and access to the npm registry, \
+             to install {spec} into {}: {why}",
+            dir.display()
+        )
+    });
+    exe
+}
