@@ -391,3 +391,30 @@ async fn count_tokens_models_probes_and_passthrough() {
         "other models go to the upstream's /v1/messages"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_aliases_map_hard_coded_names_to_agents() {
+    let tool = weather_tool().await;
+    let upstream = tool_then_answer().await;
+    let extra = r#"model_aliases: { "claude-haiku-*": weather, "claude-sonnet-4-5": weather }"#;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), extra)).await;
+    for model in ["claude-haiku-4-5-20251001", "claude-sonnet-4-5"] {
+        let response = post_messages(
+            proxy.port,
+            "/v1/messages",
+            &json!({"model": model, "max_tokens": 50, "messages": [{"role": "user", "content": "Paris?"}]}),
+            &[],
+        )
+        .await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        let message = response.json();
+        assert_eq!(
+            message["model"], model,
+            "the answer names the model asked for"
+        );
+        let text = message["content"].as_array().unwrap().last().unwrap()["text"].clone();
+        assert_eq!(text, "It is 21 °C in Paris.");
+    }
+    let sent = upstream.requests()[0].json();
+    assert_eq!(sent["model"], "up-model");
+}

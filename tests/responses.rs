@@ -395,3 +395,34 @@ async fn a_responses_upstream_gets_tool_outputs_and_its_encrypted_reasoning_back
     assert_eq!(output["call_id"], "call_w");
     assert!(output["output"].as_str().unwrap().contains("21"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_front_puts_reasoning_where_reasoning_field_says() {
+    let upstream = FakeServer::start(|_, _| {
+        Reply::events(vec![reasoning("Hmm."), content("Hi."), finish("stop")])
+    })
+    .await;
+    let tool = weather_tool().await;
+    let yaml = format!(
+        "{}\nreasoning_field: reasoning\n",
+        config(&upstream, &tool.url(), "chat")
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let body = json!({"model": "weather", "messages": [{"role": "user", "content": "hi"}], "stream": true});
+    let response = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(response.delta_text("reasoning"), "Hmm.");
+    assert_eq!(response.delta_text("reasoning_content"), "");
+    assert_eq!(response.delta_text("content"), "Hi.");
+    let whole = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "weather",
+        "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await
+    .json();
+    assert_eq!(whole["choices"][0]["message"]["reasoning"], "Hmm.");
+    assert!(whole["choices"][0]["message"]
+        .get("reasoning_content")
+        .is_none());
+}

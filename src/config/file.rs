@@ -35,6 +35,9 @@ pub struct ConfigFile {
     pub passthrough: bool,
     #[serde(default)]
     pub limits: LimitsFile,
+    /// Model names clients hard-code (`claude-*`), mapped to agent ids.
+    #[serde(default)]
+    pub model_aliases: BTreeMap<String, String>,
     /// Where the chat front puts reasoning (agents may override).
     #[serde(default)]
     pub reasoning_field: ReasoningField,

@@ -31,6 +31,8 @@ pub struct Config {
     /// Every upstream, for health checks.
     pub upstreams: BTreeMap<String, Arc<Upstream>>,
     pub agents: BTreeMap<String, Arc<Agent>>,
+    /// `model_aliases`: names clients hard-code, mapped to agents.
+    pub aliases: Vec<ModelAlias>,
     pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
     /// Present when the model `auto` routes requests to agents.
     pub router: Option<Router>,
@@ -138,7 +140,42 @@ impl Config {
     }
 
     pub fn agent(&self, id: &str) -> Option<&Arc<Agent>> {
-        self.agents.get(id)
+        self.agents.get(id).or_else(|| {
+            self.aliases
+                .iter()
+                .find(|alias| alias.matches(id))
+                .map(|alias| &alias.agent)
+        })
+    }
+}
+
+/// A model name (or, ending in `*`, a prefix) that stands for an agent.
+#[derive(Clone)]
+pub struct ModelAlias {
+    name: String,
+    prefix: bool,
+    agent: Arc<Agent>,
+}
+
+impl ModelAlias {
+    fn new(pattern: &str, agent: Arc<Agent>) -> Self {
+        let (name, prefix) = match pattern.strip_suffix('*') {
+            Some(prefix) => (prefix.to_owned(), true),
+            None => (pattern.to_owned(), false),
+        };
+        ModelAlias {
+            name,
+            prefix,
+            agent,
+        }
+    }
+
+    fn matches(&self, model: &str) -> bool {
+        if self.prefix {
+            model.starts_with(&self.name)
+        } else {
+            model == self.name
+        }
     }
 }
 
@@ -358,6 +395,19 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
         })
         .transpose()?;
 
+    let mut aliases = Vec::with_capacity(file.model_aliases.len());
+    for (name, target) in &file.model_aliases {
+        let agent = agents.get(target).cloned().ok_or_else(|| {
+            error(
+                KeyPath::of(&["model_aliases", name]),
+                no_such("agent", target, agents.keys()),
+            )
+        })?;
+        aliases.push(ModelAlias::new(name, agent));
+    }
+    // A longer prefix is the more specific alias.
+    aliases.sort_by_key(|a| std::cmp::Reverse(a.name.len()));
+
     if file.limits.max_body_bytes == 0 {
         return Err(error(
             KeyPath::of(&["limits", "max_body_bytes"]),
@@ -376,6 +426,7 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
         default_upstream,
         upstreams,
         agents,
+        aliases,
         mcp_servers,
         router,
         passthrough: file.passthrough,

@@ -156,7 +156,12 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     ctx.agent = Some(agent.id.clone());
     ctx.route = "agent";
     let call = ctx_call.nested(&agent.id, None);
-    let encoder = encoder.build(&agent);
+    // An alias answers under the name the client asked for.
+    let named = match model {
+        Some(m) if m != agent.id && m != AUTO => m.to_owned(),
+        _ => agent.id.clone(),
+    };
+    let encoder = encoder.build(&agent, &named);
     client.set_heartbeat(encoder.heartbeat());
     let summary = tool_loop::run(
         &agent,
@@ -182,22 +187,24 @@ enum EncoderFor {
 }
 
 impl EncoderFor {
-    fn build(self, agent: &Agent) -> Box<dyn Encoder> {
+    /// `model`: the name the answer carries (the agent's id, or the alias
+    /// the client asked for).
+    fn build(self, agent: &Agent, model: &str) -> Box<dyn Encoder> {
         match self {
             EncoderFor::Chat {
                 stream,
                 include_usage,
             } => Box::new(ChatEncoder::new(
-                &agent.id,
+                model,
                 stream,
                 include_usage,
                 agent.reasoning_field,
             )),
             EncoderFor::Messages(context, stream) => Box::new(
-                front::messages::MessagesEncoder::new(&agent.id, stream, context),
+                front::messages::MessagesEncoder::new(model, stream, context),
             ),
             EncoderFor::Responses(context, stream) => Box::new(
-                front::responses::ResponsesEncoder::new(&agent.id, stream, *context),
+                front::responses::ResponsesEncoder::new(model, stream, *context),
             ),
         }
     }
