@@ -30,17 +30,6 @@ pub struct ChatRequest {
     pub rest: Map<String, Value>,
 }
 
-impl ChatRequest {
-    /// Sets `key` to `value` unless the client sent it.
-    pub fn set_default(&mut self, key: &str, value: &Value) {
-        if key == "enable_thinking" {
-            self.enable_thinking = self.enable_thinking.or(value.as_bool());
-        } else if !self.rest.contains_key(key) {
-            self.rest.insert(key.to_owned(), value.clone());
-        }
-    }
-}
-
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct StreamOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -31,7 +31,7 @@ use crate::config::Limits;
 use crate::conversation::{
     Conversation, Finish, Item, Message, Role, RoundEnd, ToolCall, ToolResult, Usage,
 };
-use crate::downstream::{Downstream, Headless};
+use crate::downstream::{Downstream, Gone, Headless};
 use crate::error::{from_upstream, ApiError};
 use crate::front::Encoder;
 use crate::metrics::metrics;
@@ -406,7 +406,7 @@ async fn read_round<D: Downstream>(
                 reader
                     .event(client, decoder.as_mut(), &event)
                     .await
-                    .map_err(|e| e.into(failed))?;
+                    .map_err(|e| e.failure(failed))?;
             }
             break;
         };
@@ -418,7 +418,7 @@ async fn read_round<D: Downstream>(
             reader
                 .event(client, decoder.as_mut(), &event)
                 .await
-                .map_err(|e| e.into(failed))?;
+                .map_err(|e| e.failure(failed))?;
         }
     }
     let end = decoder.end().map_err(failed)?;
@@ -432,7 +432,7 @@ enum ReadError {
 }
 
 impl ReadError {
-    fn into(self, failed: impl Fn(DecodeError) -> Failure) -> Failure {
+    fn failure(self, failed: impl Fn(DecodeError) -> Failure) -> Failure {
         match self {
             ReadError::Gone => Failure::Gone,
             ReadError::Decode(e) => failed(e),
@@ -440,8 +440,8 @@ impl ReadError {
     }
 }
 
-impl From<crate::downstream::Gone> for ReadError {
-    fn from(_: crate::downstream::Gone) -> Self {
+impl From<Gone> for ReadError {
+    fn from(_: Gone) -> Self {
         ReadError::Gone
     }
 }
@@ -467,22 +467,27 @@ impl RoundReader<'_> {
         Ok(())
     }
 
-    async fn content(
-        &mut self,
-        client: &mut impl Downstream,
-        text: &str,
-    ) -> Result<(), crate::downstream::Gone> {
+    async fn content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Gone> {
         let pieces = self.splitter.split(text);
         for (kind, piece) in pieces.iter() {
-            match kind {
-                Kind::Content => {
-                    self.content.push_str(piece);
-                    self.reply.content(client, piece).await?;
-                }
-                Kind::Reasoning => self.reply.reasoning(client, piece).await?,
-            }
+            self.piece(client, kind, piece).await?;
         }
         Ok(())
+    }
+
+    async fn piece(
+        &mut self,
+        client: &mut impl Downstream,
+        kind: Kind,
+        text: &str,
+    ) -> Result<(), Gone> {
+        match kind {
+            Kind::Content => {
+                self.content.push_str(text);
+                self.reply.content(client, text).await
+            }
+            Kind::Reasoning => self.reply.reasoning(client, text).await,
+        }
     }
 
     async fn finish(
@@ -491,13 +496,7 @@ impl RoundReader<'_> {
         end: RoundEnd,
     ) -> Result<Round, Failure> {
         if let Some((kind, text)) = self.splitter.flush() {
-            match kind {
-                Kind::Content => {
-                    self.content.push_str(&text);
-                    self.reply.content(client, &text).await?;
-                }
-                Kind::Reasoning => self.reply.reasoning(client, &text).await?,
-            }
+            self.piece(client, kind, &text).await?;
         }
         Ok(Round {
             content: self.content,
