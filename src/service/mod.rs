@@ -120,6 +120,7 @@ impl ProxyHttp for AgentProxy {
         ctx.session = [
             "x-session-id",
             "session-id",
+            "x-claude-code-session-id",
             "thread-id",
             "x-client-request-id",
         ]
