@@ -97,3 +97,27 @@ async fn the_openai_python_client_speaks_responses_to_an_agent() {
         "{stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_node_client_speaks_responses_to_an_agent() {
+    // Installed (the first time) before anything starts: it can take a while.
+    let mut node = tokio::task::spawn_blocking(|| node_with_sdks("responses_check.mjs"))
+        .await
+        .unwrap();
+    let tool =
+        FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await;
+    let upstream = upstream().await;
+    let proxy = proxy(&upstream, &tool).await;
+    let base_url = format!("http://127.0.0.1:{}/v1", proxy.port);
+    sdk_env_cleared(&mut node).env("AGENT_PROXY_BASE_URL", base_url);
+    let output = tokio::task::spawn_blocking(move || node.output().expect("node runs"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("all openai node responses checks passed"),
+        "openai node responses checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
+        proxy.logs()
+    );
+}

@@ -161,3 +161,67 @@ pub fn node_package(spec: &str, bin: &str) -> PathBuf {
     });
     exe
 }
+
+/// A `node` command running `tests/node/<script>` with the packages of
+/// `tests/node/package-lock.json` importable. The first call in a test run
+/// installs them with `npm ci` into `<target>/sdk-node` (once per target
+/// directory, and again when the lock file changes); the script is copied
+/// there on every call, as Node resolves a script's imports from its own
+/// folder and nothing is installed in the source tree.
+pub fn node_with_sdks(script: &str) -> Command {
+    static NODE: OnceLock<PathBuf> = OnceLock::new();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    let dir = NODE.get_or_init(|| {
+        let dir = target_dir().join("sdk-node");
+        provision_node(&dir, &source).unwrap_or_else(|why| {
+            panic!(
+                "the Node SDK tests need Node.js 20 or later with npm (apt-get install nodejs npm) \
+                 and access to the npm registry, to install {} into {}: {why}",
+                source.join("package-lock.json").display(),
+                dir.display()
+            )
+        });
+        dir
+    });
+    // Written aside and renamed: a test binary running the same script at
+    // once never reads a half-copied file.
+    let copy = dir.join(script);
+    let partial = dir.join(format!(".{script}.{}", std::process::id()));
+    std::fs::copy(source.join(script), &partial)
+        .and_then(|_| std::fs::rename(&partial, &copy))
+        .unwrap_or_else(|e| panic!("copying tests/node/{script} to {}: {e}", copy.display()));
+    let mut command = Command::new("node");
+    command.arg(copy);
+    command
+}
+
+fn provision_node(dir: &Path, source: &Path) -> Result<(), String> {
+    let lock = source.join("package-lock.json");
+    let wanted = std::fs::read(&lock).map_err(|e| format!("{}: {e}", lock.display()))?;
+    let usable = || dir.join("node_modules").is_dir();
+    provisioned(dir, &wanted, usable, || {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        for file in ["package.json", "package-lock.json"] {
+            std::fs::copy(source.join(file), dir.join(file))
+                .map_err(|e| format!("{}: {e}", source.join(file).display()))?;
+        }
+        run(Command::new("node").arg("--version"))?;
+        run(Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .arg("--prefix")
+            .arg(dir))
+    })
+}
+
+/// Clears the SDKs' own configuration from the environment (`ANTHROPIC_*`,
+/// `OPENAI_*`: keys, base URLs, extra headers) so a check script talks to
+/// the proxy with exactly what it passes.
+pub fn sdk_env_cleared(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("ANTHROPIC_") || text.starts_with("OPENAI_") {
+            command.env_remove(&name);
+        }
+    }
+    command
+}
