@@ -329,7 +329,9 @@ async fn claude_code_requests_are_accepted() {
         );
     }
     // Claude Code's session id is on the request's log line.
-    assert!(proxy.logs().contains("8c11ba6a-dc9d-4234-8a2a-0d4d94b18cec"));
+    assert!(proxy
+        .logs()
+        .contains("8c11ba6a-dc9d-4234-8a2a-0d4d94b18cec"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,6 +380,24 @@ async fn count_tokens_models_probes_and_passthrough() {
         .iter()
         .any(|m| m["id"] == "weather"));
     assert_eq!(listing["has_more"], false);
+    let one = request(
+        proxy.port,
+        "GET",
+        "/v1/models/weather",
+        &[("anthropic-version", "2023-06-01")],
+        b"",
+    )
+    .await
+    .json();
+    assert_eq!(
+        (one["type"].as_str(), one["id"].as_str()),
+        (Some("model"), Some("weather"))
+    );
+    let card = get(proxy.port, "/v1/models/weather").await.json();
+    assert_eq!(
+        (card["object"].as_str(), card["id"].as_str()),
+        (Some("model"), Some("weather"))
+    );
     let root = get(proxy.port, "/").await;
     assert_eq!(root.status, 200);
     let passed = post_messages(

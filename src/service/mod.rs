@@ -134,6 +134,12 @@ impl ProxyHttp for AgentProxy {
             ("GET", "/healthz" | "/readyz") => "health",
             ("GET", "/metrics") => "metrics",
             ("GET", "/v1/models") => "models",
+            ("GET", p)
+                if p.strip_prefix("/v1/models/")
+                    .is_some_and(|id| config.agent(id).is_some()) =>
+            {
+                "model"
+            }
             ("POST", "/v1/chat/completions") => "chat",
             ("POST", "/v1/responses") => "responses",
             ("POST", "/v1/messages") => "messages",
@@ -168,6 +174,7 @@ impl ProxyHttp for AgentProxy {
         match ctx.route {
             "metrics" => health::metrics(session).await,
             "models" => models::list(session, &config, dialect).await,
+            "model" => models::one(session, &config, &path["/v1/models/".len()..], dialect).await,
             "chat" => front_door::handle(session, ctx, Dialect::Chat).await,
             "responses" => front_door::handle(session, ctx, Dialect::Responses).await,
             "messages" => front_door::handle(session, ctx, Dialect::Messages).await,

@@ -72,6 +72,37 @@ pub async fn list(session: &mut Session, config: &Config, dialect: Dialect) -> R
     handled(client.respond_json(200, bytes, &[]).await.is_err())
 }
 
+/// `GET /v1/models/{id}` for an agent (other ids are the upstream's): its
+/// card, in Anthropic's shape for an Anthropic client.
+pub async fn one(
+    session: &mut Session,
+    config: &Config,
+    id: &str,
+    dialect: Dialect,
+) -> Result<bool> {
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let card = config.agent(id).map(|agent| {
+        serde_json::to_value(ModelCard {
+            id,
+            object: "model",
+            created,
+            owned_by: "agent-proxy",
+            name: &agent.name,
+            description: &agent.description,
+        })
+        .unwrap_or_default()
+    });
+    let body = match dialect {
+        Dialect::Messages => anthropic_listing(card.as_slice(), created)["data"][0].take(),
+        _ => card.unwrap_or_default(),
+    };
+    let mut client = Client::new(session, config.limits.heartbeat);
+    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+    handled(client.respond_json(200, bytes, &[]).await.is_err())
+}
+
 /// `{data: [{type: "model", id, display_name, created_at}], has_more,
 /// first_id, last_id}`, as Anthropic's `GET /v1/models` answers.
 fn anthropic_listing(models: &[Value], created: u64) -> Value {
