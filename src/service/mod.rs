@@ -155,7 +155,7 @@ impl ProxyHttp for AgentProxy {
         }
         let dialect = match ctx.route {
             "messages" | "count_tokens" => Dialect::Messages,
-            "models"
+            "models" | "model"
                 if session
                     .req_header()
                     .headers
