@@ -151,7 +151,8 @@ pub struct RoutingPeek<'a> {
     /// Responses: a string or a list of items.
     #[serde(default, borrow)]
     pub input: Option<&'a serde_json::value::RawValue>,
-    #[serde(default, borrow)]
+    /// Responses `instructions`, or Messages `system`.
+    #[serde(default, borrow, alias = "system")]
     pub instructions: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -178,22 +179,11 @@ impl RoutingPeek<'_> {
         }
     }
 
-    /// The raw content of the first system/developer message and of the
-    /// first user message: what stays the same over a conversation. For a
-    /// Responses request: its instructions and its first input item.
+    /// What stays the same over a conversation: the raw system prompt
+    /// (Responses `instructions`, Messages `system`, or the first
+    /// system/developer message) and the first user message (or Responses
+    /// input item).
     pub fn prefix(&self) -> (Option<&str>, Option<&str>) {
-        if self.messages.is_none() {
-            let first = self.input.and_then(|input| {
-                let raw = input.get();
-                if !raw.starts_with('[') {
-                    return Some(raw);
-                }
-                serde_json::from_str::<Vec<&serde_json::value::RawValue>>(raw)
-                    .ok()
-                    .and_then(|items| items.first().map(|i| i.get()))
-            });
-            return (self.instructions.map(|i| i.get()), first);
-        }
         let messages = self.messages.as_deref().unwrap_or_default();
         let content_of = |roles: &[&str]| {
             messages
@@ -201,7 +191,20 @@ impl RoutingPeek<'_> {
                 .find(|m| m.role.as_deref().is_some_and(|r| roles.contains(&r)))
                 .and_then(|m| m.content.map(|c| c.get()))
         };
-        (content_of(&["system", "developer"]), content_of(&["user"]))
+        let system = self
+            .instructions
+            .map(|i| i.get())
+            .or_else(|| content_of(&["system", "developer"]));
+        let first = match self.input {
+            Some(input) if input.get().starts_with('[') => {
+                serde_json::from_str::<Vec<&serde_json::value::RawValue>>(input.get())
+                    .ok()
+                    .and_then(|items| items.first().map(|i| i.get()))
+            }
+            Some(input) => Some(input.get()),
+            None => content_of(&["user"]),
+        };
+        (system, first)
     }
 }
 

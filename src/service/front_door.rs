@@ -1,5 +1,6 @@
-//! The front doors: `POST /v1/chat/completions` and `POST /v1/responses`.
-//! Every such request, agent or not, is read and routed here. An agent's
+//! The front doors: `POST /v1/chat/completions`, `POST /v1/responses` and
+//! `POST /v1/messages`. Every such request, agent or not, is read and routed
+//! here. An agent's
 //! model is decoded by its front's codec into a conversation and runs the
 //! tool loop, answering through that front's encoder; any other model is
 //! forwarded to `default_upstream` untouched.
@@ -147,7 +148,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
                 Ok(Some(agent)) => agent,
                 Ok(None) => {
                     let error = ApiError::internal("no agent to route to");
-                    return handled(client.respond_error(&error).await.is_err());
+                    return handled(client.respond_error_in(dialect, &error).await.is_err());
                 }
                 Err(_) => return handled(true),
             }
