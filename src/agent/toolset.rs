@@ -1,6 +1,6 @@
 //! The functions an agent offers the model on one request, and what runs
-//! when the model calls one: a local tool, an MCP server's tool, or another
-//! agent's whole loop.
+//! when the model calls one ([`Run`]): a configured tool (HTTP or command),
+//! an MCP server's tool, or another agent's whole loop.
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use super::{tool_loop, Agent, AgentTool};
 use crate::config::Config;
 use crate::mcp::{self, function_name, McpServer};
 use crate::openai::ToolDef;
-use crate::tools::{parse_arguments, CallContext, Outcome, Tool};
+use crate::tools::{parse_arguments, CallContext, Outcome, Run};
 
 /// Nested agent calls deeper than this are refused.
 pub const MAX_AGENT_DEPTH: usize = 4;
@@ -24,17 +24,17 @@ pub struct ToolSet {
 
 struct Entry {
     pub definition: ToolDef,
-    target: Target,
+    target: Arc<dyn Run>,
 }
 
-enum Target {
-    Local(Arc<Tool>),
-    Mcp {
-        server: Arc<McpServer>,
-        tool: String,
-    },
-    Agent(Arc<Agent>),
+/// One tool of an MCP server.
+struct McpTool {
+    server: Arc<McpServer>,
+    tool: String,
 }
+
+/// Another agent, called with a task.
+struct AgentCall(Arc<Agent>);
 
 impl ToolSet {
     /// `agent`'s functions as of now. A name listed twice is offered once.
@@ -45,24 +45,23 @@ impl ToolSet {
         };
         for tool in &agent.tools {
             match tool {
-                AgentTool::Local(tool) => {
-                    set.add(tool.definition.clone(), Target::Local(tool.clone()))
-                }
+                AgentTool::Local(tool) => set.add(tool.definition.clone(), tool.clone()),
                 AgentTool::Mcp { server, tool } => {
                     set.servers.push(server.clone());
                     for listed in server.tools().iter() {
                         if tool.as_deref().is_none_or(|t| t == listed.name) {
-                            let target = Target::Mcp {
+                            let target = McpTool {
                                 server: server.clone(),
                                 tool: listed.name.clone(),
                             };
-                            set.add(listed.definition.clone(), target);
+                            set.add(listed.definition.clone(), Arc::new(target));
                         }
                     }
                 }
                 AgentTool::Agent(id) => {
                     if let Some(callee) = config.agent(id) {
-                        set.add(agent_definition(callee), Target::Agent(callee.clone()));
+                        let target = Arc::new(AgentCall(callee.clone()));
+                        set.add(agent_definition(callee), target);
                     }
                 }
             }
@@ -70,7 +69,7 @@ impl ToolSet {
         set
     }
 
-    fn add(&mut self, definition: ToolDef, target: Target) {
+    fn add(&mut self, definition: ToolDef, target: Arc<dyn Run>) {
         if self
             .get(definition.function_name().unwrap_or_default())
             .is_none()
@@ -101,7 +100,7 @@ impl ToolSet {
     /// Runs `function` with the model's arguments.
     pub async fn call(&self, function: &str, arguments: &str, ctx: &CallContext) -> Outcome {
         if let Some(entry) = self.get(function) {
-            return entry.call(arguments, ctx).await;
+            return entry.target.run(arguments, ctx).await;
         }
         match self.unlisted_server(function) {
             Some(server) => Outcome::error(format!(
@@ -118,45 +117,49 @@ impl ToolSet {
     }
 }
 
-impl Entry {
-    async fn call(&self, arguments: &str, ctx: &CallContext) -> Outcome {
-        match &self.target {
-            Target::Local(tool) => tool.call(arguments, ctx).await,
-            Target::Mcp { server, tool } => match parse_arguments(arguments) {
-                Ok(arguments) => server.call(tool, arguments, ctx).await,
-                Err(outcome) => outcome,
+#[async_trait::async_trait]
+impl Run for McpTool {
+    async fn run(&self, arguments: &str, ctx: &CallContext) -> Outcome {
+        match parse_arguments(arguments) {
+            Ok(arguments) => self.server.call(&self.tool, arguments, ctx).await,
+            Err(outcome) => outcome,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Run for AgentCall {
+    /// The callee's whole loop on the task; its answer is the result.
+    async fn run(&self, arguments: &str, ctx: &CallContext) -> Outcome {
+        let callee = &self.0;
+        let task = match parse_arguments(arguments) {
+            Ok(arguments) => match arguments.get("task").and_then(Value::as_str) {
+                Some(task) => task.to_owned(),
+                None => return Outcome::error("`task` (a string) is required"),
             },
-            Target::Agent(callee) => {
-                let task = match parse_arguments(arguments) {
-                    Ok(arguments) => match arguments.get("task").and_then(Value::as_str) {
-                        Some(task) => task.to_owned(),
-                        None => return Outcome::error("`task` (a string) is required"),
-                    },
-                    Err(outcome) => return outcome,
-                };
-                if ctx.stack.iter().any(|id| *id == callee.id) {
-                    return Outcome::error(format!(
-                        "agent `{}` is already working on this request (a cycle: {} -> {}); answer without it",
-                        callee.id,
-                        ctx.stack.join(" -> "),
-                        callee.id
-                    ));
-                }
-                if ctx.stack.len() >= MAX_AGENT_DEPTH {
-                    return Outcome::error(format!(
-                        "agents may call agents at most {MAX_AGENT_DEPTH} deep"
-                    ));
-                }
-                // Its own task: polled from the scheduler, not deep inside
-                // the caller's poll chain (nesting would grow the stack).
-                // Dropping the call (the client left) aborts it.
-                let run = tokio::spawn(tool_loop::run_nested(callee.clone(), task, ctx.clone()));
-                let _abort_on_drop = AbortOnDrop(run.abort_handle());
-                match run.await {
-                    Ok(outcome) => outcome,
-                    Err(e) => Outcome::error(format!("agent `{}` failed: {e}", callee.id)),
-                }
-            }
+            Err(outcome) => return outcome,
+        };
+        if ctx.stack.iter().any(|id| *id == callee.id) {
+            return Outcome::error(format!(
+                "agent `{}` is already working on this request (a cycle: {} -> {}); answer without it",
+                callee.id,
+                ctx.stack.join(" -> "),
+                callee.id
+            ));
+        }
+        if ctx.stack.len() >= MAX_AGENT_DEPTH {
+            return Outcome::error(format!(
+                "agents may call agents at most {MAX_AGENT_DEPTH} deep"
+            ));
+        }
+        // Its own task: polled from the scheduler, not deep inside the
+        // caller's poll chain (nesting would grow the stack). Dropping the
+        // call (the client left) aborts it.
+        let run = tokio::spawn(tool_loop::run_nested(callee.clone(), task, ctx.clone()));
+        let _abort_on_drop = AbortOnDrop(run.abort_handle());
+        match run.await {
+            Ok(outcome) => outcome,
+            Err(e) => Outcome::error(format!("agent `{}` failed: {e}", callee.id)),
         }
     }
 }

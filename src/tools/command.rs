@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::{capped_text, Outcome};
+use super::{capped_text, CallContext, Outcome, Run};
 use crate::config::file::CommandToolFile;
 
 const STDERR_CAP: usize = 4096;
@@ -20,10 +20,12 @@ pub struct CommandTool {
     cwd: Option<String>,
     env: Vec<(String, String)>,
     timeout: Duration,
+    /// Longer results are cut (`max_output_bytes`).
+    cap: usize,
 }
 
 impl CommandTool {
-    pub fn from_file(file: CommandToolFile) -> Result<Self, String> {
+    pub fn from_file(file: CommandToolFile, cap: usize) -> Result<Self, String> {
         if file.argv.is_empty() || file.argv[0].is_empty() {
             return Err("`argv` needs at least the program".into());
         }
@@ -38,10 +40,12 @@ impl CommandTool {
             cwd: file.cwd,
             env,
             timeout: Duration::from_millis(file.timeout_ms),
+            cap,
         })
     }
 
-    pub async fn call(&self, arguments: &str, cap: usize) -> Outcome {
+    async fn exec(&self, arguments: &str) -> Outcome {
+        let cap = self.cap;
         let mut command = Command::new(&self.argv[0]);
         command
             .args(&self.argv[1..])
@@ -122,5 +126,12 @@ impl Drop for GroupKill {
                 libc::killpg(pgid, libc::SIGKILL);
             }
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Run for CommandTool {
+    async fn run(&self, arguments: &str, _ctx: &CallContext) -> Outcome {
+        self.exec(arguments).await
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{capped_text, Outcome};
+use super::{capped_text, CallContext, Outcome, Run};
 use crate::config::file::HttpToolFile;
 use crate::http_client::{Endpoint, EndpointOptions, Timeouts};
 
@@ -14,10 +14,12 @@ pub struct HttpTool {
     path: String,
     headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
     timeout: Duration,
+    /// Longer results are cut (`max_output_bytes`).
+    cap: usize,
 }
 
 impl HttpTool {
-    pub fn from_file(file: HttpToolFile) -> Result<Self, String> {
+    pub fn from_file(file: HttpToolFile, cap: usize) -> Result<Self, String> {
         let timeout = Duration::from_millis(file.timeout_ms);
         let uri: ::http::Uri = file
             .url
@@ -52,11 +54,13 @@ impl HttpTool {
             path,
             headers,
             timeout,
+            cap,
         })
     }
 
     /// The endpoint enforces `timeout_ms` on the whole exchange.
-    pub async fn call(&self, arguments: &str, request_id: &str, cap: usize) -> Outcome {
+    async fn post(&self, arguments: &str, request_id: &str) -> Outcome {
+        let cap = self.cap;
         let request = self
             .endpoint
             .request_header("POST", &self.path)
@@ -112,5 +116,12 @@ impl HttpTool {
             }
             kind => Outcome::error(format!("{what}: {}", kind.as_str())),
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Run for HttpTool {
+    async fn run(&self, arguments: &str, ctx: &CallContext) -> Outcome {
+        self.post(arguments, &ctx.request_id).await
     }
 }

@@ -15,17 +15,23 @@ pub use inject::Injection;
 use crate::config::file::ToolFile;
 use crate::openai::ToolDef;
 
+/// What runs when the model calls a function the proxy owns. Every tool
+/// kind implements it: an HTTP endpoint, a command, an MCP server's tool,
+/// another agent; the tool loop knows only this.
+#[async_trait::async_trait]
+pub trait Run: Send + Sync {
+    /// Runs with the model's `arguments` (JSON text). Never fails the
+    /// request: a failure is an error result the model reads.
+    async fn run(&self, arguments: &str, ctx: &CallContext) -> Outcome;
+}
+
+/// A configured tool: an HTTP endpoint or a command, with the parameters
+/// the proxy injects.
 pub struct Tool {
     pub name: String,
     pub definition: ToolDef,
-    executor: Executor,
+    executor: Box<dyn Run>,
     injection: Injection,
-    max_output_bytes: usize,
-}
-
-enum Executor {
-    Http(http::HttpTool),
-    Command(command::CommandTool),
 }
 
 /// The result of one call, as handed to the model.
@@ -56,9 +62,10 @@ impl Tool {
         }
         let injection = Injection::from_file(&file.inject)?;
         injection.hide(&mut parameters);
-        let executor = match (file.http, file.command) {
-            (Some(http), None) => Executor::Http(http::HttpTool::from_file(http)?),
-            (None, Some(command)) => Executor::Command(command::CommandTool::from_file(command)?),
+        let cap = file.max_output_bytes;
+        let executor: Box<dyn Run> = match (file.http, file.command) {
+            (Some(http), None) => Box::new(http::HttpTool::from_file(http, cap)?),
+            (None, Some(command)) => Box::new(command::CommandTool::from_file(command, cap)?),
             _ => return Err("exactly one of `http` or `command` is required".into()),
         };
         Ok(Tool {
@@ -66,13 +73,15 @@ impl Tool {
             definition: ToolDef::function(name, &file.description, parameters),
             executor,
             injection,
-            max_output_bytes: file.max_output_bytes,
         })
     }
+}
 
-    /// Runs the tool with the model's `arguments` (JSON text), injected
-    /// parameters set from `ctx`.
-    pub async fn call(&self, arguments: &str, ctx: &CallContext) -> Outcome {
+#[async_trait::async_trait]
+impl Run for Tool {
+    /// Runs the tool with the model's `arguments`, injected parameters set
+    /// from `ctx`.
+    async fn run(&self, arguments: &str, ctx: &CallContext) -> Outcome {
         let mut parsed = match parse_arguments(arguments) {
             Ok(parsed) => parsed,
             Err(outcome) => return outcome,
@@ -86,13 +95,7 @@ impl Tool {
             injected = Value::Object(parsed).to_string();
             injected.as_str()
         };
-        match &self.executor {
-            Executor::Http(tool) => {
-                tool.call(arguments, &ctx.request_id, self.max_output_bytes)
-                    .await
-            }
-            Executor::Command(tool) => tool.call(arguments, self.max_output_bytes).await,
-        }
+        self.executor.run(arguments, ctx).await
     }
 }
 
