@@ -59,6 +59,20 @@ fn check(end: &Result<RoundEnd, DecodeError>) {
     }
 }
 
+/// A call id the input does not contain was made up by the decoder (at
+/// random, so unique): equal rounds may differ there.
+fn generated_ids_blanked(mut round: Round, data: &[u8]) -> Round {
+    if let Ok(end) = &mut round.3 {
+        for call in &mut end.calls {
+            let id = call.id.as_bytes();
+            if !data.windows(id.len().max(1)).any(|w| w == id) {
+                call.id.clear();
+            }
+        }
+    }
+    round
+}
+
 fn run<D: RoundDecoder + Default>(data: &[u8]) {
     let whole = decode::<D>(&[data]);
     if let Some(round) = &whole {
@@ -68,8 +82,12 @@ fn run<D: RoundDecoder + Default>(data: &[u8]) {
     if let Some((&seed, rest)) = data.split_first() {
         let cut = usize::from(seed) % (rest.len() + 1);
         let split = decode::<D>(&[&data[..1], &rest[..cut], &rest[cut..]]);
-        if let (Some(split), Some(whole)) = (&split, &whole) {
-            assert_eq!(split, whole, "a split changed the round");
+        if let (Some(split), Some(whole)) = (split, whole) {
+            assert_eq!(
+                generated_ids_blanked(split, data),
+                generated_ids_blanked(whole, data),
+                "a split changed the round"
+            );
         }
     }
     let mut decoder = D::default();

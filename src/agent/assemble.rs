@@ -83,7 +83,7 @@ impl Assembler {
     }
 }
 
-fn new_call_id() -> String {
+pub fn new_call_id() -> String {
     let mut id = String::from("call_");
     id.extend((0..24).map(|_| fastrand::alphanumeric()));
     id

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{DecodeError, RoundDecoder, Step, Whole};
-use crate::agent::assemble::Assembler;
+use crate::agent::assemble::{new_call_id, Assembler};
 use crate::conversation::{
     CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, ToolCall,
     ToolChoice, UpstreamError,
@@ -388,6 +388,13 @@ impl RoundDecoder for Decoder {
                 })
                 .collect();
         }
+        // A tool result names its call by id: two calls sharing one (a
+        // malformed answer) would be indistinguishable.
+        for i in 1..calls.len() {
+            if calls[..i].iter().any(|c| c.id == calls[i].id) {
+                calls[i].id = new_call_id();
+            }
+        }
         for call in &mut calls {
             if self.custom.contains(&call.name) {
                 call.kind = CallKind::Custom;
@@ -402,7 +409,8 @@ impl RoundDecoder for Decoder {
         Ok(RoundEnd {
             calls,
             reasoning: Vec::new(),
-            finish: self.finish,
+            // `[DONE]` without a finish reason (some servers): the answer ended.
+            finish: Some(self.finish.unwrap_or(Finish::Stop)),
             usage: self.usage,
         })
     }
