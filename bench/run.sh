@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --workspace -q
-exec target/release/agent-proxy-bench run "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/agent-proxy-bench" run "$@"

@@ -25,13 +25,30 @@ pub struct Load {
     pub addr: SocketAddr,
     pub path: &'static str,
     pub body: Bytes,
-    /// Must appear in every answer (in one frame): proves it is the real one.
-    pub expect: &'static [u8],
+    /// The request asks for a stream: the answer must be SSE.
+    pub stream: bool,
+    /// What every answer must be: proves it is the real, whole one.
+    pub answer: Answer,
     pub connections: usize,
     pub warmup: Duration,
     /// Clients start spread over this time, so they don't move in lockstep.
     pub stagger: Duration,
     pub measure: Duration,
+}
+
+/// A good answer, in the dialect the request spoke.
+#[derive(Clone, Copy)]
+pub enum Answer {
+    /// Chat completions: `"finish_reason":"stop"`; a stream's last event is
+    /// `data: [DONE]`, and its first token the first chunk with content.
+    Chat,
+    /// OpenAI Responses: a Response object whose own status is `completed`;
+    /// a stream's last event is its one `response.completed` (carrying such
+    /// a Response), no `response.failed` or `response.incomplete` before it,
+    /// and its first token the first `response.output_text.delta`.
+    Responses,
+    /// Any other JSON answer: it contains these bytes.
+    Containing(&'static [u8]),
 }
 
 /// What the clients saw. Times are in nanoseconds.
@@ -125,7 +142,10 @@ pub async fn run(load: &Load) -> Stats {
 async fn client(load: Load, start: Instant, measure_from: Instant, stop: Instant) -> Stats {
     tokio::time::sleep_until(start).await;
     let mut stats = Stats::new();
-    let mut gaps = Vec::with_capacity(512);
+    let mut scratch = Scratch {
+        gaps: Vec::with_capacity(512),
+        body: Vec::with_capacity(4096),
+    };
     let mut sender = None;
     loop {
         let started = Instant::now();
@@ -146,8 +166,7 @@ async fn client(load: Load, start: Instant, measure_from: Instant, stop: Instant
                 }
             },
         };
-        gaps.clear();
-        let answer = exchange(conn, &load, &mut gaps).await;
+        let answer = exchange(conn, &load, &mut scratch).await;
         if let Ok(timing) = &answer {
             stats.completed += 1;
             if timing.closing {
@@ -159,7 +178,7 @@ async fn client(load: Load, start: Instant, measure_from: Instant, stop: Instant
                 stats.requests += 1;
                 let _ = stats.latency.record(nanos(timing.total));
                 let _ = stats.first_token.record(nanos(timing.first_token));
-                for gap in &gaps {
+                for gap in &scratch.gaps {
                     let _ = stats.gaps.record(*gap);
                 }
             }
@@ -200,14 +219,18 @@ struct Timing {
     closing: bool,
 }
 
-const DONE: &[u8] = b"data: [DONE]\n\n";
-/// What every token of the fake model reads.
-const TOKEN: &[u8] = b" tok";
+/// Buffers a client reuses from one answer to the next.
+struct Scratch {
+    /// Between the SSE events of the answer, in nanoseconds.
+    gaps: Vec<u64>,
+    /// A non-streaming answer so far, or the SSE event a frame cut in two.
+    body: Vec<u8>,
+}
 
 async fn exchange(
     sender: &mut SendRequest<Full<Bytes>>,
     load: &Load,
-    gaps: &mut Vec<u64>,
+    scratch: &mut Scratch,
 ) -> anyhow::Result<Timing> {
     sender.ready().await?;
     let request = post(load.path, load.body.clone())?;
@@ -231,37 +254,182 @@ async fn exchange(
             .unwrap_or_default();
         bail!("status {status}: {}", String::from_utf8_lossy(&text));
     }
+    let wire = |sse| if sse { "an SSE stream" } else { "JSON" };
+    ensure!(
+        sse == load.stream,
+        "asked for {}, answered with {}",
+        wire(load.stream),
+        wire(sse)
+    );
+    let Scratch { gaps, body: kept } = scratch;
+    gaps.clear();
+    kept.clear();
+    let mut check = Check::new(load.answer);
     let mut first_token = None;
     let mut last = started;
-    let mut found = false;
-    let mut done = false;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             continue;
         };
         let now = Instant::now();
-        if first_token.is_none() && (!sse || memmem::find(&data, TOKEN).is_some()) {
-            first_token = Some(now - started);
-        } else if sse && first_token.is_some() {
-            gaps.push(nanos(now - last));
-            let events = memmem::find_iter(&data, b"\n\n").count();
-            gaps.extend(std::iter::repeat_n(0, events.saturating_sub(1)));
+        if !sse {
+            kept.extend_from_slice(&data);
+            first_token.get_or_insert(now - started);
+        } else {
+            let (mut events, mut token) = (0usize, false);
+            each_event(kept, &data, |event| {
+                events += 1;
+                token |= check.event(event)?;
+                Ok(())
+            })?;
+            if first_token.is_none() {
+                first_token = token.then(|| now - started);
+            } else {
+                gaps.push(nanos(now - last));
+                gaps.extend(std::iter::repeat_n(0, events.saturating_sub(1)));
+            }
         }
         last = now;
-        found |= memmem::find(&data, load.expect).is_some();
-        done = data.ends_with(DONE);
     }
-    ensure!(
-        found,
-        "the answer lacks {}",
-        String::from_utf8_lossy(load.expect)
-    );
-    ensure!(!sse || done, "the stream ended without [DONE]");
+    if sse {
+        ensure!(kept.is_empty(), "the stream ended mid-event");
+        check.ended()?;
+    } else {
+        check.body(kept)?;
+    }
     Ok(Timing {
         total: last - started,
         first_token: first_token.unwrap_or_default(),
         closing,
     })
+}
+
+/// Calls `each` on every SSE event `data` completes, without the blank
+/// line; `cut` carries an event split between frames over to the next.
+fn each_event(
+    cut: &mut Vec<u8>,
+    data: &[u8],
+    mut each: impl FnMut(&[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let joined = !cut.is_empty();
+    if joined {
+        cut.extend_from_slice(data);
+    }
+    let all = if joined { cut.as_slice() } else { data };
+    let mut start = 0;
+    for end in memmem::find_iter(all, b"\n\n") {
+        if end > start {
+            each(&all[start..end])?;
+        }
+        start = end + 2;
+    }
+    if joined {
+        cut.drain(..start);
+    } else {
+        cut.extend_from_slice(&data[start..]);
+    }
+    Ok(())
+}
+
+/// What every token of the fake model reads.
+const TOKEN: &[u8] = b" tok";
+const STOP: &[u8] = br#""finish_reason":"stop""#;
+
+/// Checks one answer in its dialect, event by event for a stream.
+struct Check {
+    answer: Answer,
+    /// Chat: a chunk said `"finish_reason":"stop"`.
+    stopped: bool,
+    /// The stream's terminal event arrived: nothing may follow it.
+    ended: bool,
+}
+
+impl Check {
+    fn new(answer: Answer) -> Self {
+        Check {
+            answer,
+            stopped: false,
+            ended: false,
+        }
+    }
+
+    /// Checks one SSE event; says whether it carries a generated token.
+    fn event(&mut self, event: &[u8]) -> anyhow::Result<bool> {
+        ensure!(!self.ended, "an event after the end: {}", excerpt(event));
+        match self.answer {
+            Answer::Chat => {
+                if event == b"data: [DONE]" {
+                    ensure!(self.stopped, "the stream lacks {}", excerpt(STOP));
+                    self.ended = true;
+                    return Ok(false);
+                }
+                self.stopped |= memmem::find(event, STOP).is_some();
+                Ok(memmem::find(event, TOKEN).is_some())
+            }
+            Answer::Responses => {
+                let kind = event.strip_prefix(b"event: ").map_or(&b""[..], |rest| {
+                    &rest[..memchr::memchr(b'\n', rest).unwrap_or(rest.len())]
+                });
+                match kind {
+                    b"response.output_text.delta" => Ok(true),
+                    b"response.completed" => {
+                        ensure!(
+                            response_completed(event),
+                            "response.completed without a completed response: {}",
+                            excerpt(event)
+                        );
+                        self.ended = true;
+                        Ok(false)
+                    }
+                    b"response.failed" | b"response.incomplete" | b"error" => {
+                        bail!("{}", excerpt(event))
+                    }
+                    _ => Ok(false),
+                }
+            }
+            Answer::Containing(_) => bail!("a stream where JSON was expected"),
+        }
+    }
+
+    /// The stream ended: it must have ended well.
+    fn ended(&self) -> anyhow::Result<()> {
+        let end = match self.answer {
+            Answer::Chat => "data: [DONE]",
+            Answer::Responses => "response.completed",
+            Answer::Containing(_) => "its end",
+        };
+        ensure!(self.ended, "the stream ended without {end}");
+        Ok(())
+    }
+
+    /// Checks a whole non-streaming answer.
+    fn body(&self, body: &[u8]) -> anyhow::Result<()> {
+        let good = match self.answer {
+            Answer::Chat => memmem::find(body, STOP).is_some(),
+            Answer::Responses => response_completed(body),
+            Answer::Containing(expect) => memmem::find(body, expect).is_some(),
+        };
+        ensure!(good, "not the expected answer: {}", excerpt(body));
+        Ok(())
+    }
+}
+
+/// A Response object, or an event carrying one, whose own status (the
+/// first `status` in it: items come after) is `completed`.
+fn response_completed(json: &[u8]) -> bool {
+    const STATUS: &[u8] = br#""status":"#;
+    memmem::find(json, br#""object":"response""#).is_some()
+        && memmem::find(json, STATUS)
+            .is_some_and(|at| json[at + STATUS.len()..].starts_with(br#""completed""#))
+}
+
+/// The start of an answer, for an error message.
+fn excerpt(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    match text.char_indices().nth(300) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.into_owned(),
+    }
 }
 
 /// Streams held open (until dropped) to weigh what each one costs.
@@ -317,4 +485,117 @@ pub async fn open_streams(load: &Load, count: usize) -> anyhow::Result<OpenStrea
         }
     }
     Ok(streams)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHAT_STREAM: &[u8] = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"content\":\" tok\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+data: [DONE]\n\n";
+
+    /// A Responses stream as agent-proxy writes it (trimmed).
+    const RESPONSES_STREAM: &[u8] = b"event: response.created\n\
+data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n\
+event: response.output_item.added\n\
+data: {\"type\":\"response.output_item.added\",\"sequence_number\":1,\"item\":{\"type\":\"message\",\"status\":\"in_progress\"}}\n\n\
+event: response.output_text.delta\n\
+data: {\"type\":\"response.output_text.delta\",\"sequence_number\":2,\"delta\":\" tok\"}\n\n\
+event: response.output_item.done\n\
+data: {\"type\":\"response.output_item.done\",\"sequence_number\":3,\"item\":{\"type\":\"message\",\"status\":\"completed\"}}\n\n\
+event: response.completed\n\
+data: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"status\":\"completed\"}]}}\n\n";
+
+    /// Feeds `stream` in frames of `size` bytes; the tokens seen, or the
+    /// first error.
+    fn stream(answer: Answer, stream: &[u8], size: usize) -> anyhow::Result<usize> {
+        let (mut check, mut cut, mut tokens) = (Check::new(answer), Vec::new(), 0);
+        for frame in stream.chunks(size) {
+            each_event(&mut cut, frame, |event| {
+                tokens += usize::from(check.event(event)?);
+                Ok(())
+            })?;
+        }
+        ensure!(cut.is_empty(), "the stream ended mid-event");
+        check.ended()?;
+        Ok(tokens)
+    }
+
+    fn replace(stream: &[u8], from: &str, to: &str) -> Vec<u8> {
+        String::from_utf8_lossy(stream)
+            .replace(from, to)
+            .into_bytes()
+    }
+
+    #[test]
+    fn good_streams_pass_whatever_the_frames() {
+        for size in [1, 7, 64, usize::MAX] {
+            assert_eq!(stream(Answer::Chat, CHAT_STREAM, size).unwrap(), 1);
+            assert_eq!(
+                stream(Answer::Responses, RESPONSES_STREAM, size).unwrap(),
+                1
+            );
+        }
+    }
+
+    #[test]
+    fn bad_chat_streams_fail() {
+        let no_done = &CHAT_STREAM[..CHAT_STREAM.len() - b"data: [DONE]\n\n".len()];
+        let no_stop = replace(CHAT_STREAM, "\"finish_reason\":\"stop\"", "\"x\":1");
+        let after = [CHAT_STREAM, b"data: {}\n\n"].concat();
+        for bad in [no_done, &no_stop, &after] {
+            assert!(stream(Answer::Chat, bad, usize::MAX).is_err());
+        }
+    }
+
+    #[test]
+    fn bad_responses_streams_fail() {
+        let completed = "event: response.completed";
+        let end = memmem::find(RESPONSES_STREAM, completed.as_bytes()).unwrap();
+        let failed = replace(RESPONSES_STREAM, completed, "event: response.failed");
+        let incomplete = replace(RESPONSES_STREAM, completed, "event: response.incomplete");
+        let twice = [RESPONSES_STREAM, &RESPONSES_STREAM[end..]].concat();
+        let status = replace(
+            RESPONSES_STREAM,
+            "\"object\":\"response\",\"status\":\"completed\"",
+            "\"object\":\"response\",\"status\":\"failed\"",
+        );
+        let cut = &RESPONSES_STREAM[..RESPONSES_STREAM.len() - 5];
+        let early_fail = [
+            &RESPONSES_STREAM[..end],
+            b"event: response.failed\ndata: {}\n\n",
+            &RESPONSES_STREAM[end..],
+        ]
+        .concat();
+        for bad in [
+            &RESPONSES_STREAM[..end],
+            &failed,
+            &incomplete,
+            &twice,
+            &status,
+            cut,
+            &early_fail,
+        ] {
+            assert!(stream(Answer::Responses, bad, 64).is_err());
+        }
+    }
+
+    #[test]
+    fn whole_answers() {
+        let check = |answer, body: &str| Check::new(answer).body(body.as_bytes()).is_ok();
+        let response = r#"{"id":"resp_1","object":"response","created_at":1,"status":"completed","output":[{"type":"message","status":"completed"}]}"#;
+        assert!(check(Answer::Responses, response));
+        let failed = response.replacen("\"completed\"", "\"failed\"", 1);
+        assert!(!check(Answer::Responses, &failed), "{failed}");
+        assert!(!check(Answer::Responses, r#"{"error":{"message":"no"}}"#));
+        let chat = r#"{"choices":[{"message":{"content":" tok"},"finish_reason":"stop"}]}"#;
+        assert!(check(Answer::Chat, chat));
+        assert!(!check(Answer::Chat, response));
+        assert!(check(
+            Answer::Containing(b"temperature_c"),
+            r#"{"temperature_c":21}"#
+        ));
+    }
 }

@@ -5,7 +5,8 @@
 //!
 //! Targets: the fake upstream directly, nginx as a plain reverse proxy,
 //! agent-proxy passing a chat completion through, agent-proxy's agent path
-//! (rewrite, no tools) and an agent with one local HTTP tool round.
+//! (rewrite, no tools) through its chat and its Responses front doors, and
+//! an agent with one local HTTP tool round.
 
 mod load;
 mod procs;
@@ -21,7 +22,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
 
-use load::Load;
+use load::{Answer, Load};
 use procs::Process;
 use report::{Memory, Report, Run, StreamCost, ToolRound};
 
@@ -63,6 +64,10 @@ struct RunArgs {
     /// Only these scenarios (comma-separated); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<Scenario>,
+    /// Leaves out the Responses targets: for an agent-proxy that predates
+    /// `POST /v1/responses` (a before/after of the chat path).
+    #[arg(long)]
+    no_responses: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -101,6 +106,34 @@ struct Shape {
     delay_us: u64,
 }
 
+/// Non-streaming: 16 tokens at once.
+const SMALL: Shape = Shape {
+    stream: false,
+    tokens: 16,
+    delay_us: 0,
+};
+/// Streams at one connection: a fast model.
+const FAST_TOKEN_US: u64 = 1_000;
+/// Streams at many connections: a busy model (a less busy one in a smoke run).
+const BUSY_TOKEN_US: u64 = 10_000;
+const SMOKE_BUSY_TOKEN_US: u64 = 2_000;
+
+/// The token delays a Responses request may ask for. Its unknown fields
+/// stay in the Responses request (they reach only a Responses upstream), so
+/// `bench_delay_us` rides on the agent instead, as a param: one agent per
+/// delay (see [`responses_agent`]).
+const RESPONSES_DELAYS_US: [u64; 4] = [
+    SMALL.delay_us,
+    FAST_TOKEN_US,
+    BUSY_TOKEN_US,
+    SMOKE_BUSY_TOKEN_US,
+];
+
+/// The agent `plain`, with `bench_delay_us` as a param.
+fn responses_agent(delay_us: u64) -> String {
+    format!("plain-{delay_us}us")
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum Host {
     Upstream,
@@ -108,13 +141,24 @@ enum Host {
     Proxy,
 }
 
+/// What a target is asked, in which dialect.
+#[derive(Clone, Copy, PartialEq)]
+enum Ask {
+    /// A chat completion for this model.
+    Chat(&'static str),
+    /// A Responses request for the agent `plain` (by way of the
+    /// [`responses_agent`] with the shape's delay).
+    Responses,
+    /// The fake HTTP tool's own request.
+    Tool,
+}
+
 #[derive(Clone, Copy)]
 struct Target {
     name: &'static str,
     host: Host,
     path: &'static str,
-    /// The chat model asked for; `None` for the tool endpoint.
-    model: Option<&'static str>,
+    ask: Ask,
 }
 
 impl Target {
@@ -124,7 +168,7 @@ impl Target {
             name,
             host,
             path: "/v1/chat/completions",
-            model: Some(model),
+            ask: Ask::Chat(model),
         }
     }
 }
@@ -134,6 +178,14 @@ const NGINX: Target = Target::chat("nginx", Host::Nginx, "bench");
 /// `bench` is no agent: forwarded as it is.
 const PASSTHROUGH: Target = Target::chat("passthrough", Host::Proxy, "bench");
 const AGENT: Target = Target::chat("agent", Host::Proxy, "plain");
+/// The same agent through the Responses front door (its upstream still
+/// speaks chat completions).
+const AGENT_RESPONSES: Target = Target {
+    name: "agent (responses)",
+    host: Host::Proxy,
+    path: "/v1/responses",
+    ask: Ask::Responses,
+};
 const AGENT_TOOL: Target = Target::chat("agent + tool round", Host::Proxy, "tooled");
 /// Another path (the legacy completions API, served by the fake model like
 /// chat): pingora's own proxy path, no agent-proxy code on the way.
@@ -145,7 +197,7 @@ const TOOL: Target = Target {
     name: "tool, direct",
     host: Host::Upstream,
     path: "/tool",
-    model: None,
+    ask: Ask::Tool,
 };
 
 /// The processes under test and how long to measure each.
@@ -159,6 +211,8 @@ struct Bench {
     addrs: [SocketAddr; 3],
     rounds: u32,
     slice: Duration,
+    /// Whether the Responses targets run.
+    responses: bool,
 }
 
 impl Bench {
@@ -171,22 +225,44 @@ impl Bench {
     }
 
     fn load(&self, target: Target, shape: Shape, connections: usize) -> Load {
-        let (body, expect): (Bytes, &'static [u8]) = match target.model {
-            Some(model) => (
+        let Shape {
+            stream,
+            tokens,
+            delay_us,
+        } = shape;
+        let (body, answer): (Bytes, Answer) = match target.ask {
+            Ask::Chat(model) => (
                 format!(
-                    r#"{{"model":"{model}","messages":[{{"role":"user","content":"What is the weather in Paris today?"}}],"stream":{},"max_tokens":{},"bench_delay_us":{}}}"#,
-                    shape.stream, shape.tokens, shape.delay_us
+                    r#"{{"model":"{model}","messages":[{{"role":"user","content":"{PROMPT}"}}],"stream":{stream},"max_tokens":{tokens},"bench_delay_us":{delay_us}}}"#
                 )
                 .into(),
-                br#""finish_reason":"stop""#,
+                Answer::Chat,
             ),
-            None => (Bytes::from_static(br#"{"city":"Paris"}"#), b"temperature_c"),
+            Ask::Responses => {
+                assert!(
+                    RESPONSES_DELAYS_US.contains(&delay_us),
+                    "no Responses agent for {delay_us} µs a token: add it to RESPONSES_DELAYS_US"
+                );
+                let model = responses_agent(delay_us);
+                (
+                    format!(
+                        r#"{{"model":"{model}","input":"{PROMPT}","stream":{stream},"max_output_tokens":{tokens}}}"#
+                    )
+                    .into(),
+                    Answer::Responses,
+                )
+            }
+            Ask::Tool => (
+                Bytes::from_static(br#"{"city":"Paris"}"#),
+                Answer::Containing(b"temperature_c"),
+            ),
         };
         Load {
             addr: self.addrs[target.host as usize],
             path: target.path,
             body,
-            expect,
+            stream,
+            answer,
             connections,
             warmup: Duration::from_millis(300),
             stagger: Duration::ZERO,
@@ -202,6 +278,11 @@ impl Bench {
         shape: Shape,
         tune: impl Fn(&mut Load),
     ) -> anyhow::Result<Vec<Run>> {
+        let targets: Vec<Target> = targets
+            .iter()
+            .filter(|t| self.responses || t.ask != Ask::Responses)
+            .copied()
+            .collect();
         let mut runs: Vec<Run> = targets
             .iter()
             .map(|t| Run::new(t.name, connections))
@@ -337,15 +418,11 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         addrs: [up, ng, px],
         rounds,
         slice: Duration::from_secs_f64(seconds / rounds as f64),
+        responses: !args.no_responses,
     };
     // Non-streaming, pingora's own proxy path runs alongside: the share of
     // the cost that is the framework's rather than agent-proxy's.
-    let compared = [DIRECT, NGINX, PINGORA, PASSTHROUGH, AGENT];
-    let small = Shape {
-        stream: false,
-        tokens: 16,
-        delay_us: 0,
-    };
+    let compared = [DIRECT, NGINX, PINGORA, PASSTHROUGH, AGENT, AGENT_RESPONSES];
 
     let wanted = |scenario| args.only.is_empty() || args.only.contains(&scenario);
 
@@ -354,7 +431,7 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         eprintln!("non-streaming");
         for connections in if smoke { [1, 8, 32] } else { [1, 32, 256] } {
             if connections == 1 || wanted(Scenario::Plain) {
-                plain.extend(bench.compare(&compared, connections, small, |_| {}).await?);
+                plain.extend(bench.compare(&compared, connections, SMALL, |_| {}).await?);
             }
         }
     }
@@ -362,7 +439,7 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     let mut tool = None;
     if wanted(Scenario::Tool) {
         eprintln!("one local tool round");
-        let runs = bench.compare(&[AGENT_TOOL, TOOL], 1, small, |_| {}).await?;
+        let runs = bench.compare(&[AGENT_TOOL, TOOL], 1, SMALL, |_| {}).await?;
         let [tooled, tool_alone] = <[Run; 2]>::try_from(runs).ok().context("two runs")?;
         tool = Some(ToolRound {
             tooled,
@@ -408,16 +485,20 @@ impl Bench {
     /// 200-token answers: at one connection from a fast model (1 ms a
     /// token), at 256 from a busy one (10 ms a token).
     async fn streaming(&self, smoke: bool) -> anyhow::Result<Vec<Run>> {
-        let compared = [DIRECT, NGINX, PASSTHROUGH, AGENT];
+        let compared = [DIRECT, NGINX, PASSTHROUGH, AGENT, AGENT_RESPONSES];
         let tokens = if smoke { 20 } else { 200 };
         let mut streaming = Vec::new();
         let fast = Shape {
             stream: true,
             tokens,
-            delay_us: 1_000,
+            delay_us: FAST_TOKEN_US,
         };
         streaming.extend(self.compare(&compared, 1, fast, |_| {}).await?);
-        let (busy, slow) = if smoke { (32, 2_000) } else { (256, 10_000) };
+        let (busy, slow) = if smoke {
+            (32, SMOKE_BUSY_TOKEN_US)
+        } else {
+            (256, BUSY_TOKEN_US)
+        };
         let answer_time = Duration::from_micros(slow * u64::from(tokens));
         let slow = Shape {
             stream: true,
@@ -490,7 +571,21 @@ http {{
     )
 }
 
+/// What every chat and Responses request asks.
+const PROMPT: &str = "What is the weather in Paris today?";
+/// Every agent's system prompt.
+const INSTRUCTIONS: &str = "You are a weather assistant.";
+
 fn proxy_conf(listen: SocketAddr, upstream: SocketAddr) -> String {
+    let responses_agents: String = RESPONSES_DELAYS_US
+        .iter()
+        .map(|delay_us| {
+            format!(
+                "  {}:\n    system_prompt: \"{INSTRUCTIONS}\"\n    params: {{ bench_delay_us: {delay_us} }}\n",
+                responses_agent(*delay_us)
+            )
+        })
+        .collect();
     format!(
         r#"listen: "{listen}"
 default_upstream: fake
@@ -498,11 +593,11 @@ upstreams:
   fake: {{ url: "http://{upstream}/v1" }}
 agents:
   plain:
-    system_prompt: "You are a weather assistant."
+    system_prompt: "{INSTRUCTIONS}"
   tooled:
-    system_prompt: "You are a weather assistant."
+    system_prompt: "{INSTRUCTIONS}"
     tools: [lookup]
-tools:
+{responses_agents}tools:
   lookup:
     description: "Current weather for a city"
     parameters: {{ type: object, properties: {{ city: {{ type: string }} }}, required: [city] }}

@@ -115,6 +115,9 @@ impl Bar {
     }
 }
 
+/// The agent path through each front door.
+const AGENTS: [&str; 2] = ["agent", "agent (responses)"];
+
 fn find<'a>(runs: &'a [Run], target: &str, connections: usize) -> Option<&'a Run> {
     runs.iter()
         .find(|r| r.target == target && r.connections == connections)
@@ -131,11 +134,10 @@ impl Report {
         let mut bars = Vec::new();
         let plain = &self.plain;
         for c in Self::concurrencies(plain) {
-            let (Some(direct), Some(nginx), Some(pass), Some(agent)) = (
+            let (Some(direct), Some(nginx), Some(pass)) = (
                 find(plain, "direct", c),
                 find(plain, "nginx", c),
                 find(plain, "passthrough", c),
-                find(plain, "agent", c),
             ) else {
                 continue;
             };
@@ -151,19 +153,22 @@ impl Report {
                 200.0,
                 "µs",
             ));
-            bars.push(Bar::throughput(
-                format!("agent throughput, c{c}"),
-                agent.stats.throughput() / nginx_rate,
-                0.8,
-            ));
-            if c == 1 {
-                for (q, limit) in [(0.5, 100.0), (0.99, 300.0)] {
-                    bars.push(Bar::at_most(
-                        format!("agent latency added over direct, p{}, c1", q * 100.0),
-                        agent.p(q) - direct.p(q),
-                        limit,
-                        "µs",
-                    ));
+            for agent in AGENTS.iter().filter_map(|name| find(plain, name, c)) {
+                let name = agent.target;
+                bars.push(Bar::throughput(
+                    format!("{name} throughput, c{c}"),
+                    agent.stats.throughput() / nginx_rate,
+                    0.8,
+                ));
+                if c == 1 {
+                    for (q, limit) in [(0.5, 100.0), (0.99, 300.0)] {
+                        bars.push(Bar::at_most(
+                            format!("{name} latency added over direct, p{}, c1", q * 100.0),
+                            agent.p(q) - direct.p(q),
+                            limit,
+                            "µs",
+                        ));
+                    }
                 }
             }
         }
@@ -172,7 +177,7 @@ impl Report {
             let Some(direct) = find(streaming, "direct", c) else {
                 continue;
             };
-            for target in ["passthrough", "agent"] {
+            for target in ["passthrough"].iter().chain(&AGENTS) {
                 let Some(run) = find(streaming, target, c) else {
                     continue;
                 };
@@ -256,7 +261,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Non-streaming chat completions (16 tokens)\n\n\"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers).\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req |\n|---|---|---|---|---|---|---|---|---|"
+            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)*: the same agent through `POST /v1/responses`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers).\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req |\n|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.plain {
             let c = run.connections;
@@ -312,7 +317,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Streaming\n\nFirst token: request sent until the first generated token arrives. Gap: between two SSE events as the client receives them.\n\n| target | conns | answers/s | first token p50 µs | p99 µs | added p99 µs | gap median µs | added median µs | gap p99 µs |\n|---|---|---|---|---|---|---|---|---|"
+            "\n## Streaming\n\nFirst token: request sent until the first generated token arrives (Responses: the first `response.output_text.delta`). Gap: between two SSE events as the client receives them.\n\n| target | conns | answers/s | first token p50 µs | p99 µs | added p99 µs | gap median µs | added median µs | gap p99 µs |\n|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.streaming {
             let Some(direct) = find(&self.streaming, "direct", run.connections) else {
@@ -361,13 +366,13 @@ impl Report {
         root.fill(&WHITE)?;
         let (left, right) = root.split_horizontally(600);
 
-        let targets = [
-            "direct",
-            "nginx",
-            "pingora proxy path",
-            "passthrough",
-            "agent",
-        ];
+        // The targets that ran, each in its own colour.
+        let (targets, colors): (Vec<&str>, Vec<RGBColor>) = CHARTED
+            .iter()
+            .zip(COLORS)
+            .filter(|(name, _)| self.plain.iter().any(|r| r.target == **name))
+            .map(|(name, color)| (*name, color))
+            .unzip();
         let groups = Self::concurrencies(&self.plain);
         let throughput: Vec<(usize, usize, f64)> = groups
             .iter()
@@ -389,27 +394,34 @@ impl Report {
             "Throughput, non-streaming (× nginx)",
             &labels,
             &targets,
-            &COLORS,
+            &colors,
             &throughput,
             2,
         )?;
 
         let direct = find(&self.plain, "direct", 1);
-        let added: Vec<(usize, usize, f64)> =
-            ["nginx", "pingora proxy path", "passthrough", "agent"]
-                .iter()
-                .enumerate()
-                .flat_map(|(g, name)| {
-                    [0.5, 0.99]
-                        .into_iter()
-                        .enumerate()
-                        .filter_map(move |(t, q)| {
-                            let run = find(&self.plain, name, 1)?;
-                            Some((g, t, (run.p(q) - direct?.p(q)).max(0.0)))
-                        })
-                })
-                .collect();
-        let labels = ["nginx", "pingora path", "passthrough", "agent"].map(String::from);
+        let others: Vec<&str> = targets.iter().copied().filter(|t| *t != "direct").collect();
+        let added: Vec<(usize, usize, f64)> = others
+            .iter()
+            .enumerate()
+            .flat_map(|(g, name)| {
+                [0.5, 0.99]
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(move |(t, q)| {
+                        let run = find(&self.plain, name, 1)?;
+                        Some((g, t, (run.p(q) - direct?.p(q)).max(0.0)))
+                    })
+            })
+            .collect();
+        let labels: Vec<String> = others
+            .iter()
+            .map(|name| match *name {
+                "pingora proxy path" => "pingora path".into(),
+                "agent (responses)" => "agent (resp.)".into(),
+                name => name.into(),
+            })
+            .collect();
         bar_panel(
             &right,
             "Latency added over direct, 1 connection (µs)",
@@ -424,12 +436,22 @@ impl Report {
     }
 }
 
-const COLORS: [RGBColor; 5] = [
+/// The non-streaming targets the chart shows, in order, and their colours.
+const CHARTED: [&str; 6] = [
+    "direct",
+    "nginx",
+    "pingora proxy path",
+    "passthrough",
+    "agent",
+    "agent (responses)",
+];
+const COLORS: [RGBColor; 6] = [
     RGBColor(150, 150, 150),
     RGBColor(0, 150, 57),
     RGBColor(148, 103, 189),
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
+    RGBColor(214, 39, 40),
 ];
 
 /// Grouped bars: `(group, series, value)`, a legend of `series`.
