@@ -47,6 +47,11 @@ pub enum Answer {
     /// a Response), no `response.failed` or `response.incomplete` before it,
     /// and its first token the first `response.output_text.delta`.
     Responses,
+    /// Anthropic Messages: a Message whose `stop_reason` is `end_turn`; a
+    /// stream opens with `message_start`, names each event's `type` on its
+    /// `event:` line, says `end_turn` in one `message_delta` and ends with
+    /// `message_stop`; its first token is the first `text_delta`.
+    Messages,
     /// Any other JSON answer: it contains these bytes.
     Containing(&'static [u8]),
 }
@@ -334,12 +339,16 @@ fn each_event(
 /// What every token of the fake model reads.
 const TOKEN: &[u8] = b" tok";
 const STOP: &[u8] = br#""finish_reason":"stop""#;
+const END_TURN: &[u8] = br#""stop_reason":"end_turn""#;
 
 /// Checks one answer in its dialect, event by event for a stream.
 struct Check {
     answer: Answer,
-    /// Chat: a chunk said `"finish_reason":"stop"`.
+    /// Chat: a chunk said `"finish_reason":"stop"`; Messages: a
+    /// `message_delta` said `end_turn`.
     stopped: bool,
+    /// Messages: `message_start` came.
+    started: bool,
     /// The stream's terminal event arrived: nothing may follow it.
     ended: bool,
 }
@@ -349,6 +358,7 @@ impl Check {
         Check {
             answer,
             stopped: false,
+            started: false,
             ended: false,
         }
     }
@@ -366,24 +376,59 @@ impl Check {
                 self.stopped |= memmem::find(event, STOP).is_some();
                 Ok(memmem::find(event, TOKEN).is_some())
             }
-            Answer::Responses => {
-                let kind = event.strip_prefix(b"event: ").map_or(&b""[..], |rest| {
-                    &rest[..memchr::memchr(b'\n', rest).unwrap_or(rest.len())]
-                });
+            Answer::Responses => match event_name(event) {
+                b"response.output_text.delta" => Ok(true),
+                b"response.completed" => {
+                    ensure!(
+                        response_completed(event),
+                        "response.completed without a completed response: {}",
+                        excerpt(event)
+                    );
+                    self.ended = true;
+                    Ok(false)
+                }
+                b"response.failed" | b"response.incomplete" | b"error" => {
+                    bail!("{}", excerpt(event))
+                }
+                _ => Ok(false),
+            },
+            Answer::Messages => {
+                let kind = event_name(event);
+                let typed = [br#""type":""#, kind, b"\""].concat();
+                ensure!(
+                    memmem::find(event, &typed).is_some(),
+                    "the event line doesn't name the data's type: {}",
+                    excerpt(event)
+                );
+                ensure!(
+                    self.started || kind == b"message_start",
+                    "message_start is not first: {}",
+                    excerpt(event)
+                );
                 match kind {
-                    b"response.output_text.delta" => Ok(true),
-                    b"response.completed" => {
+                    b"message_start" => {
+                        ensure!(!self.started, "a second message_start");
+                        self.started = true;
+                        Ok(false)
+                    }
+                    b"content_block_delta" => {
+                        Ok(memmem::find(event, br#""type":"text_delta""#).is_some())
+                    }
+                    b"message_delta" => {
                         ensure!(
-                            response_completed(event),
-                            "response.completed without a completed response: {}",
+                            !self.stopped && memmem::find(event, END_TURN).is_some(),
+                            "not one message_delta with end_turn: {}",
                             excerpt(event)
                         );
+                        self.stopped = true;
+                        Ok(false)
+                    }
+                    b"message_stop" => {
+                        ensure!(self.stopped, "message_stop before end_turn");
                         self.ended = true;
                         Ok(false)
                     }
-                    b"response.failed" | b"response.incomplete" | b"error" => {
-                        bail!("{}", excerpt(event))
-                    }
+                    b"error" => bail!("{}", excerpt(event)),
                     _ => Ok(false),
                 }
             }
@@ -396,6 +441,7 @@ impl Check {
         let end = match self.answer {
             Answer::Chat => "data: [DONE]",
             Answer::Responses => "response.completed",
+            Answer::Messages => "message_stop",
             Answer::Containing(_) => "its end",
         };
         ensure!(self.ended, "the stream ended without {end}");
@@ -407,11 +453,22 @@ impl Check {
         let good = match self.answer {
             Answer::Chat => memmem::find(body, STOP).is_some(),
             Answer::Responses => response_completed(body),
+            Answer::Messages => {
+                memmem::find(body, br#""type":"message""#).is_some()
+                    && memmem::find(body, END_TURN).is_some()
+            }
             Answer::Containing(expect) => memmem::find(body, expect).is_some(),
         };
         ensure!(good, "not the expected answer: {}", excerpt(body));
         Ok(())
     }
+}
+
+/// An SSE event's `event:` name (empty without one).
+fn event_name(event: &[u8]) -> &[u8] {
+    event.strip_prefix(b"event: ").map_or(&b""[..], |rest| {
+        &rest[..memchr::memchr(b'\n', rest).unwrap_or(rest.len())]
+    })
 }
 
 /// A Response object, or an event carrying one, whose own status (the
@@ -508,6 +565,20 @@ data: {\"type\":\"response.output_item.done\",\"sequence_number\":3,\"item\":{\"
 event: response.completed\n\
 data: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"status\":\"completed\"}]}}\n\n";
 
+    /// A Messages stream as agent-proxy writes it (trimmed).
+    const MESSAGES_STREAM: &[u8] = b"event: message_start\n\
+data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"stop_reason\":null}}\n\n\
+event: content_block_start\n\
+data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" tok\"}}\n\n\
+event: content_block_stop\n\
+data: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: message_delta\n\
+data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":1}}\n\n\
+event: message_stop\n\
+data: {\"type\":\"message_stop\"}\n\n";
+
     /// Feeds `stream` in frames of `size` bytes; the tokens seen, or the
     /// first error.
     fn stream(answer: Answer, stream: &[u8], size: usize) -> anyhow::Result<usize> {
@@ -537,6 +608,7 @@ data: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\
                 stream(Answer::Responses, RESPONSES_STREAM, size).unwrap(),
                 1
             );
+            assert_eq!(stream(Answer::Messages, MESSAGES_STREAM, size).unwrap(), 1);
         }
     }
 
@@ -583,6 +655,32 @@ data: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\
     }
 
     #[test]
+    fn bad_messages_streams_fail() {
+        let stop = "event: message_stop";
+        let end = memmem::find(MESSAGES_STREAM, stop.as_bytes()).unwrap();
+        let start = memmem::find(MESSAGES_STREAM, b"event: content_block_start").unwrap();
+        let max_tokens = replace(MESSAGES_STREAM, "end_turn", "max_tokens");
+        let misnamed = replace(MESSAGES_STREAM, "event: content_block_stop", "event: ping");
+        let error = [
+            &MESSAGES_STREAM[..end],
+            b"event: error\ndata: {\"type\":\"error\"}\n\n",
+            &MESSAGES_STREAM[end..],
+        ]
+        .concat();
+        let twice = [MESSAGES_STREAM, &MESSAGES_STREAM[end..]].concat();
+        for bad in [
+            &MESSAGES_STREAM[..end],
+            &MESSAGES_STREAM[start..],
+            &max_tokens,
+            &misnamed,
+            &error,
+            &twice,
+        ] {
+            assert!(stream(Answer::Messages, bad, 64).is_err());
+        }
+    }
+
+    #[test]
     fn whole_answers() {
         let check = |answer, body: &str| Check::new(answer).body(body.as_bytes()).is_ok();
         let response = r#"{"id":"resp_1","object":"response","created_at":1,"status":"completed","output":[{"type":"message","status":"completed"}]}"#;
@@ -590,6 +688,11 @@ data: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\
         let failed = response.replacen("\"completed\"", "\"failed\"", 1);
         assert!(!check(Answer::Responses, &failed), "{failed}");
         assert!(!check(Answer::Responses, r#"{"error":{"message":"no"}}"#));
+        let message = r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":" tok"}],"stop_reason":"end_turn"}"#;
+        assert!(check(Answer::Messages, message));
+        let cut = message.replace("end_turn", "max_tokens");
+        assert!(!check(Answer::Messages, &cut));
+        assert!(!check(Answer::Messages, response));
         let chat = r#"{"choices":[{"message":{"content":" tok"},"finish_reason":"stop"}]}"#;
         assert!(check(Answer::Chat, chat));
         assert!(!check(Answer::Chat, response));

@@ -5,8 +5,8 @@
 //!
 //! Targets: the fake upstream directly, nginx as a plain reverse proxy,
 //! agent-proxy passing a chat completion through, agent-proxy's agent path
-//! (rewrite, no tools) through its chat and its Responses front doors, and
-//! an agent with one local HTTP tool round.
+//! (rewrite, no tools) through its chat, Responses and Messages front
+//! doors, and an agent with one local HTTP tool round.
 
 mod load;
 mod procs;
@@ -64,10 +64,10 @@ struct RunArgs {
     /// Only these scenarios (comma-separated); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<Scenario>,
-    /// Leaves out the Responses targets: for an agent-proxy that predates
-    /// `POST /v1/responses` (a before/after of the chat path).
+    /// Leaves out the Responses and Messages targets: for an agent-proxy
+    /// that predates those front doors (a before/after of the chat path).
     #[arg(long)]
-    no_responses: bool,
+    chat_only: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -118,11 +118,11 @@ const FAST_TOKEN_US: u64 = 1_000;
 const BUSY_TOKEN_US: u64 = 10_000;
 const SMOKE_BUSY_TOKEN_US: u64 = 2_000;
 
-/// The token delays a Responses request may ask for. Its unknown fields
-/// stay in the Responses request (they reach only a Responses upstream), so
-/// `bench_delay_us` rides on the agent instead, as a param: one agent per
-/// delay (see [`responses_agent`]).
-const RESPONSES_DELAYS_US: [u64; 4] = [
+/// The token delays a Responses or Messages request may ask for. Their
+/// unknown fields stay in their own dialect (they reach only an upstream
+/// that speaks it), so `bench_delay_us` rides on the agent instead, as a
+/// param: one agent per delay (see [`delay_agent`]).
+const AGENT_DELAYS_US: [u64; 4] = [
     SMALL.delay_us,
     FAST_TOKEN_US,
     BUSY_TOKEN_US,
@@ -130,7 +130,7 @@ const RESPONSES_DELAYS_US: [u64; 4] = [
 ];
 
 /// The agent `plain`, with `bench_delay_us` as a param.
-fn responses_agent(delay_us: u64) -> String {
+fn delay_agent(delay_us: u64) -> String {
     format!("plain-{delay_us}us")
 }
 
@@ -147,8 +147,10 @@ enum Ask {
     /// A chat completion for this model.
     Chat(&'static str),
     /// A Responses request for the agent `plain` (by way of the
-    /// [`responses_agent`] with the shape's delay).
+    /// [`delay_agent`] with the shape's delay).
     Responses,
+    /// The same as an Anthropic Messages request.
+    Messages,
     /// The fake HTTP tool's own request.
     Tool,
 }
@@ -186,6 +188,13 @@ const AGENT_RESPONSES: Target = Target {
     path: "/v1/responses",
     ask: Ask::Responses,
 };
+/// The same agent through the Anthropic Messages front door.
+const AGENT_MESSAGES: Target = Target {
+    name: "agent (messages)",
+    host: Host::Proxy,
+    path: "/v1/messages",
+    ask: Ask::Messages,
+};
 const AGENT_TOOL: Target = Target::chat("agent + tool round", Host::Proxy, "tooled");
 /// Another path (the legacy completions API, served by the fake model like
 /// chat): pingora's own proxy path, no agent-proxy code on the way.
@@ -211,8 +220,8 @@ struct Bench {
     addrs: [SocketAddr; 3],
     rounds: u32,
     slice: Duration,
-    /// Whether the Responses targets run.
-    responses: bool,
+    /// Whether the Responses and Messages targets run.
+    fronts: bool,
 }
 
 impl Bench {
@@ -238,19 +247,27 @@ impl Bench {
                 .into(),
                 Answer::Chat,
             ),
-            Ask::Responses => {
+            Ask::Responses | Ask::Messages => {
                 assert!(
-                    RESPONSES_DELAYS_US.contains(&delay_us),
-                    "no Responses agent for {delay_us} µs a token: add it to RESPONSES_DELAYS_US"
+                    AGENT_DELAYS_US.contains(&delay_us),
+                    "no agent for {delay_us} µs a token: add it to AGENT_DELAYS_US"
                 );
-                let model = responses_agent(delay_us);
-                (
+                let model = delay_agent(delay_us);
+                let body = if target.ask == Ask::Responses {
                     format!(
                         r#"{{"model":"{model}","input":"{PROMPT}","stream":{stream},"max_output_tokens":{tokens}}}"#
                     )
-                    .into(),
-                    Answer::Responses,
-                )
+                } else {
+                    format!(
+                        r#"{{"model":"{model}","messages":[{{"role":"user","content":"{PROMPT}"}}],"stream":{stream},"max_tokens":{tokens}}}"#
+                    )
+                };
+                let answer = if target.ask == Ask::Responses {
+                    Answer::Responses
+                } else {
+                    Answer::Messages
+                };
+                (body.into(), answer)
             }
             Ask::Tool => (
                 Bytes::from_static(br#"{"city":"Paris"}"#),
@@ -280,7 +297,7 @@ impl Bench {
     ) -> anyhow::Result<Vec<Run>> {
         let targets: Vec<Target> = targets
             .iter()
-            .filter(|t| self.responses || t.ask != Ask::Responses)
+            .filter(|t| self.fronts || matches!(t.ask, Ask::Chat(_) | Ask::Tool))
             .copied()
             .collect();
         let mut runs: Vec<Run> = targets
@@ -418,11 +435,19 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         addrs: [up, ng, px],
         rounds,
         slice: Duration::from_secs_f64(seconds / rounds as f64),
-        responses: !args.no_responses,
+        fronts: !args.chat_only,
     };
     // Non-streaming, pingora's own proxy path runs alongside: the share of
     // the cost that is the framework's rather than agent-proxy's.
-    let compared = [DIRECT, NGINX, PINGORA, PASSTHROUGH, AGENT, AGENT_RESPONSES];
+    let compared = [
+        DIRECT,
+        NGINX,
+        PINGORA,
+        PASSTHROUGH,
+        AGENT,
+        AGENT_RESPONSES,
+        AGENT_MESSAGES,
+    ];
 
     let wanted = |scenario| args.only.is_empty() || args.only.contains(&scenario);
 
@@ -485,7 +510,14 @@ impl Bench {
     /// 200-token answers: at one connection from a fast model (1 ms a
     /// token), at 256 from a busy one (10 ms a token).
     async fn streaming(&self, smoke: bool) -> anyhow::Result<Vec<Run>> {
-        let compared = [DIRECT, NGINX, PASSTHROUGH, AGENT, AGENT_RESPONSES];
+        let compared = [
+            DIRECT,
+            NGINX,
+            PASSTHROUGH,
+            AGENT,
+            AGENT_RESPONSES,
+            AGENT_MESSAGES,
+        ];
         let tokens = if smoke { 20 } else { 200 };
         let mut streaming = Vec::new();
         let fast = Shape {
@@ -571,18 +603,18 @@ http {{
     )
 }
 
-/// What every chat and Responses request asks.
+/// What every chat, Responses and Messages request asks.
 const PROMPT: &str = "What is the weather in Paris today?";
 /// Every agent's system prompt.
 const INSTRUCTIONS: &str = "You are a weather assistant.";
 
 fn proxy_conf(listen: SocketAddr, upstream: SocketAddr) -> String {
-    let responses_agents: String = RESPONSES_DELAYS_US
+    let delay_agents: String = AGENT_DELAYS_US
         .iter()
         .map(|delay_us| {
             format!(
                 "  {}:\n    system_prompt: \"{INSTRUCTIONS}\"\n    params: {{ bench_delay_us: {delay_us} }}\n",
-                responses_agent(*delay_us)
+                delay_agent(*delay_us)
             )
         })
         .collect();
@@ -597,7 +629,7 @@ agents:
   tooled:
     system_prompt: "{INSTRUCTIONS}"
     tools: [lookup]
-{responses_agents}tools:
+{delay_agents}tools:
   lookup:
     description: "Current weather for a city"
     parameters: {{ type: object, properties: {{ city: {{ type: string }} }}, required: [city] }}

@@ -317,7 +317,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Streaming\n\nFirst token: request sent until the first generated token arrives (Responses: the first `response.output_text.delta`). Gap: between two SSE events as the client receives them.\n\n| target | conns | answers/s | first token p50 µs | p99 µs | added p99 µs | gap median µs | added median µs | gap p99 µs |\n|---|---|---|---|---|---|---|---|---|"
+            "\n## Streaming\n\nFirst token: request sent until the first generated token arrives (Responses: the first `response.output_text.delta`; Messages: the first `text_delta`). Gap: between two SSE events as the client receives them.\n\n| target | conns | answers/s | first token p50 µs | p99 µs | added p99 µs | gap median µs | added median µs | gap p99 µs |\n|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.streaming {
             let Some(direct) = find(&self.streaming, "direct", run.connections) else {
