@@ -261,7 +261,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)*: the same agent through `POST /v1/responses`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers).\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req |\n|---|---|---|---|---|---|---|---|---|"
+            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers).\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req |\n|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.plain {
             let c = run.connections;
