@@ -770,6 +770,8 @@ async fn command_output_is_capped_and_a_failing_exit_is_reported() {
         vec![
             tool_call(0, "a", "flood", "{}"),
             tool_call(1, "b", "fail", "{}"),
+            tool_call(2, "c", "chatty", "{}"),
+            tool_call(3, "d", "noisy_fail", "{}"),
             finish("tool_calls"),
         ],
         "ok",
@@ -785,8 +787,14 @@ tools:
     max_output_bytes: 1000
   fail:
     command: {{ argv: ["python3", "-c", "import sys; print('partial'); sys.stderr.write('boom'); sys.exit(3)"] }}
+  chatty:
+    command: {{ argv: ["python3", "-c", "import sys; sys.stderr.write('progress ' * 20_000); sys.stderr.flush(); print('result')"] }}
+    max_output_bytes: 1000
+  noisy_fail:
+    command: {{ argv: ["python3", "-c", "import sys; sys.stderr.write('e' * 50_000); sys.exit(4)"] }}
+    max_output_bytes: 1000
 agents:
-  weather: {{ tools: [flood, fail] }}
+  weather: {{ tools: [flood, fail, chatty, noisy_fail] }}
 "#,
         upstream.url()
     );
@@ -807,6 +815,16 @@ agents:
         results[1]
     );
     assert!(results[1].ends_with("stderr: boom"), "{}", results[1]);
+    // 160 KB of progress on stderr: drained, so the command lives to print
+    // its result (it used to die of a closed pipe).
+    assert_eq!(results[2], "result\n");
+    assert_eq!(
+        results[3],
+        format!(
+            "error: exit status: 4\n\nstderr: {}\n[truncated: output exceeded 1000 bytes]",
+            "e".repeat(1000)
+        )
+    );
 }
 
 #[tokio::test]

@@ -1,8 +1,10 @@
 //! Command tools: a fixed argv, never a shell. The model's arguments arrive
 //! as JSON on stdin; stdout (and a failing exit status) is the result. The
 //! child runs in its own process group with a cleared environment, and the
-//! whole group is killed on timeout, on oversized output and when the call
-//! is dropped (the client went away).
+//! whole group is killed on timeout and when the call is dropped (the client
+//! went away). Both pipes are drained to the end, so a chatty command never
+//! dies of a full or closed pipe; only the first `max_output_bytes` of each
+//! are kept.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -12,8 +14,6 @@ use tokio::process::Command;
 
 use super::{capped_text, CallContext, Outcome, Run};
 use crate::config::file::CommandToolFile;
-
-const STDERR_CAP: usize = 4096;
 
 pub struct CommandTool {
     argv: Vec<String>,
@@ -75,15 +75,8 @@ impl CommandTool {
                 // A command that ignores stdin may close it early; that is fine.
                 let _ = stdin.write_all(&input).await;
             };
-            let ((), (out, out_overflow), (err, _)) = tokio::join!(
-                feed,
-                read_capped(stdout, cap),
-                read_capped(stderr, STDERR_CAP)
-            );
-            if out_overflow {
-                // It would block on a full pipe forever: stop it now.
-                return (out, err, None);
-            }
+            let ((), out, err) =
+                tokio::join!(feed, read_capped(stdout, cap), read_capped(stderr, cap));
             (out, err, child.wait().await.ok())
         };
         let (out, err, status) = match tokio::time::timeout(self.timeout, run).await {
@@ -92,25 +85,39 @@ impl CommandTool {
                 return Outcome::error(format!("timed out after {} ms", self.timeout.as_millis()))
             }
         };
-        let text = capped_text(&out, cap, false);
+        let text = capped_text(&out.kept, cap, out.more);
         match status {
-            None => Outcome::success(text),
-            Some(status) if status.success() => Outcome::success(text),
-            Some(status) => Outcome::error(format!(
+            Some(status) if !status.success() => Outcome::error(format!(
                 "{status}\n{text}{}{}",
-                if err.is_empty() { "" } else { "\nstderr: " },
-                String::from_utf8_lossy(&err[..err.len().min(STDERR_CAP)])
+                if err.kept.is_empty() { "" } else { "\nstderr: " },
+                capped_text(&err.kept, cap, err.more)
             )),
+            _ => Outcome::success(text),
         }
     }
 }
 
-/// Reads up to `cap` bytes; the flag says there was more.
-async fn read_capped(reader: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
-    let mut buf = Vec::new();
-    let _ = reader.take(cap as u64 + 1).read_to_end(&mut buf).await;
-    let overflow = buf.len() > cap;
-    (buf, overflow)
+/// The start of what a command wrote to one pipe.
+struct Captured {
+    kept: Vec<u8>,
+    /// More than `kept` was written (and thrown away).
+    more: bool,
+}
+
+/// Reads `reader` to its end, keeping the first `cap` bytes: a writer that
+/// meets a closed pipe dies of SIGPIPE, one that meets a full pipe blocks.
+async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> Captured {
+    let mut captured = Captured {
+        kept: Vec::new(),
+        more: false,
+    };
+    let mut buf = [0u8; 8192];
+    while let Ok(n @ 1..) = reader.read(&mut buf).await {
+        let room = cap - captured.kept.len();
+        captured.kept.extend_from_slice(&buf[..n.min(room)]);
+        captured.more |= n > room;
+    }
+    captured
 }
 
 /// Kills the child's whole process group when dropped, so grandchildren a
