@@ -764,6 +764,67 @@ async fn calls_in_one_turn_run_concurrently() {
     assert_eq!(results, ["{\"met\":true}", "{\"met\":true}"]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 6)]
+async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    // In flight now, and the most ever at once.
+    let gauge = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let seen = gauge.clone();
+    let tool = FakeServer::start(move |_, _| {
+        let now = seen.0.fetch_add(1, SeqCst) + 1;
+        seen.1.fetch_max(now, SeqCst);
+        // Held long enough for the others to pile up if they were let in.
+        std::thread::sleep(Duration::from_millis(100));
+        seen.0.fetch_sub(1, SeqCst);
+        Reply::json(200, json!({"temp_c": 21}))
+    })
+    .await;
+    let mut calls: Vec<Value> = (0..20)
+        .map(|i| tool_call(i, &format!("call_{i}"), "get_weather", "{\"city\":\"Oslo\"}"))
+        .collect();
+    calls.push(finish("tool_calls"));
+    let upstream = tool_round_then(calls, "done").await;
+    let yaml = config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    )
+    .replace(
+        "limits: { heartbeat_ms: 100 }",
+        "limits: { heartbeat_ms: 100, max_tool_calls_per_turn: 16, max_concurrent_tool_calls: 3 }",
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(tool.requests().len(), 16, "only the first 16 calls ran");
+    let most = gauge.1.load(SeqCst);
+    assert!((2..=3).contains(&most), "{most} calls ran at once");
+    // Every call has its result, in order; the ones past the cap say why.
+    let second = upstream.requests()[1].json();
+    let results: Vec<(&str, &str)> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap(),
+                m["content"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(results.len(), 20);
+    for (i, (id, text)) in results.iter().enumerate() {
+        assert_eq!(*id, format!("call_{i}"));
+        if i < 16 {
+            assert_eq!(*text, "{\"temp_c\":21}");
+        } else {
+            assert!(text.contains("at most 16 tool calls run per turn"), "{text}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn command_output_is_capped_and_a_failing_exit_is_reported() {
     let upstream = tool_round_then(

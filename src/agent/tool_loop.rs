@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::{join_all, BoxFuture};
+use futures::future::BoxFuture;
+use futures::stream::{self, StreamExt};
 use tokio::sync::mpsc::unbounded_channel;
 use tracing::{debug, info, warn};
 
@@ -197,7 +198,7 @@ impl Turn<'_> {
                 return Ok(Finish::Length);
             }
             tool_rounds += 1;
-            summary.tool_calls += local as u32;
+            summary.tool_calls += local.min(self.ctx.config.limits.max_tool_calls_per_turn) as u32;
             // Open the stream before the tools run so heartbeats can flow.
             reply.start(client).await?;
             let results = self.run_tools(&round_end.calls, client, reply).await?;
@@ -211,9 +212,11 @@ impl Turn<'_> {
         }
     }
 
-    /// Runs the local calls of one turn concurrently; client calls in the same
-    /// turn are deferred (see the module docs). Results keep the calls' order.
-    /// Agents called as tools report progress, shown as it arrives.
+    /// Runs the local calls of one turn concurrently, up to
+    /// `limits.max_concurrent_tool_calls` at once and `max_tool_calls_per_turn`
+    /// in all (each call past it gets an error result); client calls in the
+    /// same turn are deferred (see the module docs). Results keep the calls'
+    /// order. Agents called as tools report progress, shown as it arrives.
     async fn run_tools<D: Downstream>(
         &self,
         calls: &[ToolCall],
@@ -221,7 +224,21 @@ impl Turn<'_> {
         reply: &mut Reply,
     ) -> Result<Vec<ToolResult>, Failure> {
         let agent = self.agent;
-        for call in calls.iter().filter(|c| self.toolset.is_local(&c.name)) {
+        let limits = &self.ctx.config.limits;
+        let cap = limits.max_tool_calls_per_turn;
+        let mut local_seen = 0;
+        let plans: Vec<Plan> = calls
+            .iter()
+            .map(|call| match self.toolset.is_local(&call.name) {
+                false => Plan::Defer,
+                true if local_seen >= cap => Plan::OverCap,
+                true => {
+                    local_seen += 1;
+                    Plan::Run
+                }
+            })
+            .collect();
+        for (call, _) in calls.iter().zip(&plans).filter(|(_, p)| **p == Plan::Run) {
             self.show(client, reply, &progress_note(call)).await?;
         }
         let (progress, mut notes) = unbounded_channel::<String>();
@@ -229,31 +246,43 @@ impl Turn<'_> {
             progress: Some(progress),
             ..self.ctx.clone()
         };
-        let runs = calls.iter().map(|call| {
+        let runs = calls.iter().zip(plans).map(|(call, plan)| {
             let ctx = &ctx;
             async move {
                 let started = Instant::now();
-                let local = self.toolset.is_local(&call.name);
-                let outcome = match local {
-                    true => self.toolset.call(&call.name, &call.arguments, ctx).await,
-                    false => {
+                let outcome = match plan {
+                    Plan::Run => self.toolset.call(&call.name, &call.arguments, ctx).await,
+                    Plan::Defer => {
                         warn!(agent = %agent.id, tool = %call.name, "client tool call deferred: mixed with local calls");
-                        Outcome::error(format!(
+                        return Outcome::error(format!(
                             "`{}` was not run: it is a client tool and was requested together with agent tools. \
                              Request it again on its own, in a turn without agent tool calls.",
                             call.name
-                        ))
+                        ));
+                    }
+                    Plan::OverCap => {
+                        warn!(agent = %agent.id, tool = %call.name, cap, "tool call over limits.max_tool_calls_per_turn");
+                        return Outcome::error(format!(
+                            "`{}` was not run: at most {cap} tool calls run per turn. \
+                             Request it again in a later turn.",
+                            call.name
+                        ));
                     }
                 };
                 let took = started.elapsed();
-                if local {
-                    metrics().observe_tool(&call.name, outcome.ok, took);
-                }
+                metrics().observe_tool(&call.name, outcome.ok, took);
                 info!(agent = %agent.id, tool = %call.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");
                 outcome
             }
         });
-        let mut runs = std::pin::pin!(join_all(runs));
+        // Collected first: a closure inside the stream's type trips the
+        // compiler's `Send` proof for this future.
+        let runs: Vec<_> = runs.collect();
+        // `buffered` keeps the calls' order and runs at most that many at once.
+        let runs = stream::iter(runs)
+            .buffered(limits.max_concurrent_tool_calls)
+            .collect::<Vec<Outcome>>();
+        let mut runs = std::pin::pin!(runs);
         let outcomes = loop {
             let next = client
                 .wait(async {
@@ -296,6 +325,16 @@ impl Turn<'_> {
         }
         Ok(())
     }
+}
+
+/// What becomes of one call of a turn that runs local tools.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    Run,
+    /// A client tool in a mixed turn (see the module docs).
+    Defer,
+    /// Past `limits.max_tool_calls_per_turn`.
+    OverCap,
 }
 
 fn progress_note(call: &ToolCall) -> String {

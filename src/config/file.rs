@@ -371,6 +371,10 @@ pub struct LimitsFile {
     pub max_streams_per_client: usize,
     /// The largest SSE event accepted from an upstream.
     pub max_event_bytes: usize,
+    /// Local tool calls run from one model turn; the rest get an error result.
+    pub max_tool_calls_per_turn: usize,
+    /// Local tool calls of one turn running at once.
+    pub max_concurrent_tool_calls: usize,
 }
 
 impl Default for LimitsFile {
@@ -382,6 +386,8 @@ impl Default for LimitsFile {
             request_timeout_ms: 30 * 60 * 1000,
             max_streams_per_client: 64,
             max_event_bytes: 8 * 1024 * 1024,
+            max_tool_calls_per_turn: 16,
+            max_concurrent_tool_calls: 8,
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct Limits {
     pub max_event_bytes: usize,
     /// Largest non-streamed upstream body read whole (errors, JSON answers).
     pub max_upstream_body_bytes: usize,
+    pub max_tool_calls_per_turn: usize,
+    /// At least 1.
+    pub max_concurrent_tool_calls: usize,
 }
 
 /// What is wrong with a config, as one line for the operator: where in the
@@ -438,6 +441,8 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
             max_streams_per_client: file.limits.max_streams_per_client,
             max_event_bytes: file.limits.max_event_bytes.max(1024),
             max_upstream_body_bytes: 16 * 1024 * 1024,
+            max_tool_calls_per_turn: file.limits.max_tool_calls_per_turn,
+            max_concurrent_tool_calls: file.limits.max_concurrent_tool_calls.max(1),
         },
     })
 }
