@@ -826,6 +826,58 @@ async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
 }
 
 #[tokio::test]
+async fn a_turn_cut_by_the_token_limit_runs_no_call_and_ends_as_cut_in_every_dialect() {
+    let tool = weather_tool(200).await;
+    let upstream = FakeServer::start(|_, _| {
+        Reply::events(vec![
+            content("Let me check."),
+            tool_call(0, "a", "get_weather", "{\"city\":\"Par"),
+            finish("length"),
+        ])
+    })
+    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
+    let question = "What is the weather in Paris?";
+    let chat = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(chat.status, 200, "{}", chat.text());
+    let choice = &chat.json()["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["message"]["content"], "Let me check.");
+    assert!(choice["message"].get("tool_calls").is_none());
+    let streamed = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
+    let finishes: Vec<Value> = streamed
+        .events()
+        .iter()
+        .map(|e| e["choices"][0]["finish_reason"].clone())
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, [json!("length")]);
+    let responses = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": question}),
+    )
+    .await
+    .json();
+    assert_eq!(responses["status"], "incomplete", "{responses}");
+    assert_eq!(
+        responses["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+    let messages = post_json(
+        proxy.port,
+        "/v1/messages",
+        &json!({"model": "weather", "max_tokens": 100,
+                "messages": [{"role": "user", "content": question}]}),
+    )
+    .await
+    .json();
+    assert_eq!(messages["stop_reason"], "max_tokens", "{messages}");
+    assert_eq!(upstream.requests().len(), 4, "one upstream call per request");
+    assert!(tool.requests().is_empty(), "the cut call never ran");
+}
+
+#[tokio::test]
 async fn command_output_is_capped_and_a_failing_exit_is_reported() {
     let upstream = tool_round_then(
         vec![

@@ -179,6 +179,12 @@ impl Turn<'_> {
             if round_end.calls.is_empty() {
                 return Ok(round_end.finish.unwrap_or_default());
             }
+            if round_end.finish == Some(Finish::Length) {
+                // Cut by the token limit: the last call's arguments may be
+                // cut too. Nothing runs; the client learns the turn was cut.
+                warn!(agent = %agent.id, calls = round_end.calls.len(), "tool calls in a turn cut by the token limit: not run");
+                return Ok(Finish::Length);
+            }
             let local = round_end
                 .calls
                 .iter()
