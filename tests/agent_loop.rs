@@ -781,7 +781,14 @@ async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
     })
     .await;
     let mut calls: Vec<Value> = (0..20)
-        .map(|i| tool_call(i, &format!("call_{i}"), "get_weather", "{\"city\":\"Oslo\"}"))
+        .map(|i| {
+            tool_call(
+                i,
+                &format!("call_{i}"),
+                "get_weather",
+                "{\"city\":\"Oslo\"}",
+            )
+        })
         .collect();
     calls.push(finish("tool_calls"));
     let upstream = tool_round_then(calls, "done").await;
@@ -820,7 +827,10 @@ async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
         if i < 16 {
             assert_eq!(*text, "{\"temp_c\":21}");
         } else {
-            assert!(text.contains("at most 16 tool calls run per turn"), "{text}");
+            assert!(
+                text.contains("at most 16 tool calls run per turn"),
+                "{text}"
+            );
         }
     }
 }
@@ -873,8 +883,45 @@ async fn a_turn_cut_by_the_token_limit_runs_no_call_and_ends_as_cut_in_every_dia
     .await
     .json();
     assert_eq!(messages["stop_reason"], "max_tokens", "{messages}");
-    assert_eq!(upstream.requests().len(), 4, "one upstream call per request");
+    assert_eq!(
+        upstream.requests().len(),
+        4,
+        "one upstream call per request"
+    );
     assert!(tool.requests().is_empty(), "the cut call never ran");
+}
+
+#[tokio::test]
+async fn parallel_calls_numbered_alike_run_apart() {
+    let tool = weather_tool(200).await;
+    let upstream = tool_round_then(
+        vec![
+            tool_call(0, "call_a", "get_weather", "{\"city\":\"Oslo\"}"),
+            tool_call(0, "call_b", "get_weather", "{\"city\":\"Rome\"}"),
+            finish("tool_calls"),
+        ],
+        "done",
+    )
+    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let mut cities: Vec<String> = tool
+        .requests()
+        .iter()
+        .map(|r| r.json()["city"].as_str().unwrap().to_owned())
+        .collect();
+    cities.sort();
+    assert_eq!(cities, ["Oslo", "Rome"]);
+    let second = upstream.requests()[1].json();
+    let ids: Vec<&str> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["tool_call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["call_a", "call_b"]);
 }
 
 #[tokio::test]

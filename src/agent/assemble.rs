@@ -1,6 +1,7 @@
 //! Assembling streamed tool calls. Deltas are keyed on `index`: llama.cpp and
 //! others send `id` and `name` only in a call's first delta, and parallel
-//! calls interleave by index.
+//! calls interleave by index. A new `id` at an index already in use starts
+//! another call: some servers number every parallel call 0.
 
 use crate::openai::{FunctionCall, ToolCall, ToolCallDelta};
 
@@ -24,7 +25,15 @@ impl Assembler {
     pub fn push(&mut self, delta: &ToolCallDelta<'_>) {
         let id = delta.id.as_deref().filter(|id| !id.is_empty());
         let index = delta.index.unwrap_or_else(|| self.guess_index(id));
-        let position = match self.calls.iter().position(|c| c.index == index) {
+        // The latest call at this index, unless the delta names another one.
+        let same = self
+            .calls
+            .iter()
+            .rposition(|c| c.index == index)
+            .filter(|&at| {
+                id.is_none_or(|id| self.calls[at].id.is_empty() || self.calls[at].id == id)
+            });
+        let position = match same {
             Some(position) => position,
             None => {
                 self.calls.push(Partial {
@@ -66,7 +75,8 @@ impl Assembler {
         }
     }
 
-    /// The complete calls in index order. A call without an id gets one.
+    /// The complete calls in index order (calls sharing an index in the
+    /// order they came). A call without an id gets one.
     pub fn finish(mut self) -> Vec<ToolCall> {
         self.calls.sort_by_key(|c| c.index);
         self.calls
@@ -127,6 +137,27 @@ mod tests {
         );
         assert_eq!(calls[0].function.arguments, r#"{"x":1}"#);
         assert_eq!(calls[1].function.arguments, "{}");
+    }
+
+    #[test]
+    fn parallel_calls_sharing_an_index_stay_apart_by_id() {
+        let calls = assemble(&[
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"name":"f","arguments":"{\"x\""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"g","arguments":"{"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"arguments":"}"}}]}}]}"#,
+        ]);
+        let got: Vec<(&str, &str, &str)> = calls
+            .iter()
+            .map(|c| {
+                (
+                    c.id.as_str(),
+                    c.function.name.as_str(),
+                    c.function.arguments.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(got, [("call_a", "f", r#"{"x":1}"#), ("call_b", "g", "{}")]);
     }
 
     #[test]

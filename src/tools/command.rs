@@ -89,7 +89,11 @@ impl CommandTool {
         match status {
             Some(status) if !status.success() => Outcome::error(format!(
                 "{status}\n{text}{}{}",
-                if err.kept.is_empty() { "" } else { "\nstderr: " },
+                if err.kept.is_empty() {
+                    ""
+                } else {
+                    "\nstderr: "
+                },
                 capped_text(&err.kept, cap, err.more)
             )),
             _ => Outcome::success(text),
