@@ -925,6 +925,29 @@ async fn parallel_calls_numbered_alike_run_apart() {
 }
 
 #[tokio::test]
+async fn several_choices_are_refused_for_agents_and_forwarded_for_other_models() {
+    let tool = weather_tool(200).await;
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
+    let proxy = weather_agent(&upstream, &tool).await;
+    let mut body = ask(false);
+    body["n"] = json!(2);
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(res.status, 400, "{}", res.text());
+    let error = &res.json()["error"];
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["param"], "n");
+    assert!(upstream.requests().is_empty());
+    body["n"] = json!(1);
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    body["n"] = json!(2);
+    body["model"] = json!("not-an-agent");
+    post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(upstream.requests().last().unwrap().json()["n"], 2);
+}
+
+#[tokio::test]
 async fn command_output_is_capped_and_a_failing_exit_is_reported() {
     let upstream = tool_round_then(
         vec![

@@ -197,6 +197,18 @@ fn decode_options(rest: &mut Map<String, Value>, options: &mut Options) -> Resul
             Some(v) => Some(v.as_u64().ok_or_else(|| invalid("max_tokens"))?),
         },
     };
+    // One answer per agent request: the loop runs tools for one choice.
+    match rest.get("n") {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(n) if n.as_u64().is_some() => {
+            return Err(ApiError::bad_request(format!(
+                "`n` is {n}: an agent gives one answer per request (n: 1); send several requests for several answers"
+            ))
+            .with_param("n"))
+        }
+        Some(_) => return Err(invalid("n")),
+    }
     options.temperature = take_number(rest, "temperature").map_err(|_| invalid("temperature"))?;
     options.top_p = take_number(rest, "top_p").map_err(|_| invalid("top_p"))?;
     options.stop = match rest.remove("stop") {
