@@ -2,6 +2,12 @@
 //! `none`, many local models) becomes reasoning. Tags may be split across
 //! chunks, so a possible tag prefix at the end of a chunk is held back until
 //! the next one.
+//!
+//! Tags that don't pair up never reach the client as text: a `</think>`
+//! outside a block (a chat template that prefilled `<think>` leaves the model
+//! only the closing tag; what came before it was already sent as content) and
+//! a `<think>` inside one are dropped. A block still open when the round ends
+//! was all reasoning.
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -47,6 +53,9 @@ impl ThinkSplitter {
 
     /// Splits one content delta into content and reasoning pieces.
     pub fn split<'a>(&mut self, text: &'a str) -> Pieces<'a> {
+        if text.is_empty() {
+            return Pieces::Many(Vec::new());
+        }
         if self.held.is_empty() && !text.contains('<') {
             return Pieces::One(self.kind(), text);
         }
@@ -55,22 +64,30 @@ impl ThinkSplitter {
         let mut pieces = Vec::new();
         let mut from = 0;
         loop {
-            let tag = if self.inside { CLOSE } else { OPEN };
             let tail = &rest[from..];
-            if let Some(at) = tail.find(tag) {
+            let next = [OPEN, CLOSE]
+                .into_iter()
+                .filter_map(|tag| tail.find(tag).map(|at| (at, tag)))
+                .min();
+            if let Some((at, tag)) = next {
                 if at > 0 {
                     pieces.push((self.kind(), tail[..at].to_owned()));
                 }
-                self.inside = !self.inside;
+                // Only the tag that pairs up switches; the other is dropped.
+                if (tag == OPEN) != self.inside {
+                    self.inside = !self.inside;
+                }
                 from += at + tag.len();
                 continue;
             }
-            let keep = (1..tag.len())
+            let keep = (1..CLOSE.len())
                 .rev()
                 .find(|&n| {
                     tail.len() >= n
                         && tail.is_char_boundary(tail.len() - n)
-                        && tag.starts_with(&tail[tail.len() - n..])
+                        && [OPEN, CLOSE]
+                            .iter()
+                            .any(|tag| tag.starts_with(&tail[tail.len() - n..]))
                 })
                 .unwrap_or(0);
             let emit = &tail[..tail.len() - keep];
@@ -125,6 +142,36 @@ mod tests {
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
         assert_eq!(run(&refs), expected);
+    }
+
+    #[test]
+    fn unpaired_tags_are_dropped_and_an_open_block_is_reasoning() {
+        let cases: [(&str, &[(Kind, &str)]); 4] = [
+            // A template prefilled `<think>`: only the closing tag comes.
+            ("</think>\n\nHello", &[(Kind::Content, "\n\nHello")]),
+            ("plan</think>Answer", &[(Kind::Content, "planAnswer")]),
+            (
+                "<think>a<think>b</think>c",
+                &[(Kind::Reasoning, "ab"), (Kind::Content, "c")],
+            ),
+            (
+                "x<think>never closed </thi",
+                &[
+                    (Kind::Content, "x"),
+                    (Kind::Reasoning, "never closed </thi"),
+                ],
+            ),
+        ];
+        for (text, expected) in cases {
+            let expected: Vec<(Kind, String)> =
+                expected.iter().map(|(k, t)| (*k, t.to_string())).collect();
+            for at in 0..=text.len() {
+                for to in at..=text.len() {
+                    let chunks = [&text[..at], &text[at..to], &text[to..]];
+                    assert_eq!(run(&chunks), expected, "{text:?} split at {at}, {to}");
+                }
+            }
+        }
     }
 
     #[test]
