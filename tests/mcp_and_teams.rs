@@ -454,14 +454,25 @@ async fn team_upstream() -> FakeServer {
                 reasoning("looking it up. "),
                 content("X is 42"),
                 finish("stop"),
+                usage(7, 3),
             ]),
+            // The boss calls whichever agent it was given.
             "BOSS" if results.is_empty() => Reply::events(vec![
-                tool_call(0, "r1", "agent__research", r#"{"task": "find X"}"#),
+                tool_call(
+                    0,
+                    "r1",
+                    body["tools"][0]["function"]["name"]
+                        .as_str()
+                        .unwrap_or_default(),
+                    r#"{"task": "find X"}"#,
+                ),
                 finish("tool_calls"),
+                usage(100, 10),
             ]),
             "BOSS" => Reply::events(vec![
                 content(&format!("Boss says: {}", results[0])),
                 finish("stop"),
+                usage(120, 20),
             ]),
             "LOOP" if results.is_empty() => Reply::events(vec![
                 tool_call(0, "l1", "agent__loop", r#"{"task": "again"}"#),
@@ -533,6 +544,55 @@ agents:
         answer.starts_with("gave up: error: agent `loop` is already working"),
         "cycles are refused: {answer}"
     );
+}
+
+#[tokio::test]
+async fn a_called_agents_reasoning_follows_both_agents_settings_and_its_usage_counts() {
+    let upstream = team_upstream().await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+agents:
+  boss: {{ system_prompt: BOSS, tools: ["agent:research"] }}
+  stripping_boss: {{ system_prompt: BOSS, tools: ["agent:research"], reasoning: strip }}
+  boss_of_quiet: {{ system_prompt: BOSS, tools: ["agent:quiet_research"] }}
+  research: {{ system_prompt: RESEARCH }}
+  quiet_research: {{ system_prompt: RESEARCH, reasoning: strip }}
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let callee_reasoning = "looking it up.";
+    for (agent, shown) in [
+        ("boss", true),
+        ("stripping_boss", false),
+        ("boss_of_quiet", false),
+    ] {
+        let mut body = ask(agent, "what is X?");
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+        assert_eq!(res.status, 200, "{agent}: {}", res.text());
+        assert_eq!(res.delta_text("content"), "Boss says: X is 42", "{agent}");
+        assert_eq!(
+            res.text().contains(callee_reasoning),
+            shown,
+            "{agent}: {}",
+            res.text()
+        );
+        // Both of the boss's rounds and the callee's one.
+        let usage = res.events().last().unwrap()["usage"].clone();
+        assert_eq!(usage["prompt_tokens"], 227, "{agent}: {usage}");
+        assert_eq!(usage["completion_tokens"], 33, "{agent}: {usage}");
+    }
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &ask("boss", "what is X?"),
+    )
+    .await;
+    assert_eq!(res.json()["usage"]["total_tokens"], 260);
 }
 
 #[tokio::test]

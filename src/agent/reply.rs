@@ -10,6 +10,7 @@ use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
 use crate::downstream::{Downstream, Gone};
 use crate::error::ApiError;
 use crate::front::Encoder;
+use crate::tools::Progress;
 
 pub struct Reply {
     encoder: Box<dyn Encoder>,
@@ -26,7 +27,7 @@ pub struct Reply {
 
 struct Nested {
     content: String,
-    progress: Option<UnboundedSender<String>>,
+    progress: Option<UnboundedSender<Progress>>,
 }
 
 /// How a request that failed reaches the client.
@@ -67,15 +68,20 @@ impl Reply {
     }
 
     /// The answer of an agent called by another: collected, with its text
-    /// also sent to `progress`.
-    pub fn nested(progress: Option<UnboundedSender<String>>) -> Self {
+    /// (and its reasoning if shown) also sent to `progress`.
+    pub fn nested(progress: Option<UnboundedSender<Progress>>, show_reasoning: bool) -> Self {
         Reply {
             nested: Some(Nested {
                 content: String::new(),
                 progress,
             }),
-            ..Reply::new(Box::new(Collect), true)
+            ..Reply::new(Box::new(Collect), show_reasoning)
         }
+    }
+
+    /// Whether the model's reasoning reaches the client.
+    pub fn shows_reasoning(&self) -> bool {
+        self.show_reasoning
     }
 
     /// The collected answer text of a nested agent.
@@ -93,7 +99,7 @@ impl Reply {
         }
         if let Some(progress) = &nested.progress {
             // The caller may have finished already; its progress is moot then.
-            let _ = progress.send(text.to_owned());
+            let _ = progress.send(Progress::Note(text.to_owned()));
         }
         true
     }

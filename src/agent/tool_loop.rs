@@ -38,7 +38,7 @@ use crate::front::Encoder;
 use crate::metrics::metrics;
 use crate::round::{self, DecodeError, RoundDecoder};
 use crate::sse;
-use crate::tools::{CallContext, Outcome};
+use crate::tools::{CallContext, Outcome, Progress};
 use crate::upstream::affinity_key;
 
 /// What the request did, for the request log line.
@@ -106,7 +106,11 @@ pub fn run_nested(
     ctx: CallContext,
 ) -> BoxFuture<'static, Outcome> {
     Box::pin(async move {
-        let ctx = ctx.nested(&agent.id, ctx.progress.clone());
+        let show_reasoning = ctx.show_reasoning && agent.reasoning == ReasoningMode::Pass;
+        let ctx = CallContext {
+            show_reasoning,
+            ..ctx.nested(&agent.id)
+        };
         let toolset = ToolSet::of(&agent, &ctx.config);
         let mut conversation = Conversation::default();
         conversation
@@ -116,17 +120,20 @@ pub fn run_nested(
         conversation.options.stream = true;
         let mut conversation = rewrite(&agent, &toolset, conversation);
         let mut client = Headless::new(ctx.request_id.clone());
-        let mut reply = Reply::nested(ctx.progress.clone());
+        let mut reply = Reply::nested(ctx.progress.clone(), show_reasoning);
         let mut summary = Summary::default();
         let turn = Turn {
             agent: &agent,
             toolset: &toolset,
             ctx: &ctx,
         };
-        match turn
+        let result = turn
             .drive(&mut conversation, &mut client, &mut reply, &mut summary)
-            .await
-        {
+            .await;
+        if let Some(progress) = &ctx.progress {
+            let _ = progress.send(Progress::Usage(reply.usage()));
+        }
+        match result {
             Ok(_) => Outcome::success(reply.into_content()),
             Err(Failure::Api(e)) => {
                 Outcome::error(format!("agent `{}` failed: {}", agent.id, e.message))
@@ -247,9 +254,10 @@ impl Turn<'_> {
         for (call, _) in calls.iter().zip(&plans).filter(|(_, p)| **p == Plan::Run) {
             self.show(client, reply, &progress_note(call)).await?;
         }
-        let (progress, mut notes) = unbounded_channel::<String>();
+        let (progress, mut notes) = unbounded_channel::<Progress>();
         let ctx = CallContext {
             progress: Some(progress),
+            show_reasoning: reply.shows_reasoning(),
             ..self.ctx.clone()
         };
         let runs = calls.iter().zip(plans).map(|(call, plan)| {
@@ -300,11 +308,11 @@ impl Turn<'_> {
                 .await?;
             match next {
                 Ok(outcomes) => break outcomes,
-                Err(note) => self.show(client, reply, &note).await?,
+                Err(note) => self.progress(client, reply, note).await?,
             }
         };
         while let Ok(note) = notes.try_recv() {
-            self.show(client, reply, &note).await?;
+            self.progress(client, reply, note).await?;
         }
         Ok(calls
             .iter()
@@ -315,6 +323,22 @@ impl Turn<'_> {
                 output: outcome.text,
             })
             .collect())
+    }
+
+    /// What an agent called as a tool reported.
+    async fn progress<D: Downstream>(
+        &self,
+        client: &mut D,
+        reply: &mut Reply,
+        progress: Progress,
+    ) -> Result<(), Failure> {
+        match progress {
+            Progress::Note(note) => self.show(client, reply, &note).await,
+            Progress::Usage(usage) => {
+                reply.add_usage(usage);
+                Ok(())
+            }
+        }
     }
 
     /// Tool progress, where the agent's `tool_events` puts it.

@@ -124,6 +124,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         headers: Arc::new(session.req_header().headers.clone()),
         stack: Vec::new(),
         progress: None,
+        show_reasoning: false,
     };
     let mut client = Client::new(session, config.limits.heartbeat);
     let agent = match agent {
@@ -156,7 +157,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     };
     ctx.agent = Some(agent.id.clone());
     ctx.route = "agent";
-    let call = ctx_call.nested(&agent.id, None);
+    let call = ctx_call.nested(&agent.id);
     // An alias answers under the name the client asked for.
     let named = match model {
         Some(m) if m != agent.id && m != AUTO => m.to_owned(),

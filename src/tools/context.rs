@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::Config;
+use crate::conversation::Usage;
 
 /// The request a tool call serves: for injected parameters, request ids,
 /// and agents calling agents.
@@ -18,17 +19,28 @@ pub struct CallContext {
     /// The agents whose loops are running, outermost first.
     pub stack: Vec<String>,
     /// Where a nested agent reports its progress to the caller's stream.
-    pub progress: Option<UnboundedSender<String>>,
+    pub progress: Option<UnboundedSender<Progress>>,
+    /// The client sees the model's reasoning: a nested agent's is shown
+    /// (as progress) only then, and only if its own `reasoning` passes it.
+    pub show_reasoning: bool,
+}
+
+/// What an agent called as a tool reports to its caller while it runs.
+#[derive(Debug)]
+pub enum Progress {
+    /// Text for the caller's stream: its answer as it comes, its tool notes.
+    Note(String),
+    /// What its model calls used, for the request's total.
+    Usage(Usage),
 }
 
 impl CallContext {
     /// The context for a loop of `agent` called from this one.
-    pub fn nested(&self, agent: &str, progress: Option<UnboundedSender<String>>) -> Self {
+    pub fn nested(&self, agent: &str) -> Self {
         let mut stack = self.stack.clone();
         stack.push(agent.to_owned());
         CallContext {
             stack,
-            progress,
             ..self.clone()
         }
     }

@@ -9,7 +9,7 @@ mod inject;
 
 use serde_json::{Map, Value};
 
-pub use context::CallContext;
+pub use context::{CallContext, Progress};
 pub use inject::Injection;
 
 use crate::config::file::ToolFile;
