@@ -948,6 +948,36 @@ async fn several_choices_are_refused_for_agents_and_forwarded_for_other_models()
 }
 
 #[tokio::test]
+async fn the_text_of_successive_rounds_does_not_run_together() {
+    let tool = weather_tool(200).await;
+    for (first, expected, stream) in [
+        ("Let me check.", "Let me check.\n\nIt is 21 °C.", false),
+        ("Let me check.", "Let me check.\n\nIt is 21 °C.", true),
+        ("Let me check.\n", "Let me check.\nIt is 21 °C.", true),
+    ] {
+        let upstream = tool_round_then(
+            vec![
+                content(first),
+                tool_call(0, "a", "get_weather", "{\"city\":\"Paris\"}"),
+                finish("tool_calls"),
+            ],
+            "It is 21 °C.",
+        )
+        .await;
+        let proxy = weather_agent(&upstream, &tool).await;
+        let res = post_json(proxy.port, "/v1/chat/completions", &ask(stream)).await;
+        let text = match stream {
+            true => res.delta_text("content"),
+            false => res.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        };
+        assert_eq!(text, expected);
+    }
+}
+
+#[tokio::test]
 async fn command_output_is_capped_and_a_failing_exit_is_reported() {
     let upstream = tool_round_then(
         vec![

@@ -19,6 +19,10 @@ pub struct Reply {
     first_token_at: Option<std::time::Instant>,
     /// Bytes the encoder wrote, reused for every event.
     buf: Vec<u8>,
+    /// The last character of the text sent so far.
+    last_char: Option<char>,
+    /// A new round began: its first text starts a new paragraph.
+    round_break: bool,
     /// For an agent called by another: its text is collected (the caller's
     /// tool result) and also sent to `progress`, to show up in the caller's
     /// stream as it comes.
@@ -63,6 +67,8 @@ impl Reply {
             usage: Usage::default(),
             first_token_at: None,
             buf: Vec::with_capacity(512),
+            last_char: None,
+            round_break: false,
             nested: None,
         }
     }
@@ -113,6 +119,12 @@ impl Reply {
         self.first_token_at
     }
 
+    /// Another model call begins: its text must not run into the last one's
+    /// (`Let me check.It is 21 °C`).
+    pub fn next_round(&mut self) {
+        self.round_break = true;
+    }
+
     pub fn add_usage(&mut self, usage: Usage) {
         self.usage += usage;
     }
@@ -144,6 +156,17 @@ impl Reply {
         }
         self.first_token_at
             .get_or_insert_with(std::time::Instant::now);
+        if std::mem::take(&mut self.round_break)
+            && self.last_char.is_some_and(|c| !c.is_whitespace())
+            && !text.starts_with(char::is_whitespace)
+        {
+            self.send_content(client, "\n\n").await?;
+        }
+        self.last_char = text.chars().next_back();
+        self.send_content(client, text).await
+    }
+
+    async fn send_content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Gone> {
         if self.report(text, true) {
             return Ok(());
         }

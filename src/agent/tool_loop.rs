@@ -171,6 +171,9 @@ impl Turn<'_> {
         });
         let affinity = affinity_key(conversation.system.as_deref(), first_user.as_deref());
         loop {
+            if summary.rounds > 0 {
+                reply.next_round();
+            }
             let round = read_round(
                 agent,
                 conversation,
