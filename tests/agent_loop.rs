@@ -977,6 +977,63 @@ async fn the_text_of_successive_rounds_does_not_run_together() {
     }
 }
 
+/// Reads `conn`'s body until it holds `marker`; what was read.
+async fn read_until(conn: &mut Connection, res: &mut Response, marker: &str) -> String {
+    let mut seen = String::new();
+    while !seen.contains(marker) {
+        let chunk = conn.next_chunk(res).await.expect("the stream goes on");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opens_and_beats_while_the_model_is_silent() {
+    // Before the upstream's headers: it answers only once the client has
+    // seen the stream open and beat.
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    let upstream = FakeServer::start(move |_, _| {
+        let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(20));
+        Reply::events(vec![content("hi"), finish("stop")])
+    })
+    .await;
+    let tool = weather_tool(200).await;
+    let proxy = weather_agent(&upstream, &tool).await;
+    let mut conn = Connection::chat(proxy.port, &ask(true)).await;
+    let mut res = conn.head().await;
+    assert_eq!(res.status, 200);
+    assert_eq!(res.header("content-type"), Some("text/event-stream"));
+    let early = read_until(&mut conn, &mut res, ": keep-alive").await;
+    assert!(early.contains(r#""role":"assistant""#), "{early}");
+    release.send(()).unwrap();
+    let rest = read_until(&mut conn, &mut res, "[DONE]").await;
+    assert!(rest.contains(r#""content":"hi""#), "{rest}");
+
+    // After its headers, silent before the first token.
+    let upstream = FakeServer::start(|_, _| {
+        let mut steps = vec![Step::Sleep(Duration::from_secs(1))];
+        steps.extend(
+            [content("hi"), finish("stop")]
+                .iter()
+                .map(|e| Step::Bytes(format!("data: {e}\n\n").into_bytes())),
+        );
+        steps.push(Step::Bytes(b"data: [DONE]\n\n".to_vec()));
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
+    })
+    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
+    let mut conn = Connection::chat(proxy.port, &ask(true)).await;
+    let mut res = conn.head().await;
+    let body = read_until(&mut conn, &mut res, "[DONE]").await;
+    let beat = body.find(": keep-alive").expect("a heartbeat");
+    let token = body.find(r#""content":"hi""#).expect("the token");
+    assert!(beat < token, "heartbeats before the first token: {body}");
+}
+
 #[tokio::test]
 async fn command_output_is_capped_and_a_failing_exit_is_reported() {
     let upstream = tool_round_then(

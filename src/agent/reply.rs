@@ -2,6 +2,9 @@
 //! took: the loop's output handed to the client's front encoder, and its
 //! bytes to the client as they come.
 
+use std::future::Future;
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -127,6 +130,34 @@ impl Reply {
 
     pub fn add_usage(&mut self, usage: Usage) {
         self.usage += usage;
+    }
+
+    /// Waits on `work` for the client (see [`Downstream::wait`]). A stream
+    /// not yet open is opened after `heartbeat` of silence, so the client,
+    /// and any load balancer in between, sees bytes while a long prompt is
+    /// processed. Errors that come sooner still get their own status.
+    pub async fn wait<F>(
+        &mut self,
+        client: &mut impl Downstream,
+        heartbeat: Duration,
+        work: F,
+    ) -> Result<F::Output, Gone>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        if !self.encoder.streams() || client.header_sent() {
+            return client.wait(work).await;
+        }
+        tokio::pin!(work);
+        if let Ok(out) = client
+            .wait(tokio::time::timeout(heartbeat, &mut work))
+            .await?
+        {
+            return Ok(out);
+        }
+        self.start(client).await?;
+        client.wait(work).await
     }
 
     /// Opens the event stream (header and opening events) if not yet open;

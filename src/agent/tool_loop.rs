@@ -408,8 +408,13 @@ async fn read_round<D: Downstream>(
     let body = round::encode(upstream.api, conversation, stream);
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
     let request_id = client.request_id().to_owned();
-    let mut exchange = client
-        .wait(upstream.post_model(upstream.api, Bytes::from(body), &request_id, Some(affinity)))
+    let heartbeat = limits.heartbeat;
+    let mut exchange = reply
+        .wait(
+            client,
+            heartbeat,
+            upstream.post_model(upstream.api, Bytes::from(body), &request_id, Some(affinity)),
+        )
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();
@@ -424,8 +429,12 @@ async fn read_round<D: Downstream>(
             .header()
             .and_then(|h| h.headers.get(http::header::RETRY_AFTER))
             .cloned();
-        let body = client
-            .wait(exchange.read_to_end(limits.max_upstream_body_bytes))
+        let body = reply
+            .wait(
+                client,
+                heartbeat,
+                exchange.read_to_end(limits.max_upstream_body_bytes),
+            )
             .await?
             .unwrap_or_default();
         return Err(Failure::Upstream {
@@ -454,8 +463,13 @@ async fn read_round<D: Downstream>(
     };
     if !exchange.is_event_stream() {
         // Some servers answer a stream request with one JSON document.
-        let body = client
-            .wait(exchange.read_to_end(limits.max_upstream_body_bytes))
+        let body = reader
+            .reply
+            .wait(
+                client,
+                heartbeat,
+                exchange.read_to_end(limits.max_upstream_body_bytes),
+            )
             .await?
             .map_err(|e| from_upstream(&upstream.name, &e))?;
         let whole = decoder.body(&body).map_err(failed)?;
@@ -469,8 +483,9 @@ async fn read_round<D: Downstream>(
     }
     let mut parser = sse::Parser::new(limits.max_event_bytes);
     loop {
-        let piece = client
-            .wait(exchange.read())
+        let piece = reader
+            .reply
+            .wait(client, heartbeat, exchange.read())
             .await?
             .map_err(|e| from_upstream(&upstream.name, &e))?;
         let Some(piece) = piece else {
