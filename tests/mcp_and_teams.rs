@@ -605,7 +605,8 @@ async fn auto_routes_each_request_to_the_agent_the_router_names() {
         if body["model"] == "router-model" {
             let question = body["messages"][1]["content"].as_str().unwrap_or_default();
             let answer = if question.contains("rain") { "<think>hmm</think>weather" } else { "no idea, sorry" };
-            return Reply::json(200, json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}));
+            // Reasoning that names another agent first is not the answer.
+            return Reply::json(200, json!({"choices": [{"index": 0, "message": {"role": "assistant", "reasoning_content": "helper? no.", "content": answer}, "finish_reason": "stop"}]}));
         }
         let system = body["messages"][0]["content"].as_str().unwrap_or_default().to_owned();
         Reply::events(vec![content(&format!("answered by {system}")), finish("stop")])
@@ -643,6 +644,12 @@ agents:
         "answered by WEATHER"
     );
     let routing = chats(&upstream)[0].json();
+    assert_eq!(
+        routing["chat_template_kwargs"]["enable_thinking"], false,
+        "a thinking model is asked not to think before naming an agent"
+    );
+    assert_eq!(routing["max_tokens"], 512);
+    assert_eq!(routing["stream"], false);
     let prompt = routing["messages"][0]["content"].as_str().unwrap();
     assert!(
         prompt.contains("- weather: Forecasts and rain")

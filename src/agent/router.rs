@@ -6,18 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde_json::json;
 use tracing::{info, warn};
 
 use super::reasoning::{Kind, ThinkSplitter};
 use super::Agent;
-use crate::config::file::UpstreamApi;
 use crate::config::Config;
-use crate::conversation::{Conversation, Item, Role};
-use crate::openai::CompletionIn;
+use crate::conversation::{Conversation, Item, Message, Options, Role};
+use crate::round;
 use crate::upstream::Upstream;
 
 pub const AUTO: &str = "auto";
+
+/// The router's answer budget: an id, with room for a model that thinks a
+/// little even when asked not to.
+const ROUTER_MAX_TOKENS: u64 = 512;
 
 pub struct Router {
     pub upstream: Arc<Upstream>,
@@ -84,20 +86,28 @@ impl Router {
             };
             prompt.push_str(&format!("- {}: {about}\n", agent.id));
         }
-        let mut body = json!({
-            "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": question}],
-            "max_tokens": 32,
-            "temperature": 0,
-            "stream": false,
-        });
-        if let Some(model) = &self.model {
-            body["model"] = json!(model);
-        }
-        let body = Bytes::from(body.to_string());
+        let conversation = Conversation {
+            model: self.model.clone(),
+            system: Some(prompt),
+            items: vec![Item::Message(Message::text(
+                Role::User,
+                question.to_owned(),
+            ))],
+            options: Options {
+                max_tokens: Some(ROUTER_MAX_TOKENS),
+                temperature: Some(0.0),
+                // A thinking model would spend its budget before the id.
+                thinking: Some(false),
+                ..Options::default()
+            },
+            ..Conversation::default()
+        };
+        let api = self.upstream.api;
+        let body = Bytes::from(round::encode(api, &conversation, false));
         let call = async {
             let mut exchange = self
                 .upstream
-                .post_model(UpstreamApi::Chat, body, request_id, None)
+                .post_model(api, body, request_id, None)
                 .await
                 .map_err(|e| e.etype().as_str().to_owned())?;
             let body = exchange
@@ -107,14 +117,10 @@ impl Router {
             if !(200..300).contains(&exchange.status()) {
                 return Err(format!("HTTP {}", exchange.status()));
             }
-            let completion: CompletionIn =
-                serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-            completion
-                .choices
-                .into_iter()
-                .next()
-                .and_then(|c| c.message.content)
-                .ok_or_else(|| "no answer".to_owned())
+            let whole = round::decoder(api, &conversation)
+                .body(&body)
+                .map_err(|e| e.to_string())?;
+            Ok(whole.content)
         };
         tokio::time::timeout(self.timeout, call)
             .await
