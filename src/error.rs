@@ -82,6 +82,15 @@ impl ApiError {
         .with_code("request_too_large")
     }
 
+    pub fn too_many_json_values(limit: usize) -> Self {
+        Self::new(
+            413,
+            "invalid_request_error",
+            format!("Request body holds more than {limit} JSON values (limits.max_json_values)."),
+        )
+        .with_code("request_too_large")
+    }
+
     pub fn too_many_streams(limit: usize) -> Self {
         Self::new(
             429,

@@ -1035,6 +1035,53 @@ async fn a_stream_opens_and_beats_while_the_model_is_silent() {
 }
 
 #[tokio::test]
+async fn a_body_of_countless_tiny_values_is_refused_before_it_is_parsed() {
+    let tool = weather_tool(200).await;
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
+    let proxy = Proxy::start(
+        &config(
+            &upstream,
+            &format!("{}/weather", tool.url()),
+            "    tools: [get_weather]\nlimits: { max_json_values: 100000 }",
+        )
+        .replace("limits: { heartbeat_ms: 100 }\n", ""),
+    )
+    .await;
+    let values = |n: usize| json!(vec![0; n]);
+    for (path, mut body) in [
+        ("/v1/chat/completions", ask(false)),
+        (
+            "/v1/messages",
+            json!({"model": "weather", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+    ] {
+        body["x"] = values(100_000);
+        let res = post_json(proxy.port, path, &body).await;
+        assert_eq!(res.status, 413, "{path}: {}", res.text());
+        let error = res.json();
+        if path == "/v1/messages" {
+            assert_eq!(error["type"], "error");
+            assert_eq!(error["error"]["type"], "request_too_large");
+        } else {
+            assert_eq!(error["error"]["code"], "request_too_large");
+        }
+        // Not an agent: refused all the same, never forwarded.
+        body["model"] = json!("other");
+        assert_eq!(post_json(proxy.port, path, &body).await.status, 413);
+        body["x"] = values(90_000);
+        body["model"] = json!("weather");
+        let res = post_json(proxy.port, path, &body).await;
+        assert_eq!(res.status, 200, "{path}: under the limit: {}", res.text());
+    }
+    assert_eq!(
+        upstream.requests().len(),
+        2,
+        "only the bodies under the limit"
+    );
+}
+
+#[tokio::test]
 async fn command_output_is_capped_and_a_failing_exit_is_reported() {
     let upstream = tool_round_then(
         vec![

@@ -375,6 +375,8 @@ pub struct LimitsFile {
     pub max_tool_calls_per_turn: usize,
     /// Local tool calls of one turn running at once.
     pub max_concurrent_tool_calls: usize,
+    /// JSON values in one request body (each costs ~32 bytes parsed).
+    pub max_json_values: usize,
 }
 
 impl Default for LimitsFile {
@@ -388,6 +390,7 @@ impl Default for LimitsFile {
             max_event_bytes: 8 * 1024 * 1024,
             max_tool_calls_per_turn: 16,
             max_concurrent_tool_calls: 8,
+            max_json_values: 1 << 18,
         }
     }
 }

@@ -54,6 +54,7 @@ pub struct Limits {
     pub max_tool_calls_per_turn: usize,
     /// At least 1.
     pub max_concurrent_tool_calls: usize,
+    pub max_json_values: usize,
 }
 
 /// What is wrong with a config, as one line for the operator: where in the
@@ -443,6 +444,7 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
             max_upstream_body_bytes: 16 * 1024 * 1024,
             max_tool_calls_per_turn: file.limits.max_tool_calls_per_turn,
             max_concurrent_tool_calls: file.limits.max_concurrent_tool_calls.max(1),
+            max_json_values: file.limits.max_json_values,
         },
     })
 }

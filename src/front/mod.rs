@@ -5,6 +5,7 @@
 //!
 //! [`Conversation`]: crate::conversation::Conversation
 
+pub mod budget;
 pub mod chat;
 pub mod messages;
 pub mod responses;

@@ -32,6 +32,11 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         Ok(body) => body,
         Err(error) => return reject(session, dialect, &error).await,
     };
+    // Before any parse: even the routing peek holds one entry per message.
+    if front::budget::json_values(&body) > config.limits.max_json_values {
+        let error = ApiError::too_many_json_values(config.limits.max_json_values);
+        return reject(session, dialect, &error).await;
+    }
     let peek: RoutingPeek = match serde_json::from_slice(&body) {
         Ok(peek) => peek,
         Err(e) => {
