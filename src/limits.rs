@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Mutex, OnceLock};
 
-/// Who a request counts against: the API key it presented (hashed, never
-/// kept as is), or its address when the proxy has no keys.
+/// Who a request counts against: the configured API key it matched (hashed,
+/// never kept as is), or its address when the proxy has no keys.
 pub fn client_key(authorization: Option<&[u8]>, address: Option<String>) -> u64 {
     let mut hasher = DefaultHasher::new();
     match authorization {

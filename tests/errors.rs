@@ -336,3 +336,22 @@ async fn garbage_in_an_upstream_stream_is_an_error_event() {
     let res = post_json(proxy.port, "/v1/chat/completions", &chat("helper", false)).await;
     assert_error(&res, 502, "upstream_error");
 }
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "auth: { api_keys: [sk-1] }")).await;
+    let body = chat("helper", false).to_string();
+    for authorization in ["bearer sk-1", "BEARER sk-1", "Bearer   sk-1"] {
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", authorization)],
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(res.status, 200, "{authorization}: {}", res.text());
+    }
+}

@@ -464,3 +464,72 @@ async fn misbehaving_tools_give_bounded_error_results() {
         String::from_utf8_lossy(&left.stdout)
     );
 }
+
+// ----------------------------------------------------------------- client edge
+
+/// Waits until `upstream` has seen `n` requests.
+async fn wait_requests(upstream: &FakeServer, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.requests().len() < n {
+        assert!(Instant::now() < deadline, "the upstream saw {n} requests");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A stream request with `authorization`, held open by the upstream.
+async fn held_stream(port: u16, authorization: &str) -> Connection {
+    let body = ask("a", true).to_string();
+    Connection::open(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", authorization)],
+        body.as_bytes(),
+    )
+    .await
+}
+
+async fn stream_status(port: u16, authorization: &str) -> u16 {
+    let body = ask("a", true).to_string();
+    let res = request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", authorization)],
+        body.as_bytes(),
+    )
+    .await;
+    res.status
+}
+
+#[tokio::test]
+async fn made_up_bearers_buy_no_extra_streams_without_auth() {
+    let upstream = FakeServer::start(|_, _| Reply::Hold).await;
+    let proxy = Proxy::start(&base(
+        &upstream,
+        "agents: { a: {} }\nlimits: { max_streams_per_client: 1 }",
+    ))
+    .await;
+    let _first = held_stream(proxy.port, "Bearer made-up-1").await;
+    wait_requests(&upstream, 1).await;
+    assert_eq!(
+        stream_status(proxy.port, "Bearer made-up-2").await,
+        429,
+        "without auth, streams count per address whatever the bearer"
+    );
+}
+
+#[tokio::test]
+async fn with_auth_streams_count_per_configured_key() {
+    let upstream = FakeServer::start(|_, _| Reply::Hold).await;
+    let proxy = Proxy::start(&base(
+        &upstream,
+        "auth: { api_keys: [k1, k2] }\nagents: { a: {} }\nlimits: { max_streams_per_client: 1 }",
+    ))
+    .await;
+    let _first = held_stream(proxy.port, "Bearer k1").await;
+    wait_requests(&upstream, 1).await;
+    assert_eq!(stream_status(proxy.port, "Bearer k1").await, 429);
+    let _second = held_stream(proxy.port, "Bearer k2").await;
+    wait_requests(&upstream, 2).await;
+}
