@@ -338,6 +338,18 @@ async fn garbage_in_an_upstream_stream_is_an_error_event() {
 }
 
 #[tokio::test]
+async fn http_1_1_without_host_is_400_and_http_1_0_without_host_is_served() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let res = raw_request(proxy.port, b"GET /v1/models HTTP/1.1\r\n\r\n").await;
+    let error = assert_error(&res, 400, "invalid_request_error");
+    assert!(error["message"].as_str().unwrap().contains("Host"));
+    let res = raw_request(proxy.port, b"GET /healthz HTTP/1.0\r\n\r\n").await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+}
+
+#[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() {
     let upstream =
         FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;

@@ -148,11 +148,6 @@ impl ProxyHttp for AgentProxy {
             ("GET" | "HEAD", "/") => "root",
             _ => "proxy",
         };
-        match path.as_str() {
-            "/healthz" if ctx.route == "health" => return health::live(session).await,
-            "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
-            _ => {}
-        }
         let dialect = match ctx.route {
             "messages" | "count_tokens" => Dialect::Messages,
             "models" | "model"
@@ -165,6 +160,18 @@ impl ProxyHttp for AgentProxy {
             }
             _ => Dialect::Chat,
         };
+        // RFC 9112 §3.2: an HTTP/1.1 request without `Host` is malformed
+        // (HTTP/1.0 had no such header).
+        let req = session.req_header();
+        if req.version == http::Version::HTTP_11 && !req.headers.contains_key(http::header::HOST) {
+            let error = ApiError::bad_request("an HTTP/1.1 request needs a `Host` header");
+            return reject(session, dialect, &error).await;
+        }
+        match path.as_str() {
+            "/healthz" if ctx.route == "health" => return health::live(session).await,
+            "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
+            _ => {}
+        }
         if ctx.route == "root" {
             return health::live(session).await;
         }
