@@ -350,6 +350,44 @@ async fn http_1_1_without_host_is_400_and_http_1_0_without_host_is_served() {
 }
 
 #[tokio::test]
+async fn malformed_requests_get_an_error_body_that_does_not_name_the_software() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let huge_header = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let many_headers = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..10_000)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect::<String>()
+    );
+    for (what, bytes) in [
+        ("a 1 MiB header", huge_header),
+        ("10,000 headers", many_headers),
+        (
+            "a bad method",
+            "G(T /v1/models HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+        ),
+        (
+            "HTTP/9.9",
+            "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n".into(),
+        ),
+    ] {
+        let res = raw_request(proxy.port, bytes.as_bytes()).await;
+        assert_error(&res, 400, "invalid_request_error");
+        assert!(
+            res.header("server")
+                .is_none_or(|s| !s.to_ascii_lowercase().contains("pingora")),
+            "{what}: {:?}",
+            res.headers
+        );
+    }
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+}
+
+#[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() {
     let upstream =
         FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;

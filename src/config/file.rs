@@ -371,6 +371,11 @@ pub struct LimitsFile {
     pub max_streams_per_client: usize,
     /// The largest SSE event accepted from an upstream.
     pub max_event_bytes: usize,
+    /// How long an idle keep-alive client connection is kept open.
+    pub keepalive_timeout_ms: u64,
+    /// Open client connections; at the cap the one idle the longest is
+    /// closed to make room. 0: no limit.
+    pub max_connections: usize,
 }
 
 impl Default for LimitsFile {
@@ -382,6 +387,9 @@ impl Default for LimitsFile {
             request_timeout_ms: 30 * 60 * 1000,
             max_streams_per_client: 64,
             max_event_bytes: 8 * 1024 * 1024,
+            // nginx's default.
+            keepalive_timeout_ms: 75_000,
+            max_connections: 10_000,
         }
     }
 }

@@ -51,6 +51,10 @@ pub struct Limits {
     pub max_event_bytes: usize,
     /// Largest non-streamed upstream body read whole (errors, JSON answers).
     pub max_upstream_body_bytes: usize,
+    /// Longest wait for the next request on a client connection.
+    pub keepalive_timeout: Duration,
+    /// Open client connections (0: no limit).
+    pub max_connections: usize,
 }
 
 /// What is wrong with a config, as one line for the operator: where in the
@@ -438,6 +442,8 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
             max_streams_per_client: file.limits.max_streams_per_client,
             max_event_bytes: file.limits.max_event_bytes.max(1024),
             max_upstream_body_bytes: 16 * 1024 * 1024,
+            keepalive_timeout: Duration::from_millis(file.limits.keepalive_timeout_ms.max(1)),
+            max_connections: file.limits.max_connections,
         },
     })
 }

@@ -1,5 +1,8 @@
 //! The pingora service: a request's life, in hook order.
 //!
+//! 0. [`Edge`] waits for the request's head on the client connection
+//!    (keep-alive timeout, connection cap) and refuses one that cannot be
+//!    parsed; pingora then reads it.
 //! 1. `request_filter` takes the config snapshot the request keeps to its
 //!    end, routes, and checks the client's key. The proxy's own endpoints and
 //!    every chat completion (agent or not) are answered here, by our handlers.
@@ -11,6 +14,7 @@
 
 mod admin;
 mod auth;
+mod edge;
 mod forward;
 mod front_door;
 mod health;
@@ -39,6 +43,7 @@ use crate::shutdown::InFlight;
 use crate::upstream::{Busy, Upstream};
 
 pub use admin::Admin;
+pub use edge::Edge;
 
 pub struct AgentProxy {
     config: Arc<ArcSwap<Config>>,
