@@ -10,7 +10,7 @@ use clap::Parser;
 use pingora::apps::http_app::HttpServer;
 use pingora::listeners::ListenerConfig;
 use pingora::protocols::l4::stream::L4BufferSettings;
-use pingora::proxy::http_proxy_service;
+use pingora::proxy::http_proxy;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use agent_proxy::config::Config;
 use agent_proxy::mcp::McpSupervisor;
 use agent_proxy::reload::Reloader;
-use agent_proxy::service::{Admin, AgentProxy};
+use agent_proxy::service::{Admin, AgentProxy, Edge};
 use agent_proxy::shutdown::Drain;
 use agent_proxy::upstream::HealthChecks;
 
@@ -118,7 +118,8 @@ fn main() -> ExitCode {
     info!(%listen, agents = config.agents.len(), "agent-proxy starting");
     let config = Arc::new(ArcSwap::from_pointee(config));
 
-    let mut proxy = http_proxy_service(&server.configuration, AgentProxy::new(config.clone()));
+    let proxy = http_proxy(&server.configuration, AgentProxy::new(config.clone()));
+    let mut proxy = Service::new("agent-proxy".into(), Edge::new(proxy, config.clone()));
     // No L4 read buffer on client connections: pingora's default is 64 KiB
     // per connection, there for TLS records. Over plain TCP, requests are read
     // straight into the header buffer with no more syscalls than before, and

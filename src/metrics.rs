@@ -1,6 +1,7 @@
 //! Prometheus metrics, served at `GET /metrics` (and on the admin listener
 //! when one is configured). Labels are bounded: agent ids, tool and upstream
-//! names come from the config, never from what a client sends.
+//! names come from the config (or the MCP servers it names), never from what
+//! a client or a model sends.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -117,7 +118,12 @@ impl Metrics {
         out
     }
 
-    pub fn observe_tool(&self, tool: &str, ok: bool, took: Duration) {
+    /// Counts a local call of `tool`. Only a tool the agent `offered` (a
+    /// configured tool, an MCP tool the proxy listed, an agent) is a label of
+    /// its own: any other name the model sends is counted as `other`, so a
+    /// model cannot grow the label set.
+    pub fn observe_tool(&self, tool: &str, offered: bool, ok: bool, took: Duration) {
+        let tool = if offered { tool } else { "other" };
         let outcome = if ok { "ok" } else { "error" };
         self.tool_calls.with_label_values(&[tool, outcome]).inc();
         self.tool_seconds
@@ -163,12 +169,15 @@ mod tests {
 
     #[test]
     fn renders_registered_families() {
-        metrics().observe_tool("get_weather", true, Duration::from_millis(3));
+        metrics().observe_tool("get_weather", true, true, Duration::from_millis(3));
+        metrics().observe_tool("made_up", false, true, Duration::from_millis(3));
         let _guard = StreamGuard::open();
         let text = String::from_utf8(metrics().render()).unwrap();
         assert!(
             text.contains("agent_proxy_tool_calls_total{outcome=\"ok\",tool=\"get_weather\"} 1")
         );
+        assert!(text.contains("agent_proxy_tool_calls_total{outcome=\"ok\",tool=\"other\"} 1"));
+        assert!(!text.contains("made_up"));
         assert!(text.contains("agent_proxy_streams_in_flight 1"));
     }
 }

@@ -336,3 +336,72 @@ async fn garbage_in_an_upstream_stream_is_an_error_event() {
     let res = post_json(proxy.port, "/v1/chat/completions", &chat("helper", false)).await;
     assert_error(&res, 502, "upstream_error");
 }
+
+#[tokio::test]
+async fn http_1_1_without_host_is_400_and_http_1_0_without_host_is_served() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let res = raw_request(proxy.port, b"GET /v1/models HTTP/1.1\r\n\r\n").await;
+    let error = assert_error(&res, 400, "invalid_request_error");
+    assert!(error["message"].as_str().unwrap().contains("Host"));
+    let res = raw_request(proxy.port, b"GET /healthz HTTP/1.0\r\n\r\n").await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+}
+
+#[tokio::test]
+async fn malformed_requests_get_an_error_body_that_does_not_name_the_software() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let huge_header = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let many_headers = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..10_000)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect::<String>()
+    );
+    for (what, bytes) in [
+        ("a 1 MiB header", huge_header),
+        ("10,000 headers", many_headers),
+        (
+            "a bad method",
+            "G(T /v1/models HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+        ),
+        (
+            "HTTP/9.9",
+            "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n".into(),
+        ),
+    ] {
+        let res = raw_request(proxy.port, bytes.as_bytes()).await;
+        assert_error(&res, 400, "invalid_request_error");
+        assert!(
+            res.header("server")
+                .is_none_or(|s| !s.to_ascii_lowercase().contains("pingora")),
+            "{what}: {:?}",
+            res.headers
+        );
+    }
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "auth: { api_keys: [sk-1] }")).await;
+    let body = chat("helper", false).to_string();
+    for authorization in ["bearer sk-1", "BEARER sk-1", "Bearer   sk-1"] {
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", authorization)],
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(res.status, 200, "{authorization}: {}", res.text());
+    }
+}

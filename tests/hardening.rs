@@ -464,3 +464,129 @@ async fn misbehaving_tools_give_bounded_error_results() {
         String::from_utf8_lossy(&left.stdout)
     );
 }
+
+// ----------------------------------------------------------------- client edge
+
+/// Waits until `upstream` has seen `n` requests.
+async fn wait_requests(upstream: &FakeServer, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.requests().len() < n {
+        assert!(Instant::now() < deadline, "the upstream saw {n} requests");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A stream request with `authorization`, held open by the upstream.
+async fn held_stream(port: u16, authorization: &str) -> Connection {
+    let body = ask("a", true).to_string();
+    Connection::open(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", authorization)],
+        body.as_bytes(),
+    )
+    .await
+}
+
+async fn stream_status(port: u16, authorization: &str) -> u16 {
+    let body = ask("a", true).to_string();
+    let res = request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", authorization)],
+        body.as_bytes(),
+    )
+    .await;
+    res.status
+}
+
+#[tokio::test]
+async fn made_up_bearers_buy_no_extra_streams_without_auth() {
+    let upstream = FakeServer::start(|_, _| Reply::Hold).await;
+    let proxy = Proxy::start(&base(
+        &upstream,
+        "agents: { a: {} }\nlimits: { max_streams_per_client: 1 }",
+    ))
+    .await;
+    let _first = held_stream(proxy.port, "Bearer made-up-1").await;
+    wait_requests(&upstream, 1).await;
+    assert_eq!(
+        stream_status(proxy.port, "Bearer made-up-2").await,
+        429,
+        "without auth, streams count per address whatever the bearer"
+    );
+}
+
+#[tokio::test]
+async fn with_auth_streams_count_per_configured_key() {
+    let upstream = FakeServer::start(|_, _| Reply::Hold).await;
+    let proxy = Proxy::start(&base(
+        &upstream,
+        "auth: { api_keys: [k1, k2] }\nagents: { a: {} }\nlimits: { max_streams_per_client: 1 }",
+    ))
+    .await;
+    let _first = held_stream(proxy.port, "Bearer k1").await;
+    wait_requests(&upstream, 1).await;
+    assert_eq!(stream_status(proxy.port, "Bearer k1").await, 429);
+    let _second = held_stream(proxy.port, "Bearer k2").await;
+    wait_requests(&upstream, 2).await;
+}
+
+async fn healthz_on(conn: &mut Connection) -> Response {
+    conn.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("the connection is open");
+    conn.next_response().await
+}
+
+async fn idle_connection(port: u16) -> Connection {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut conn = Connection::on(stream);
+    assert_eq!(healthz_on(&mut conn).await.status, 200);
+    conn
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_are_closed_after_keepalive_timeout() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&base(&upstream, "limits: { keepalive_timeout_ms: 300 }")).await;
+    let mut conn = idle_connection(proxy.port).await;
+    assert!(
+        conn.closed_within(Duration::from_secs(10)).await,
+        "an idle keep-alive connection is closed"
+    );
+}
+
+#[tokio::test]
+async fn keep_alive_connections_stay_open_across_a_pause_by_default() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&base(&upstream, "")).await;
+    let mut conn = idle_connection(proxy.port).await;
+    // The pause under test, well below the 75 s default.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(healthz_on(&mut conn).await.status, 200, "still open");
+}
+
+#[tokio::test]
+async fn at_max_connections_the_oldest_idle_connection_makes_room() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&base(&upstream, "limits: { max_connections: 2 }")).await;
+    let mut oldest = idle_connection(proxy.port).await;
+    let mut newer = idle_connection(proxy.port).await;
+    let mut third = idle_connection(proxy.port).await;
+    assert!(
+        oldest.closed_within(Duration::from_secs(10)).await,
+        "the connection idle the longest was closed"
+    );
+    assert_eq!(healthz_on(&mut third).await.status, 200);
+    let _fourth = idle_connection(proxy.port).await;
+    assert!(
+        newer.closed_within(Duration::from_secs(10)).await,
+        "then the next oldest, to let the fourth in"
+    );
+    assert_eq!(healthz_on(&mut third).await.status, 200, "third is kept");
+}

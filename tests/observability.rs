@@ -206,3 +206,46 @@ async fn json_logs_have_one_line_per_request_and_no_secrets() {
     }
     assert!(!logs.contains("Sunny."), "message bodies are not logged");
 }
+
+#[tokio::test]
+async fn tool_names_a_model_makes_up_never_become_metric_labels() {
+    let upstream = FakeServer::start(|req, _| {
+        if !req.tool_results().is_empty() {
+            return Reply::events(vec![content("done"), finish("stop")]);
+        }
+        let mut events: Vec<Value> = (0..50)
+            .map(|i| tool_call(i, &format!("c{i}"), &format!("files__made_up_{i}"), "{}"))
+            .collect();
+        events.push(finish("tool_calls"));
+        Reply::events(events)
+    })
+    .await;
+    // An MCP server that is down: every `files__…` name is the proxy's to
+    // answer, none of them a tool it knows.
+    let yaml = format!(
+        r#"
+default_upstream: local
+upstreams: {{ local: {{ url: "{}/v1" }} }}
+mcp_servers:
+  files: {{ url: "http://127.0.0.1:{}/mcp" }}
+agents:
+  a: {{ tools: ["files/*"] }}
+"#,
+        upstream.url(),
+        free_port()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let text = get(proxy.port, "/metrics").await.text();
+    assert!(!text.contains("made_up"), "{text}");
+    assert!(
+        text.contains(r#"agent_proxy_tool_calls_total{outcome="error",tool="other"} 50"#),
+        "{text}"
+    );
+}

@@ -377,6 +377,11 @@ pub struct LimitsFile {
     pub max_concurrent_tool_calls: usize,
     /// JSON values in one request body (each costs ~32 bytes parsed).
     pub max_json_values: usize,
+    /// How long an idle keep-alive client connection is kept open.
+    pub keepalive_timeout_ms: u64,
+    /// Open client connections; at the cap the one idle the longest is
+    /// closed to make room. 0: no limit.
+    pub max_connections: usize,
 }
 
 impl Default for LimitsFile {
@@ -391,6 +396,9 @@ impl Default for LimitsFile {
             max_tool_calls_per_turn: 16,
             max_concurrent_tool_calls: 8,
             max_json_values: 1 << 18,
+            // nginx's default.
+            keepalive_timeout_ms: 75_000,
+            max_connections: 10_000,
         }
     }
 }

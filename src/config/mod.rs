@@ -55,6 +55,10 @@ pub struct Limits {
     /// At least 1.
     pub max_concurrent_tool_calls: usize,
     pub max_json_values: usize,
+    /// Longest wait for the next request on a client connection.
+    pub keepalive_timeout: Duration,
+    /// Open client connections (0: no limit).
+    pub max_connections: usize,
 }
 
 /// What is wrong with a config, as one line for the operator: where in the
@@ -445,6 +449,8 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
             max_tool_calls_per_turn: file.limits.max_tool_calls_per_turn,
             max_concurrent_tool_calls: file.limits.max_concurrent_tool_calls.max(1),
             max_json_values: file.limits.max_json_values,
+            keepalive_timeout: Duration::from_millis(file.limits.keepalive_timeout_ms.max(1)),
+            max_connections: file.limits.max_connections,
         },
     })
 }

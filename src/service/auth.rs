@@ -9,8 +9,29 @@ use crate::config::Config;
 pub fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
     req.headers
         .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|v| bearer_token(v.as_bytes()))
         .or_else(|| req.headers.get("x-api-key").map(|v| v.as_bytes()))
+}
+
+/// The token of a `Bearer` credential. The scheme is case-insensitive
+/// (RFC 9110 §11.1) and may be followed by more than one space.
+fn bearer_token(credentials: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer ";
+    let (scheme, token) = credentials.split_at_checked(SCHEME.len())?;
+    scheme
+        .eq_ignore_ascii_case(SCHEME)
+        .then_some(token.trim_ascii())
+}
+
+/// Whom a request counts against in per-client limits: the configured key
+/// it matched when auth is on. With auth off, `None`: any bearer is accepted
+/// then, so one the client makes up must not buy it a fresh share (its
+/// address counts instead).
+pub fn limited_key<'r>(config: &Config, req: &'r RequestHeader) -> Option<&'r [u8]> {
+    if config.api_keys.is_empty() {
+        return None;
+    }
+    presented_key(req)
 }
 
 /// With no keys configured every client is allowed. Otherwise the request
@@ -42,6 +63,19 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_spaces_are_tolerated() {
+        for credentials in ["Bearer sk-1", "bearer sk-1", "BEARER sk-1", "Bearer   sk-1"] {
+            assert_eq!(
+                bearer_token(credentials.as_bytes()),
+                Some(&b"sk-1"[..]),
+                "{credentials}"
+            );
+        }
+        assert_eq!(bearer_token(b"Basic sk-1"), None);
+        assert_eq!(bearer_token(b"Bearersk-1"), None);
+    }
 
     #[test]
     fn constant_time_eq_is_equality() {

@@ -81,7 +81,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     }
     // Streams hold connections for long: each client gets a bounded share.
     let _slot = if peek.stream == Some(true) {
-        let authorization = super::auth::presented_key(session.req_header());
+        let authorization = super::auth::limited_key(&config, session.req_header());
         let address = session.client_addr().map(|a| {
             a.as_inet()
                 .map_or_else(|| a.to_string(), |a| a.ip().to_string())

@@ -1,5 +1,8 @@
 //! The pingora service: a request's life, in hook order.
 //!
+//! 0. [`Edge`] waits for the request's head on the client connection
+//!    (keep-alive timeout, connection cap) and refuses one that cannot be
+//!    parsed; pingora then reads it.
 //! 1. `request_filter` takes the config snapshot the request keeps to its
 //!    end, routes, and checks the client's key. The proxy's own endpoints and
 //!    every chat completion (agent or not) are answered here, by our handlers.
@@ -11,6 +14,7 @@
 
 mod admin;
 mod auth;
+mod edge;
 mod forward;
 mod front_door;
 mod health;
@@ -39,6 +43,7 @@ use crate::shutdown::InFlight;
 use crate::upstream::{Busy, Upstream};
 
 pub use admin::Admin;
+pub use edge::Edge;
 
 pub struct AgentProxy {
     config: Arc<ArcSwap<Config>>,
@@ -148,11 +153,6 @@ impl ProxyHttp for AgentProxy {
             ("GET" | "HEAD", "/") => "root",
             _ => "proxy",
         };
-        match path.as_str() {
-            "/healthz" if ctx.route == "health" => return health::live(session).await,
-            "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
-            _ => {}
-        }
         let dialect = match ctx.route {
             "messages" | "count_tokens" => Dialect::Messages,
             "models" | "model"
@@ -165,6 +165,18 @@ impl ProxyHttp for AgentProxy {
             }
             _ => Dialect::Chat,
         };
+        // RFC 9112 §3.2: an HTTP/1.1 request without `Host` is malformed
+        // (HTTP/1.0 had no such header).
+        let req = session.req_header();
+        if req.version == http::Version::HTTP_11 && !req.headers.contains_key(http::header::HOST) {
+            let error = ApiError::bad_request("an HTTP/1.1 request needs a `Host` header");
+            return reject(session, dialect, &error).await;
+        }
+        match path.as_str() {
+            "/healthz" if ctx.route == "health" => return health::live(session).await,
+            "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
+            _ => {}
+        }
         if ctx.route == "root" {
             return health::live(session).await;
         }

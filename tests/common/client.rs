@@ -105,6 +105,23 @@ pub async fn request(
     response
 }
 
+/// Sends `bytes` as they are (a request the normal helpers could not write:
+/// no `Host`, a malformed head) and reads the answer. A write the proxy cut
+/// short by answering early is not an error.
+pub async fn raw_request(port: u16, bytes: &[u8]) -> Response {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to proxy");
+    let _ = stream.write_all(bytes).await;
+    let mut conn = Connection::on(stream);
+    let mut response = conn.head().await;
+    while let Some(chunk) = conn.next_chunk(&mut response).await {
+        response.body.extend_from_slice(&chunk);
+        response.chunks.push((Instant::now(), chunk));
+    }
+    response
+}
+
 /// A request whose response is read piece by piece (or abandoned).
 pub struct Connection {
     reader: BufReader<TcpStream>,
@@ -134,12 +151,44 @@ impl Connection {
         head.push_str("\r\n");
         stream.write_all(head.as_bytes()).await.unwrap();
         stream.write_all(body).await.unwrap();
+        Connection::on(stream)
+    }
+
+    /// Reads answers from a stream the test wrote its request to itself.
+    pub fn on(stream: TcpStream) -> Connection {
         Connection {
             reader: BufReader::new(stream),
             chunked: false,
             remaining: None,
             finished: false,
         }
+    }
+
+    /// After a complete answer: the next one on the same connection
+    /// (keep-alive), for a request written with [`Connection::send`].
+    pub async fn next_response(&mut self) -> Response {
+        self.finished = false;
+        let mut response = self.head().await;
+        while let Some(chunk) = self.next_chunk(&mut response).await {
+            response.body.extend_from_slice(&chunk);
+            response.chunks.push((Instant::now(), chunk));
+        }
+        response
+    }
+
+    /// Writes more bytes on the connection (the next request).
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.reader.get_mut().write_all(bytes).await
+    }
+
+    /// Whether the proxy closes the connection within `limit`: a read that
+    /// returns 0 bytes (or fails: a reset is a close too).
+    pub async fn closed_within(&mut self, limit: Duration) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(limit, self.reader.read(&mut byte)).await,
+            Ok(Ok(0) | Err(_))
+        )
     }
 
     /// A chat completion whose response is read piece by piece.

@@ -1,0 +1,233 @@
+//! The client connection, around pingora's handling of each request on it.
+//!
+//! Pingora keeps an idle keep-alive connection open for ever, and answers a
+//! request head it cannot parse with an empty 400 that names it
+//! (`Server: Pingora`) before any hook of ours runs. So the wait for each
+//! request's head, and a first parse of it, happen here:
+//!
+//! - the wait between requests is bounded by `limits.keepalive_timeout_ms`,
+//!   and cut short for the connection idle the longest when
+//!   `limits.max_connections` are open and another arrives;
+//! - a head pingora's own parser refuses gets an OpenAI error body.
+//!
+//! The head is then handed to pingora as the connection's first bytes: it
+//! parses the same bytes again and serves the request as always.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use bytes::BytesMut;
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::http::ResponseHeader;
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use pingora::proxy::HttpProxy;
+use pingora::server::ShutdownWatch;
+use pingora::ErrorType;
+use tokio::io::AsyncReadExt;
+use tracing::warn;
+
+use super::AgentProxy;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::limits::{Connection, Connections};
+
+/// Pingora refuses a head over 1 MiB − 1 byte; reading stops just past it.
+const MAX_HEAD_BYTES: usize = 1 << 20;
+
+/// How much a read of the head asks for at once.
+const READ_CHUNK: usize = 4096;
+
+pub struct Edge {
+    proxy: Arc<HttpProxy<AgentProxy>>,
+    config: Arc<ArcSwap<Config>>,
+    connections: Connections,
+}
+
+impl Edge {
+    pub fn new(proxy: HttpProxy<AgentProxy>, config: Arc<ArcSwap<Config>>) -> Self {
+        Edge {
+            proxy: Arc::new(proxy),
+            config,
+            connections: Connections::default(),
+        }
+    }
+
+    fn keepalive_timeout(&self) -> Duration {
+        self.config.load().limits.keepalive_timeout
+    }
+}
+
+#[async_trait]
+impl ServerApp for Edge {
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let max = self.config.load().limits.max_connections;
+        let Some(connection) = self.connections.admit(max) else {
+            warn!(
+                max,
+                "limits.max_connections open and none idle: connection refused"
+            );
+            return None;
+        };
+        let mut persisted = None;
+        loop {
+            let head =
+                read_head(&mut stream, &connection, self.keepalive_timeout(), shutdown).await?;
+            let mut session = ServerSession::new_http1(stream);
+            if let Some(settings) = persisted.take() {
+                pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
+            }
+            session.set_pipelined_prefix(head.clone());
+            match session.read_request().await {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) if e.etype() == &ErrorType::InvalidHTTPHeader => {
+                    refuse(session, head.len() >= MAX_HEAD_BYTES).await;
+                    return None;
+                }
+                Err(_) => return None,
+            }
+            session.set_pipelined_prefix(head);
+            let reused = self.proxy.process_new_http(session, shutdown).await?;
+            (stream, persisted) = reused.consume();
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.proxy.http_cleanup().await;
+    }
+}
+
+/// The next request's head (and any body bytes that came with it), or
+/// `None` when the connection should close: the client left, it stayed
+/// idle past `keepalive`, it was shed to make room, or the server is
+/// shutting down. Each read of the head is bounded by `keepalive` too, as
+/// pingora bounds its own.
+async fn read_head(
+    stream: &mut Stream,
+    connection: &Connection<'_>,
+    keepalive: Duration,
+    shutdown: &ShutdownWatch,
+) -> Option<BytesMut> {
+    let mut head = BytesMut::with_capacity(READ_CHUNK);
+    {
+        let idle = connection.idle();
+        let mut shutdown = shutdown.clone();
+        tokio::select! {
+            read = tokio::time::timeout(keepalive, stream.read_buf(&mut head)) => {
+                if !matches!(read, Ok(Ok(1..))) {
+                    return None;
+                }
+            }
+            _ = idle.shed() => return None,
+            _ = shutdown.wait_for(|&down| down) => return None,
+        }
+    }
+    let mut scanned = 0;
+    while !head_complete(&head, &mut scanned) && head.len() < MAX_HEAD_BYTES {
+        head.reserve(READ_CHUNK);
+        let read = tokio::time::timeout(keepalive, stream.read_buf(&mut head)).await;
+        if !matches!(read, Ok(Ok(1..))) {
+            return None;
+        }
+    }
+    Some(head)
+}
+
+/// Whether `head` holds a blank line after the request line (a line end is
+/// `\n` or `\r\n`, as pingora's parser takes them; blank lines before the
+/// request line are skipped). `scanned` keeps the search from starting over
+/// on each read.
+fn head_complete(head: &[u8], scanned: &mut usize) -> bool {
+    let start = head
+        .iter()
+        .position(|b| !matches!(b, b'\r' | b'\n'))
+        .unwrap_or(head.len());
+    let from = (*scanned).max(start);
+    let found = head[from..]
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'\n')
+        .any(|(i, _)| {
+            let rest = &head[from + i + 1..];
+            rest.starts_with(b"\n") || rest.starts_with(b"\r\n")
+        });
+    // The last two bytes may begin a blank line the next read completes.
+    *scanned = head.len().saturating_sub(2).max(start);
+    found
+}
+
+/// Answers a head pingora's parser refused with an OpenAI error, and closes.
+async fn refuse(mut session: ServerSession, too_large: bool) {
+    let error = ApiError::bad_request(if too_large {
+        "the request head is larger than 1 MiB"
+    } else {
+        "malformed HTTP request: the request line or a header cannot be parsed"
+    });
+    let body = error.to_json();
+    let Ok(mut header) = ResponseHeader::build(error.status, Some(2)) else {
+        return;
+    };
+    let headers = [
+        (http::header::CONTENT_TYPE, "application/json"),
+        (http::header::CONTENT_LENGTH, &body.len().to_string()),
+    ];
+    for (name, value) in headers {
+        if header.insert_header(name, value).is_err() {
+            return;
+        }
+    }
+    if session.write_error_response(header, body).await.is_ok() {
+        session.shutdown().await;
+        linger(session).await;
+    }
+}
+
+/// Reads what the client still sends, for a bounded time, before the
+/// connection closes: closing with unread bytes resets it, and the client
+/// could lose the answer.
+async fn linger(session: ServerSession) {
+    const LINGER: Duration = Duration::from_secs(2);
+    let ServerSession::H1(session) = session else {
+        return;
+    };
+    let mut stream = session.into_inner();
+    let mut sink = vec![0; READ_CHUNK];
+    let drain = async { while matches!(stream.read(&mut sink).await, Ok(1..)) {} };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn complete(head: &[u8]) -> bool {
+        head_complete(head, &mut 0)
+    }
+
+    #[test]
+    fn a_head_ends_at_its_first_blank_line() {
+        assert!(complete(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(complete(b"GET / HTTP/1.1\nHost: x\n\n"));
+        assert!(complete(b"GET / HTTP/1.1\r\n\r\nbody"));
+        assert!(!complete(b"GET / HTTP/1.1\r\nHost: x\r\n"));
+        assert!(
+            !complete(b"\r\n\r\nGET / HTTP/1.1\r\n"),
+            "leading blank lines"
+        );
+    }
+
+    #[test]
+    fn a_blank_line_split_across_reads_is_found() {
+        let head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut scanned = 0;
+        assert!(!head_complete(&head[..head.len() - 1], &mut scanned));
+        assert!(head_complete(head, &mut scanned));
+    }
+}
