@@ -222,6 +222,9 @@ impl Endpoint {
         if let Some(body) = &body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
         }
+        // Safe methods may be sent again whatever happened to them; others
+        // only when they provably never reached the server whole.
+        let replayable = matches!(req.method, http::Method::GET | http::Method::HEAD);
         let mut attempt = 0;
         let mut session = loop {
             let (mut session, reused) = connector()
@@ -231,24 +234,32 @@ impl Endpoint {
             // The connector leaves per-read timeouts to the caller.
             session.set_read_timeout(Some(self.timeouts.first_byte));
             session.set_write_timeout(Some(self.timeouts.first_byte));
-            let result = async {
-                let cork = body.as_ref().and_then(|_| Cork::new(&session));
+            let written = async {
+                let _cork = body.as_ref().and_then(|_| Cork::new(&session));
                 session.write_request_header(Box::new(req.clone())).await?;
                 if let Some(body) = body.clone() {
                     session.write_request_body(body, true).await?;
                 }
-                session.finish_request_body().await?;
-                drop(cork);
-                session.read_response_header().await
+                session.finish_request_body().await
             }
             .await;
+            let (result, may_resend) = match written {
+                Ok(_) => (session.read_response_header().await, replayable),
+                // A write that failed: the request never reached the server whole.
+                Err(e) => (Err(e), true),
+            };
             match result {
                 Ok(()) => break session,
                 Err(e) => {
                     session.shutdown().await;
-                    // A pooled connection the server closed while idle: the
-                    // request never reached it, so a fresh one may try again.
+                    // A pooled connection the server had closed while idle
+                    // (the connector already drops those it sees closed, but
+                    // the close can cross the request). Once written whole, a
+                    // request may have been read and acted on before the
+                    // server hung up, and a model call or a tool call must
+                    // not run twice.
                     let stale = reused
+                        && may_resend
                         && matches!(
                             e.etype(),
                             ErrorType::ConnectionClosed

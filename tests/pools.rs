@@ -304,3 +304,67 @@ async fn first_byte_idle_and_total_timeouts() {
         );
     }
 }
+
+/// A single-URL upstream for non-agent chat requests, which the proxy
+/// forwards on pooled connections. A streamed answer's end reaches the client
+/// after the connection is back in the pool, so the next request reuses it.
+fn single(url: &str) -> String {
+    format!("default_upstream: up\nupstreams:\n  up: {{ url: \"{url}/v1\" }}\n")
+}
+
+fn other_model() -> Value {
+    json!({"model": "other", "messages": [{"role": "user", "content": "x"}]})
+}
+
+#[tokio::test]
+async fn a_request_the_upstream_read_before_closing_the_connection_is_not_sent_again() {
+    let upstream = FakeServer::start(|_, index| match index {
+        0 => Reply::events(vec![content("first")]),
+        1 => Reply::CloseUnanswered,
+        _ => Reply::json(200, json!({"answer": "sent again"})),
+    })
+    .await;
+    let proxy = Proxy::start(&single(&upstream.url())).await;
+    let first = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(first.delta_text("content"), "first");
+
+    let second = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(second.status, 502, "{}", second.text());
+    assert_eq!(second.error_type(), "upstream_error", "{}", second.text());
+    let requests = upstream.requests();
+    assert_eq!(
+        requests[1].connection, requests[0].connection,
+        "the second request went out on the pooled connection"
+    );
+    assert_eq!(
+        requests.len(),
+        2,
+        "the upstream may have acted on the request: it is not replayed"
+    );
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_while_idle_is_not_an_error() {
+    let upstream = FakeServer::start(|_, index| match index {
+        0 => Reply::ThenClose(Box::new(Reply::events(vec![content("first")]))),
+        _ => Reply::json(200, json!({"answer": "second"})),
+    })
+    .await;
+    let proxy = Proxy::start(&single(&upstream.url())).await;
+    let first = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(first.delta_text("content"), "first");
+    assert!(
+        wait_until(Duration::from_secs(5), || std::future::ready(
+            upstream.closed() == 1
+        ))
+        .await,
+        "the upstream closed the idle connection"
+    );
+
+    let second = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["answer"], "second");
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2, "each request reached the upstream once");
+    assert_ne!(requests[1].connection, requests[0].connection);
+}
