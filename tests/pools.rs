@@ -368,3 +368,82 @@ async fn a_pooled_connection_the_upstream_closed_while_idle_is_not_an_error() {
     assert_eq!(requests.len(), 2, "each request reached the upstream once");
     assert_ne!(requests[1].connection, requests[0].connection);
 }
+
+/// Probes `/readyz` until `done` holds for its answer (at most 10 s).
+async fn readyz_until(port: u16, done: impl Fn(&Response) -> bool) -> Response {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = get(port, "/readyz").await;
+        if done(&res) {
+            return res;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never got there: {}",
+            res.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Ready, and known to be: a check has completed.
+fn checked_ready(res: &Response) -> bool {
+    res.status == 200 && res.json()["note"].is_null()
+}
+
+#[tokio::test]
+async fn a_flood_of_readyz_probes_makes_no_upstream_calls_of_its_own() {
+    let upstream =
+        FakeServer::start(|_, _| Reply::json(200, json!({"object": "list", "data": []}))).await;
+    let proxy = Proxy::start(&single(&upstream.url())).await;
+    let started = Instant::now();
+    readyz_until(proxy.port, checked_ready).await;
+    for _ in 0..50 {
+        let res = get(proxy.port, "/readyz").await;
+        assert_eq!(res.status, 200, "{}", res.text());
+        assert_eq!(res.json()["status"], "ready");
+    }
+    // The health checker probes at most every 5 s, once on demand at start.
+    let allowed = 2 + started.elapsed().as_secs() as usize / 5;
+    let calls = upstream.requests().len();
+    assert!(
+        calls <= allowed,
+        "{calls} upstream calls for 51 probes (the checker's own: at most {allowed})"
+    );
+}
+
+#[tokio::test]
+async fn readyz_follows_the_health_checker_down_and_up_again() {
+    let upstream = replica("A", 0).await;
+    let port = upstream.port;
+    let yaml = format!(
+        "default_upstream: up\nupstreams:\n  up:\n    url: \"{}/v1\"\n    health_check: {{ path: /health, interval_ms: 100, timeout_ms: 300 }}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    readyz_until(proxy.port, checked_ready).await;
+    let checks = upstream.requests().len();
+    for _ in 0..50 {
+        assert_eq!(get(proxy.port, "/readyz").await.status, 200);
+    }
+    assert!(
+        upstream.requests().iter().all(|r| r.path == "/health"),
+        "only the health checker calls the upstream"
+    );
+    assert!(upstream.requests().len() >= checks);
+
+    drop(upstream);
+    let down = readyz_until(proxy.port, |res| res.status == 503).await;
+    assert_eq!(down.json()["status"], "not ready");
+    assert_eq!(down.json()["upstream"], "up");
+    assert!(
+        down.json()["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("/health")),
+        "{}",
+        down.text()
+    );
+
+    let _back = replica("A", port).await;
+    readyz_until(proxy.port, checked_ready).await;
+}
