@@ -447,3 +447,41 @@ async fn readyz_follows_the_health_checker_down_and_up_again() {
     let _back = replica("A", port).await;
     readyz_until(proxy.port, checked_ready).await;
 }
+
+/// A proxy whose upstream is `http://localhost:PORT` and a replica that
+/// listens on 127.0.0.1:PORT only, as llama-server does by default, while
+/// `[::1]:PORT` refuses. The replica starts after the proxy's start-up check
+/// found nothing at either address, so `[::1]` is still tried first.
+async fn behind_localhost() -> (Proxy, FakeServer) {
+    let port = free_port();
+    let proxy = Proxy::start(&format!(
+        "default_upstream: up\nupstreams:\n  up: {{ url: \"http://localhost:{port}/v1\" }}\nagents:\n  bot: {{}}\n"
+    ))
+    .await;
+    let checked = wait_until(Duration::from_secs(10), || {
+        std::future::ready(proxy.logs().contains("is not answering"))
+    })
+    .await;
+    assert!(checked, "no start-up check:\n{}", proxy.logs());
+    let replica = replica("A", port).await;
+    (proxy, replica)
+}
+
+#[tokio::test]
+async fn an_agent_reaches_a_localhost_upstream_on_whichever_loopback_address_listens() {
+    let (proxy, replica) = behind_localhost().await;
+    for _ in 0..2 {
+        assert_eq!(answer(proxy.port, &ask("hi")).await, "A");
+    }
+    assert_eq!(chat_calls(&replica), 2);
+}
+
+#[tokio::test]
+async fn the_proxy_path_reaches_a_localhost_upstream_on_whichever_loopback_address_listens() {
+    let (proxy, _replica) = behind_localhost().await;
+    for _ in 0..2 {
+        let res = post_json(proxy.port, "/v1/embeddings", &json!({"input": "x"})).await;
+        assert_eq!(res.status, 200, "{}\n{}", res.text(), proxy.logs());
+        assert_eq!(res.json()["replica"], "A");
+    }
+}

@@ -3,6 +3,7 @@
 //! replica is tried on a connect failure or a 5xx answer, which both happen
 //! before any byte reached the client. Once streaming began, never.
 
+mod attempts;
 mod health;
 mod pool;
 
@@ -14,6 +15,7 @@ use pingora::http::RequestHeader;
 use pingora::ErrorType;
 use tracing::warn;
 
+pub use attempts::ProxyAttempts;
 pub use health::{HealthChecks, Readiness};
 pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool};
 
