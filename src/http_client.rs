@@ -1,19 +1,24 @@
 //! The outbound HTTP client, on pingora's connector (pooled, h1 and h2, rustls).
 //! Model upstreams and HTTP tools both call out through an [`Endpoint`].
+//!
+//! A host name's every address is tried ([`Peers`]): `localhost` is often
+//! `::1` first while the model server listens on `127.0.0.1` only.
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, Either, FutureExt};
+use futures::stream::{FuturesUnordered, StreamExt};
 use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
-use pingora::upstreams::peer::HttpPeer;
+use pingora::upstreams::peer::{HttpPeer, Peer};
 use pingora::utils::tls::{parse_x509, WrappedX509};
 use pingora::{Error, ErrorType, Result};
 
@@ -21,6 +26,9 @@ use pingora::{Error, ErrorType, Result};
 const DNS_TTL: Duration = Duration::from_secs(30);
 /// How long a pooled connection may sit idle.
 const POOL_IDLE: Duration = Duration::from_secs(60);
+/// How long a connection attempt runs alone before the next address is
+/// tried beside it (RFC 8305's connection attempt delay).
+const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
 
 /// A parsed base URL (`http[s]://host[:port][/base/path]`) with its own
 /// connection settings.
@@ -36,8 +44,91 @@ pub struct Endpoint {
     timeouts: Timeouts,
     /// Roots that replace the system's for this endpoint (`ca_file`).
     ca: Option<Arc<[WrappedX509]>>,
-    /// The last built peer and when its address was resolved.
-    peer: Mutex<Option<(Instant, Arc<HttpPeer>)>>,
+    /// The peers of the last name lookup.
+    peers: Mutex<Option<Arc<Peers>>>,
+}
+
+/// Every address of an endpoint's host, each as a peer (pingora pools
+/// connections per peer), in the order connections try them: IPv6 and IPv4
+/// alternating (RFC 8305), from the address that last connected.
+pub struct Peers {
+    resolved: Instant,
+    list: Vec<Arc<HttpPeer>>,
+    /// Where in `list` attempts start: the address that last connected, or
+    /// the one after an address that failed.
+    preferred: AtomicUsize,
+}
+
+impl Peers {
+    /// How many addresses (never none: a lookup without any fails).
+    pub fn count(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Where attempts start now; the `k`-th attempt goes to
+    /// `(preferred() + k) % len()`.
+    pub fn preferred(&self) -> usize {
+        self.preferred.load(Ordering::Relaxed) % self.list.len()
+    }
+
+    pub fn peer(&self, index: usize) -> &Arc<HttpPeer> {
+        &self.list[index % self.list.len()]
+    }
+
+    fn connected(&self, index: usize) {
+        self.preferred.store(index, Ordering::Relaxed);
+    }
+
+    /// The address at `index` refused or timed out: if attempts started
+    /// there, they start at the next one from now on.
+    pub fn failed(&self, index: usize) {
+        let next = (index + 1) % self.list.len();
+        let _ = self
+            .preferred
+            .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Connects to the first address that accepts, the way RFC 8305 does:
+    /// the next address is tried as soon as one fails, or beside a slow one
+    /// after [`ATTEMPT_DELAY`]; the first to connect wins. Returns the
+    /// session, whether it was pooled, and the peer it is with. On failure,
+    /// the first address's error: the one most likely to be the right one.
+    async fn connect(&self) -> Result<(HttpSession, bool, Arc<HttpPeer>)> {
+        let start = self.preferred();
+        let mut order = (0..self.count()).map(|k| (start + k) % self.count());
+        let attempt = |index: usize| async move {
+            let peer = self.peer(index);
+            (index, connector().get_http_session(&**peer).await)
+        };
+        let mut racing = FuturesUnordered::new();
+        racing.extend(order.next().map(attempt));
+        let mut failure = None;
+        // `racing` is never empty here: a failure with nothing left to try returns.
+        loop {
+            let more = order.len() > 0;
+            tokio::select! {
+                Some((index, result)) = racing.next() => match result {
+                    Ok((session, reused)) => {
+                        self.connected(index);
+                        return Ok((session, reused, self.peer(index).clone()));
+                    }
+                    Err(e) => {
+                        self.failed(index);
+                        let first = failure.take().unwrap_or(e);
+                        match order.next() {
+                            Some(next) => racing.push(attempt(next)),
+                            None if racing.is_empty() => return Err(first),
+                            None => {}
+                        }
+                        failure = Some(first);
+                    }
+                },
+                _ = tokio::time::sleep(ATTEMPT_DELAY), if more => {
+                    racing.extend(order.next().map(attempt));
+                }
+            }
+        }
+    }
 }
 
 /// How long each phase of an exchange may take.
@@ -110,7 +201,7 @@ impl Endpoint {
             base_path,
             timeouts: options.timeouts,
             ca,
-            peer: Mutex::new(None),
+            peers: Mutex::new(None),
         })
     }
 
@@ -137,16 +228,38 @@ impl Endpoint {
         format!("{}{}", self.origin, self.base_path)
     }
 
-    /// The peer to connect to, built once per DNS answer and shared by every
-    /// exchange until [`DNS_TTL`] passes. Names are resolved asynchronously
-    /// (pingora's `HttpPeer::new` would block the runtime).
-    pub async fn peer(&self) -> Result<Arc<HttpPeer>> {
-        if let Some((at, peer)) = &*self.lock_peer() {
-            if at.elapsed() < DNS_TTL {
-                return Ok(peer.clone());
+    /// The peers to connect to, built once per DNS answer and shared by
+    /// every exchange until [`DNS_TTL`] passes. Names are resolved
+    /// asynchronously (pingora's `HttpPeer::new` would block the runtime).
+    pub async fn peers(&self) -> Result<Arc<Peers>> {
+        let cached = self.lock_peers().clone();
+        if let Some(peers) = &cached {
+            if peers.resolved.elapsed() < DNS_TTL {
+                return Ok(peers.clone());
             }
         }
-        let addr = self.resolve().await?;
+        let addrs = happy_eyeballs_order(self.resolve().await?);
+        // The address that connected last stays first while it is listed.
+        let preferred = cached
+            .and_then(|old| {
+                let addr = *old.peer(old.preferred()).address().as_inet()?;
+                addrs.iter().position(|a| *a == addr)
+            })
+            .unwrap_or(0);
+        let list = addrs
+            .into_iter()
+            .map(|addr| Arc::new(self.build_peer(addr)))
+            .collect();
+        let peers = Arc::new(Peers {
+            resolved: Instant::now(),
+            list,
+            preferred: AtomicUsize::new(preferred),
+        });
+        *self.lock_peers() = Some(peers.clone());
+        Ok(peers)
+    }
+
+    fn build_peer(&self, addr: SocketAddr) -> HttpPeer {
         let mut peer = HttpPeer::new(addr, self.tls, self.host.clone());
         peer.options.connection_timeout = Some(self.timeouts.connect);
         peer.options.read_timeout = Some(self.timeouts.first_byte);
@@ -155,31 +268,40 @@ impl Endpoint {
             peer.options.set_http_version(2, 1);
             peer.options.ca = self.ca.clone();
         }
-        let peer = Arc::new(peer);
-        *self.lock_peer() = Some((Instant::now(), peer.clone()));
-        Ok(peer)
+        peer
     }
 
     /// Opens a connection (TCP, and TLS for https) and closes it again:
     /// whether anything accepts connections here, without spending a request.
     pub async fn try_connect(&self) -> Result<()> {
-        let peer = self.peer().await?;
-        let (mut session, _) = connector()
-            .get_http_session(&*peer)
+        let (mut session, _, _) = self
+            .peers()
+            .await?
+            .connect()
             .await
             .map_err(|e| e.into_up())?;
         session.shutdown().await;
         Ok(())
     }
 
-    async fn resolve(&self) -> Result<SocketAddr> {
+    /// Every address of the host. `localhost` is the loopback addresses,
+    /// both of them, whatever the hosts file says (RFC 6761): a model
+    /// server may listen on either.
+    async fn resolve(&self) -> Result<Vec<SocketAddr>> {
         if let Ok(ip) = self.host.parse::<IpAddr>() {
-            return Ok(SocketAddr::new(ip, self.port));
+            return Ok(vec![SocketAddr::new(ip, self.port)]);
+        }
+        if is_localhost(&self.host) {
+            return Ok(vec![
+                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), self.port),
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), self.port),
+            ]);
         }
         tokio::net::lookup_host((self.host.as_str(), self.port))
             .await
             .ok()
-            .and_then(|mut addrs| addrs.next())
+            .map(|addrs| addrs.collect::<Vec<_>>())
+            .filter(|addrs| !addrs.is_empty())
             .ok_or_else(|| {
                 Error::explain(
                     ErrorType::ConnectNoRoute,
@@ -189,9 +311,9 @@ impl Endpoint {
             .map_err(|e| e.into_up())
     }
 
-    fn lock_peer(&self) -> std::sync::MutexGuard<'_, Option<(Instant, Arc<HttpPeer>)>> {
+    fn lock_peers(&self) -> std::sync::MutexGuard<'_, Option<Arc<Peers>>> {
         // The cache holds plain data: a poisoned lock still holds a usable value.
-        self.peer.lock().unwrap_or_else(|e| e.into_inner())
+        self.peers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A request header for `path` with `Host` set. Without pingora's
@@ -218,37 +340,45 @@ impl Endpoint {
         body: Option<Bytes>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Exchange> {
-        let peer = self.peer().await?;
+        let peers = self.peers().await?;
         if let Some(body) = &body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
         }
+        // Safe methods may be sent again whatever happened to them; others
+        // only when they provably never reached the server whole.
+        let replayable = matches!(req.method, http::Method::GET | http::Method::HEAD);
         let mut attempt = 0;
-        let mut session = loop {
-            let (mut session, reused) = connector()
-                .get_http_session(&*peer)
-                .await
-                .map_err(|e| e.into_up())?;
+        let (mut session, peer) = loop {
+            let (mut session, reused, peer) = peers.connect().await.map_err(|e| e.into_up())?;
             // The connector leaves per-read timeouts to the caller.
             session.set_read_timeout(Some(self.timeouts.first_byte));
             session.set_write_timeout(Some(self.timeouts.first_byte));
-            let result = async {
-                let cork = body.as_ref().and_then(|_| Cork::new(&session));
+            let written = async {
+                let _cork = body.as_ref().and_then(|_| Cork::new(&session));
                 session.write_request_header(Box::new(req.clone())).await?;
                 if let Some(body) = body.clone() {
                     session.write_request_body(body, true).await?;
                 }
-                session.finish_request_body().await?;
-                drop(cork);
-                session.read_response_header().await
+                session.finish_request_body().await
             }
             .await;
+            let (result, may_resend) = match written {
+                Ok(_) => (session.read_response_header().await, replayable),
+                // A write that failed: the request never reached the server whole.
+                Err(e) => (Err(e), true),
+            };
             match result {
-                Ok(()) => break session,
+                Ok(()) => break (session, peer),
                 Err(e) => {
                     session.shutdown().await;
-                    // A pooled connection the server closed while idle: the
-                    // request never reached it, so a fresh one may try again.
+                    // A pooled connection the server had closed while idle
+                    // (the connector already drops those it sees closed, but
+                    // the close can cross the request). Once written whole, a
+                    // request may have been read and acted on before the
+                    // server hung up, and a model call or a tool call must
+                    // not run twice.
                     let stale = reused
+                        && may_resend
                         && matches!(
                             e.etype(),
                             ErrorType::ConnectionClosed
@@ -336,6 +466,35 @@ fn within<T>(
             })
         })),
     }
+}
+
+/// `localhost`, `localhost.` and names under it (RFC 6761).
+fn is_localhost(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    host == "localhost" || host.ends_with(".localhost")
+}
+
+/// `addrs` without repeats, IPv6 and IPv4 alternating from the family of
+/// the first (the resolver's preference), as RFC 8305 orders attempts.
+fn happy_eyeballs_order(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    let mut unique: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
+    for addr in addrs {
+        if !unique.contains(&addr) {
+            unique.push(addr);
+        }
+    }
+    let first_is_v6 = unique.first().is_some_and(SocketAddr::is_ipv6);
+    let (mut first, mut second): (Vec<_>, Vec<_>) =
+        unique.into_iter().partition(|a| a.is_ipv6() == first_is_v6);
+    let mut ordered = Vec::with_capacity(first.len() + second.len());
+    first.reverse();
+    second.reverse();
+    while let Some(addr) = first.pop() {
+        ordered.push(addr);
+        ordered.extend(second.pop());
+    }
+    ordered.extend(second.into_iter().rev());
+    ordered
 }
 
 /// One connection pool for every endpoint: pingora keys pooled connections
@@ -438,5 +597,98 @@ impl Exchange {
                 .release_http_session(session, &*self.peer, Some(POOL_IDLE))
                 .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    fn listed(peers: &Peers) -> Vec<String> {
+        (0..peers.count())
+            .map(|i| peers.peer(i).address().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn addresses_alternate_families_from_the_resolvers_first() {
+        let order = |addrs: &[&str]| {
+            happy_eyeballs_order(addrs.iter().map(|a| addr(a)).collect())
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            order(&[
+                "[::1]:80",
+                "[::2]:80",
+                "[::3]:80",
+                "10.0.0.1:80",
+                "10.0.0.2:80"
+            ]),
+            [
+                "[::1]:80",
+                "10.0.0.1:80",
+                "[::2]:80",
+                "10.0.0.2:80",
+                "[::3]:80"
+            ]
+        );
+        assert_eq!(
+            order(&[
+                "10.0.0.1:80",
+                "10.0.0.2:80",
+                "10.0.0.3:80",
+                "[::1]:80",
+                "10.0.0.1:80"
+            ]),
+            ["10.0.0.1:80", "[::1]:80", "10.0.0.2:80", "10.0.0.3:80"]
+        );
+        assert!(is_localhost("LocalHost.") && is_localhost("a.localhost"));
+        assert!(!is_localhost("localhost.example"));
+    }
+
+    /// A port where 127.0.0.1 accepts connections and `[::1]` refuses them,
+    /// as for a llama-server started on 127.0.0.1.
+    async fn ipv4_loopback_only() -> (tokio::net::TcpListener, u16) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(
+            tokio::net::TcpStream::connect(("::1", port)).await.is_err(),
+            "nothing listens on [::1]:{port}"
+        );
+        (listener, port)
+    }
+
+    #[tokio::test]
+    async fn localhost_is_both_loopbacks_and_the_one_that_accepts_is_kept() {
+        let (_listener, port) = ipv4_loopback_only().await;
+        let options = EndpointOptions {
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+            ca_file: None,
+        };
+        let endpoint = Endpoint::parse(&format!("http://localhost:{port}/v1"), options).unwrap();
+        let peers = endpoint.peers().await.unwrap();
+        assert_eq!(
+            listed(&peers),
+            [format!("[::1]:{port}"), format!("127.0.0.1:{port}")]
+        );
+        assert_eq!(peers.preferred(), 0);
+
+        endpoint
+            .try_connect()
+            .await
+            .expect("[::1] refuses, 127.0.0.1 accepts");
+        assert_eq!(
+            peers.preferred(),
+            1,
+            "the address that connected is tried first from now on"
+        );
+        endpoint.try_connect().await.unwrap();
+        assert_eq!(peers.preferred(), 1);
     }
 }

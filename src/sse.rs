@@ -35,6 +35,12 @@ impl std::fmt::Display for EventTooLarge {
 
 pub struct Parser {
     pending: BytesMut,
+    /// How much of `pending` is known to hold no line end: a long line read
+    /// in many pieces is scanned once, not once per piece.
+    scanned: usize,
+    /// Bytes looked at for a line end, to show that each is looked at once.
+    #[cfg(test)]
+    examined: usize,
     data: BytesMut,
     name: Option<String>,
     has_data: bool,
@@ -47,6 +53,9 @@ impl Parser {
     pub fn new(max_event_bytes: usize) -> Self {
         Parser {
             pending: BytesMut::new(),
+            scanned: 0,
+            #[cfg(test)]
+            examined: 0,
             data: BytesMut::new(),
             name: None,
             has_data: false,
@@ -69,13 +78,21 @@ impl Parser {
                 }
                 self.skip_lf = false;
             }
-            let Some(end) = self.pending.iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let unscanned = &self.pending[self.scanned..];
+            let found = unscanned.iter().position(|&b| b == b'\n' || b == b'\r');
+            #[cfg(test)]
+            {
+                self.examined += found.map_or(unscanned.len(), |at| at + 1);
+            }
+            let Some(at) = found else {
+                self.scanned = self.pending.len();
                 if self.pending.len() + self.data.len() > self.max_event_bytes {
                     return Err(EventTooLarge(self.max_event_bytes));
                 }
                 return Ok(None);
             };
-            let line = self.pending.split_to(end);
+            let line = self.pending.split_to(self.scanned + at);
+            self.scanned = 0;
             let terminator = self.pending[0];
             self.pending.advance(1);
             if terminator == b'\r' {
@@ -92,6 +109,7 @@ impl Parser {
     pub fn finish(&mut self) -> Option<Event> {
         if !self.pending.is_empty() {
             let line = self.pending.split();
+            self.scanned = 0;
             // A partial last line is a field line; it cannot exceed the limit
             // check already applied in `next_event`.
             let _ = self.take_line(&line);
@@ -203,6 +221,26 @@ mod tests {
         assert_eq!(
             data(&parse_all(&[b"data:abc\n\ndata: tail"])),
             vec![&b"abc"[..], b"tail"]
+        );
+    }
+
+    #[test]
+    fn a_4_mib_line_fed_byte_by_byte_is_scanned_once() {
+        let line = [b"data: ".as_slice(), &vec![b'x'; 4 << 20], b"\n\n"].concat();
+        let mut parser = Parser::new(8 << 20);
+        let mut events = Vec::new();
+        for byte in line.chunks(1) {
+            parser.feed(byte);
+            events.extend(parser.next_event().unwrap());
+        }
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data.len(), 4 << 20);
+        // Each byte is looked at for a line end once, not once per read.
+        assert!(
+            parser.examined <= line.len(),
+            "{} bytes examined for {}",
+            parser.examined,
+            line.len()
         );
     }
 

@@ -304,3 +304,184 @@ async fn first_byte_idle_and_total_timeouts() {
         );
     }
 }
+
+/// A single-URL upstream for non-agent chat requests, which the proxy
+/// forwards on pooled connections. A streamed answer's end reaches the client
+/// after the connection is back in the pool, so the next request reuses it.
+fn single(url: &str) -> String {
+    format!("default_upstream: up\nupstreams:\n  up: {{ url: \"{url}/v1\" }}\n")
+}
+
+fn other_model() -> Value {
+    json!({"model": "other", "messages": [{"role": "user", "content": "x"}]})
+}
+
+#[tokio::test]
+async fn a_request_the_upstream_read_before_closing_the_connection_is_not_sent_again() {
+    let upstream = FakeServer::start(|_, index| match index {
+        0 => Reply::events(vec![content("first")]),
+        1 => Reply::CloseUnanswered,
+        _ => Reply::json(200, json!({"answer": "sent again"})),
+    })
+    .await;
+    let proxy = Proxy::start(&single(&upstream.url())).await;
+    let first = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(first.delta_text("content"), "first");
+
+    let second = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(second.status, 502, "{}", second.text());
+    assert_eq!(second.error_type(), "upstream_error", "{}", second.text());
+    let requests = upstream.requests();
+    assert_eq!(
+        requests[1].connection, requests[0].connection,
+        "the second request went out on the pooled connection"
+    );
+    assert_eq!(
+        requests.len(),
+        2,
+        "the upstream may have acted on the request: it is not replayed"
+    );
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_while_idle_is_not_an_error() {
+    let upstream = FakeServer::start(|_, index| match index {
+        0 => Reply::ThenClose(Box::new(Reply::events(vec![content("first")]))),
+        _ => Reply::json(200, json!({"answer": "second"})),
+    })
+    .await;
+    let proxy = Proxy::start(&single(&upstream.url())).await;
+    let first = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(first.delta_text("content"), "first");
+    assert!(
+        wait_until(Duration::from_secs(5), || std::future::ready(
+            upstream.closed() == 1
+        ))
+        .await,
+        "the upstream closed the idle connection"
+    );
+
+    let second = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["answer"], "second");
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2, "each request reached the upstream once");
+    assert_ne!(requests[1].connection, requests[0].connection);
+}
+
+/// Probes `/readyz` until `done` holds for its answer (at most 10 s).
+async fn readyz_until(port: u16, done: impl Fn(&Response) -> bool) -> Response {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = get(port, "/readyz").await;
+        if done(&res) {
+            return res;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never got there: {}",
+            res.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Ready, and known to be: a check has completed.
+fn checked_ready(res: &Response) -> bool {
+    res.status == 200 && res.json()["note"].is_null()
+}
+
+#[tokio::test]
+async fn a_flood_of_readyz_probes_makes_no_upstream_calls_of_its_own() {
+    let upstream =
+        FakeServer::start(|_, _| Reply::json(200, json!({"object": "list", "data": []}))).await;
+    let proxy = Proxy::start(&single(&upstream.url())).await;
+    let started = Instant::now();
+    readyz_until(proxy.port, checked_ready).await;
+    for _ in 0..50 {
+        let res = get(proxy.port, "/readyz").await;
+        assert_eq!(res.status, 200, "{}", res.text());
+        assert_eq!(res.json()["status"], "ready");
+    }
+    // The health checker probes at most every 5 s, once on demand at start.
+    let allowed = 2 + started.elapsed().as_secs() as usize / 5;
+    let calls = upstream.requests().len();
+    assert!(
+        calls <= allowed,
+        "{calls} upstream calls for 51 probes (the checker's own: at most {allowed})"
+    );
+}
+
+#[tokio::test]
+async fn readyz_follows_the_health_checker_down_and_up_again() {
+    let upstream = replica("A", 0).await;
+    let port = upstream.port;
+    let yaml = format!(
+        "default_upstream: up\nupstreams:\n  up:\n    url: \"{}/v1\"\n    health_check: {{ path: /health, interval_ms: 100, timeout_ms: 300 }}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    readyz_until(proxy.port, checked_ready).await;
+    let checks = upstream.requests().len();
+    for _ in 0..50 {
+        assert_eq!(get(proxy.port, "/readyz").await.status, 200);
+    }
+    assert!(
+        upstream.requests().iter().all(|r| r.path == "/health"),
+        "only the health checker calls the upstream"
+    );
+    assert!(upstream.requests().len() >= checks);
+
+    drop(upstream);
+    let down = readyz_until(proxy.port, |res| res.status == 503).await;
+    assert_eq!(down.json()["status"], "not ready");
+    assert_eq!(down.json()["upstream"], "up");
+    assert!(
+        down.json()["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("/health")),
+        "{}",
+        down.text()
+    );
+
+    let _back = replica("A", port).await;
+    readyz_until(proxy.port, checked_ready).await;
+}
+
+/// A proxy whose upstream is `http://localhost:PORT` and a replica that
+/// listens on 127.0.0.1:PORT only, as llama-server does by default, while
+/// `[::1]:PORT` refuses. The replica starts after the proxy's start-up check
+/// found nothing at either address, so `[::1]` is still tried first.
+async fn behind_localhost() -> (Proxy, FakeServer) {
+    let port = free_port();
+    let proxy = Proxy::start(&format!(
+        "default_upstream: up\nupstreams:\n  up: {{ url: \"http://localhost:{port}/v1\" }}\nagents:\n  bot: {{}}\n"
+    ))
+    .await;
+    let checked = wait_until(Duration::from_secs(10), || {
+        std::future::ready(proxy.logs().contains("is not answering"))
+    })
+    .await;
+    assert!(checked, "no start-up check:\n{}", proxy.logs());
+    let replica = replica("A", port).await;
+    (proxy, replica)
+}
+
+#[tokio::test]
+async fn an_agent_reaches_a_localhost_upstream_on_whichever_loopback_address_listens() {
+    let (proxy, replica) = behind_localhost().await;
+    for _ in 0..2 {
+        assert_eq!(answer(proxy.port, &ask("hi")).await, "A");
+    }
+    assert_eq!(chat_calls(&replica), 2);
+}
+
+#[tokio::test]
+async fn the_proxy_path_reaches_a_localhost_upstream_on_whichever_loopback_address_listens() {
+    let (proxy, _replica) = behind_localhost().await;
+    for _ in 0..2 {
+        let res = post_json(proxy.port, "/v1/embeddings", &json!({"input": "x"})).await;
+        assert_eq!(res.status, 200, "{}\n{}", res.text(), proxy.logs());
+        assert_eq!(res.json()["replica"], "A");
+    }
+}

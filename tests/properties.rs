@@ -171,6 +171,24 @@ proptest! {
 }
 
 proptest! {
+    // Few cases: each one parses about a megabyte, a byte at a time at worst.
+    #![proptest_config(ProptestConfig::with_cases(6))]
+
+    #[test]
+    fn a_megabyte_event_read_in_small_pieces_parses_whole(
+        len in (768usize << 10)..(1 << 20) - 16,
+        piece in prop::sample::select(vec![1usize, 7, 512, 4096]),
+        ending in prop::sample::select(vec!["\n", "\r\n", "\r"]),
+    ) {
+        // One big tool-call argument as a single `data:` line, then a short event.
+        let long: String = "{\"a\":\"xyz\"}".chars().cycle().take(len).collect();
+        let bytes = serialize(&[vec![long.clone()], vec!["tail".into()]], ending);
+        let reads: Vec<&[u8]> = bytes.chunks(piece).collect();
+        prop_assert_eq!(parse(&reads), vec![long, "tail".to_owned()]);
+    }
+}
+
+proptest! {
     #[test]
     fn any_split_of_a_llama_cpp_stream_decodes_to_the_same_round(
         stream in prop::sample::select(CHAT_STREAMS.to_vec()),

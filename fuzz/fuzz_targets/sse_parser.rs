@@ -1,6 +1,7 @@
 //! The SSE parser on untrusted upstream bytes: never panics, never holds
 //! more than its limit, and any split of the input into reads gives the
-//! same events as one read.
+//! same events as one read, down to one byte per read (which makes the
+//! parser resume its search for a line end on every read).
 #![no_main]
 
 use agent_proxy::sse::{Event, Parser};
@@ -31,5 +32,9 @@ fuzz_target!(|data: &[u8]| {
         if let (Ok(split), Ok(whole)) = (&split, &whole) {
             assert_eq!(split, whole, "a split changed the events");
         }
+    }
+    let bytewise: Vec<&[u8]> = data.chunks(1).collect();
+    if let (Ok(bytewise), Ok(whole)) = (&parse(&bytewise), &whole) {
+        assert_eq!(bytewise, whole, "byte-by-byte reads changed the events");
     }
 });

@@ -1,5 +1,6 @@
 //! `GET /healthz` (the process is up), `GET /readyz` (the config is loaded
-//! and the default upstream answers) and `GET /metrics`.
+//! and the default upstream answers, as the health checker last saw it) and
+//! `GET /metrics`.
 
 use std::time::Duration;
 
@@ -11,7 +12,9 @@ use serde_json::{json, Value};
 use super::handled;
 use crate::config::Config;
 use crate::downstream::Client;
+use crate::upstream::Readiness;
 
+/// How long a probe waits for the health checker's first verdict.
 const PROBE_WAIT: Duration = Duration::from_secs(2);
 
 pub async fn live(session: &mut Session) -> Result<bool> {
@@ -28,26 +31,28 @@ pub async fn ready(session: &mut Session, config: &Config) -> Result<bool> {
 }
 
 /// The readiness verdict and its JSON detail: the config is loaded (it is,
-/// or there would be no `config`) and the default upstream answers.
+/// or there would be no `config`) and the default upstream answers. The
+/// health checker alone calls the upstream; this reads its last verdict.
 pub async fn readiness(config: &Config) -> (u16, Value) {
     let upstream = &config.default_upstream;
-    let outcome = match upstream.fetch_models(PROBE_WAIT).await {
-        Ok((status, _)) if status >= 500 => Err(format!("HTTP {status}")),
-        Ok(_) => Ok(()),
-        Err(reason) => Err(reason),
-    };
+    let readiness = upstream.readiness(PROBE_WAIT).await;
     // MCP servers are detail, not readiness: agents without them still work.
     let mcp: serde_json::Map<String, Value> = config
         .mcp_servers
         .iter()
         .map(|(name, server)| (name.clone(), Value::String(server.status())))
         .collect();
-    match outcome {
-        Ok(()) => (
+    match readiness {
+        Readiness::Ready => (
             200,
             json!({"status": "ready", "upstream": upstream.name, "mcp": mcp}),
         ),
-        Err(reason) => (
+        // Nothing known against it yet: starting unready would only delay traffic.
+        Readiness::Unchecked => (
+            200,
+            json!({"status": "ready", "upstream": upstream.name, "note": "the upstream has not been checked yet", "mcp": mcp}),
+        ),
+        Readiness::Down(reason) => (
             503,
             json!({"status": "not ready", "upstream": upstream.name, "reason": reason, "mcp": mcp}),
         ),

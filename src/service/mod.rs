@@ -40,7 +40,7 @@ use crate::error::ApiError;
 use crate::metrics::{metrics, StreamGuard};
 use crate::request_id;
 use crate::shutdown::InFlight;
-use crate::upstream::{Busy, Upstream};
+use crate::upstream::{ProxyAttempts, Upstream};
 
 pub use admin::Admin;
 pub use edge::Edge;
@@ -70,9 +70,8 @@ pub struct RequestCtx {
     /// The client's own conversation or session id (`session-id`,
     /// `x-session-id`, Claude Code's, `thread-id` headers), for the log line.
     session: Option<String>,
-    /// Pool members the proxy path tried (pingora retries on connect failure).
-    tried: Vec<usize>,
-    busy: Option<Busy>,
+    /// Where the proxy path connects (pingora retries on connect failure).
+    attempts: ProxyAttempts,
 }
 
 /// The handler answered; `Err` aborts the connection when a response was
@@ -113,8 +112,7 @@ impl ProxyHttp for AgentProxy {
             stream: None,
             _in_flight: InFlight::enter(),
             session: None,
-            tried: Vec::new(),
-            busy: None,
+            attempts: ProxyAttempts::default(),
         }
     }
 
@@ -204,17 +202,7 @@ impl ProxyHttp for AgentProxy {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let pool = &ctx.config.default_upstream.pool;
-        let order = pool.order(None);
-        let index = order
-            .iter()
-            .copied()
-            .find(|i| !ctx.tried.contains(i))
-            .unwrap_or(order[0]);
-        ctx.tried.push(index);
-        let member = pool.member(index);
-        ctx.busy = Some(Busy::enter(member));
-        Ok(Box::new(HttpPeer::clone(&*member.endpoint.peer().await?)))
+        ctx.attempts.next_peer(&ctx.config.default_upstream).await
     }
 
     fn fail_to_connect(
@@ -222,17 +210,9 @@ impl ProxyHttp for AgentProxy {
         _session: &mut Session,
         _peer: &HttpPeer,
         ctx: &mut RequestCtx,
-        mut e: Box<Error>,
+        e: Box<Error>,
     ) -> Box<Error> {
-        let upstream = &ctx.config.default_upstream;
-        if let Some(&index) = ctx.tried.last() {
-            upstream.pool.connect_failed(index);
-            e = upstream.pool.member(index).tag_error(e);
-        }
-        if ctx.tried.len() <= upstream.retries() && ctx.tried.len() < upstream.pool.size() {
-            e.set_retry(true);
-        }
-        e
+        ctx.attempts.connect_failed(&ctx.config.default_upstream, e)
     }
 
     async fn upstream_request_filter(
@@ -242,7 +222,7 @@ impl ProxyHttp for AgentProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         let upstream = &ctx.config.default_upstream;
-        let member = upstream.pool.member(ctx.tried.last().copied().unwrap_or(0));
+        let member = upstream.pool.member(ctx.attempts.replica());
         let path = upstream_request
             .uri
             .path_and_query()

@@ -1,24 +1,120 @@
 //! Active health checks for every pool of the current config, reload-aware:
 //! each round looks at the config as it is now. Once at start, a warning
 //! when the default upstream accepts no connection.
+//!
+//! The checker is also the only one that calls an upstream to learn whether
+//! it is up: `/readyz` reads what it last learned ([`Readiness`]), so a flood
+//! of probes is not a flood of upstream calls.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use futures::future::join_all;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use tokio::sync::watch;
 use tracing::warn;
 
+use super::Upstream;
 use crate::config::Config;
 
 /// How often due checks are looked for; each pool keeps its own interval.
 const TICK: Duration = Duration::from_millis(50);
 /// Name lookup, connect and TLS of the start-up check together.
 const STARTUP_WAIT: Duration = Duration::from_secs(10);
+/// How often an upstream without health checks is probed for readiness
+/// (`GET <url>/models`), and how long a probe may take.
+const READY_INTERVAL: Duration = Duration::from_secs(5);
+const READY_PROBE_WAIT: Duration = Duration::from_secs(2);
+/// An upstream without health checks is probed only while `/readyz` is
+/// asked about it this recently: a proxy nobody probes calls nobody.
+const READY_DEMAND: Duration = Duration::from_secs(60);
+
+/// What the health checker last learned of an upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// No check has completed yet.
+    Unchecked,
+    Ready,
+    /// Why not.
+    Down(String),
+}
+
+/// An upstream's [`Readiness`], written by the checker, read by `/readyz`.
+pub struct ReadyState {
+    now: watch::Sender<Readiness>,
+    /// When `/readyz` last asked.
+    asked: Mutex<Option<Instant>>,
+    /// When the checker last probed (upstreams without health checks).
+    probed: Mutex<Option<Instant>>,
+}
+
+impl Default for ReadyState {
+    fn default() -> Self {
+        ReadyState {
+            now: watch::Sender::new(Readiness::Unchecked),
+            asked: Mutex::new(None),
+            probed: Mutex::new(None),
+        }
+    }
+}
+
+impl Upstream {
+    /// What the health checker last learned of this upstream. Before its
+    /// first check completes, waits for it for at most `wait`.
+    pub async fn readiness(&self, wait: Duration) -> Readiness {
+        *lock(&self.ready.asked) = Some(Instant::now());
+        let mut known = self.ready.now.subscribe();
+        let checked = async {
+            let seen = known.wait_for(|r| *r != Readiness::Unchecked).await;
+            seen.map(|r| r.clone())
+        };
+        match tokio::time::timeout(wait, checked).await {
+            Ok(Ok(readiness)) => readiness,
+            _ => Readiness::Unchecked,
+        }
+    }
+
+    /// Runs this upstream's health checks when due. One without health
+    /// checks is probed for readiness instead, if it is the default
+    /// upstream (the one `/readyz` reports) and `/readyz` asks about it.
+    async fn check_if_due(&self, is_default: bool) {
+        let outcome = if self.pool.has_health_checks() {
+            self.pool.check_health_if_due().await
+        } else if is_default && self.readiness_probe_is_due() {
+            Some(match self.fetch_models(READY_PROBE_WAIT).await {
+                Ok((status, _)) if status >= 500 => Err(format!("HTTP {status}")),
+                Ok(_) => Ok(()),
+                Err(reason) => Err(reason),
+            })
+        } else {
+            None
+        };
+        if let Some(outcome) = outcome {
+            self.ready
+                .now
+                .send_replace(outcome.map_or_else(Readiness::Down, |()| Readiness::Ready));
+        }
+    }
+
+    fn readiness_probe_is_due(&self) -> bool {
+        let wanted = lock(&self.ready.asked).is_some_and(|at| at.elapsed() < READY_DEMAND);
+        let mut probed = lock(&self.ready.probed);
+        let due = wanted && probed.is_none_or(|at| at.elapsed() >= READY_INTERVAL);
+        if due {
+            *probed = Some(Instant::now());
+        }
+        due
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain timestamps: a poisoned lock still holds a usable value.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 pub struct HealthChecks {
     config: Arc<ArcSwap<Config>>,
@@ -63,7 +159,10 @@ impl BackgroundService for HealthChecks {
                 _ = shutdown.changed() => break,
                 _ = tokio::time::sleep(TICK) => {
                     let config = self.config.load_full();
-                    join_all(config.upstreams.values().map(|u| u.pool.check_health_if_due())).await;
+                    join_all(config.upstreams.values().map(|u| {
+                        u.check_if_due(Arc::ptr_eq(u, &config.default_upstream))
+                    }))
+                    .await;
                 }
             }
         }

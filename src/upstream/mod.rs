@@ -3,6 +3,7 @@
 //! replica is tried on a connect failure or a 5xx answer, which both happen
 //! before any byte reached the client. Once streaming began, never.
 
+mod attempts;
 mod health;
 mod pool;
 
@@ -14,7 +15,8 @@ use pingora::http::RequestHeader;
 use pingora::ErrorType;
 use tracing::warn;
 
-pub use health::HealthChecks;
+pub use attempts::ProxyAttempts;
+pub use health::{HealthChecks, Readiness};
 pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool};
 
 use crate::config::file::{UpstreamApi, UpstreamFile};
@@ -27,6 +29,7 @@ pub struct Upstream {
     pub api: UpstreamApi,
     api_key: Option<String>,
     retries: usize,
+    ready: health::ReadyState,
 }
 
 /// A request for an upstream, built for whichever replica serves it.
@@ -100,6 +103,7 @@ impl Upstream {
             api: file.api,
             api_key: file.api_key.filter(|k| !k.is_empty()),
             retries,
+            ready: Default::default(),
         })
     }
 
@@ -215,7 +219,7 @@ impl Upstream {
     }
 
     /// `GET <url>/models` within `wait`: the status and body, or why not.
-    /// Used by the model list and the readiness probe.
+    /// Used by the model list and the health checker's readiness probe.
     pub async fn fetch_models(&self, wait: Duration) -> Result<(u16, Bytes), String> {
         self.call("GET", "/v1/models", None, wait).await
     }

@@ -159,13 +159,19 @@ impl Pool {
         }
     }
 
-    /// Runs one round of health checks if one is due.
-    pub async fn check_health_if_due(&self) {
-        let Some(health) = &self.health else { return };
+    pub fn has_health_checks(&self) -> bool {
+        self.health.is_some()
+    }
+
+    /// Runs one round of health checks if one is due; `None` if none was,
+    /// else what the round's verdict makes of the pool: `Err` says why no
+    /// replica is in rotation.
+    pub async fn check_health_if_due(&self) -> Option<Result<(), String>> {
+        let health = self.health.as_ref()?;
         {
             let mut last = self.last_check.lock().unwrap_or_else(|e| e.into_inner());
             if last.is_some_and(|at| at.elapsed() < health.interval) {
-                return;
+                return None;
             }
             *last = Some(Instant::now());
         }
@@ -179,6 +185,14 @@ impl Pool {
             }
         }))
         .await;
+        if self.members.iter().any(|m| m.is_healthy()) {
+            Some(Ok(()))
+        } else {
+            Some(Err(format!(
+                "no endpoint passes its health check (GET {})",
+                health.path
+            )))
+        }
     }
 }
 

@@ -13,6 +13,8 @@ pub struct Recorded {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// Which connection it came on (0-based, in accept order).
+    pub connection: usize,
 }
 
 impl Recorded {
@@ -61,6 +63,11 @@ pub enum Reply {
     /// Never answer, and count a hangup when the proxy closes the connection
     /// (it gave up on the request).
     Hold,
+    /// Close the connection without answering, the request read whole.
+    CloseUnanswered,
+    /// Answer, then close the connection (its response did not say so):
+    /// a keep-alive connection the server closes while it is idle.
+    ThenClose(Box<Reply>),
 }
 
 impl Reply {
@@ -195,6 +202,9 @@ pub struct FakeServer {
     requests: Arc<Mutex<Vec<Recorded>>>,
     /// Bumped when a write to the proxy fails: the proxy hung up on us.
     pub hangups: Arc<Mutex<u32>>,
+    /// Connections this server closed itself ([`Reply::CloseUnanswered`],
+    /// [`Reply::ThenClose`]).
+    closed: Arc<Mutex<u32>>,
     task: tokio::task::JoinHandle<()>,
     /// Open connections, closed when the server is dropped.
     connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
@@ -225,23 +235,27 @@ impl FakeServer {
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
         let hangups = Arc::new(Mutex::new(0));
+        let closed = Arc::new(Mutex::new(0));
         let handler: Arc<Handler> = Arc::new(handler);
-        let (reqs, hups) = (requests.clone(), hangups.clone());
+        let log = Log {
+            requests: requests.clone(),
+            hangups: hangups.clone(),
+            closed: closed.clone(),
+        };
         let connections = Arc::new(Mutex::new(Vec::new()));
         let conns = connections.clone();
         let task = tokio::spawn(async move {
-            loop {
+            for connection in 0.. {
                 let Ok((socket, _)) = listener.accept().await else {
                     return;
                 };
-                let (handler, reqs, hups, tls) =
-                    (handler.clone(), reqs.clone(), hups.clone(), tls.clone());
+                let (handler, log, tls) = (handler.clone(), log.clone(), tls.clone());
                 let conn = tokio::spawn(async move {
                     match tls {
-                        None => serve(socket, handler, reqs, hups).await,
+                        None => serve(socket, connection, handler, log).await,
                         Some(acceptor) => {
                             if let Ok(stream) = acceptor.accept(socket).await {
-                                serve(stream, handler, reqs, hups).await
+                                serve(stream, connection, handler, log).await
                             }
                         }
                     }
@@ -253,6 +267,7 @@ impl FakeServer {
             port,
             requests,
             hangups,
+            closed,
             task,
             connections,
         }
@@ -269,6 +284,10 @@ impl FakeServer {
     pub fn hangups(&self) -> u32 {
         *self.hangups.lock().unwrap()
     }
+
+    pub fn closed(&self) -> u32 {
+        *self.closed.lock().unwrap()
+    }
 }
 
 impl Drop for FakeServer {
@@ -280,19 +299,27 @@ impl Drop for FakeServer {
     }
 }
 
-async fn serve<S: tokio::io::AsyncRead + AsyncWrite + Unpin>(
-    stream: S,
-    handler: Arc<Handler>,
+/// What a server's connections record.
+#[derive(Clone)]
+struct Log {
     requests: Arc<Mutex<Vec<Recorded>>>,
     hangups: Arc<Mutex<u32>>,
+    closed: Arc<Mutex<u32>>,
+}
+
+async fn serve<S: tokio::io::AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    connection: usize,
+    handler: Arc<Handler>,
+    log: Log,
 ) {
     let mut stream = BufReader::new(stream);
     loop {
-        let Some(request) = read_request(&mut stream).await else {
+        let Some(request) = read_request(&mut stream, connection).await else {
             return;
         };
         let index = {
-            let mut all = requests.lock().unwrap();
+            let mut all = log.requests.lock().unwrap();
             all.push(request.clone());
             all.len() - 1
         };
@@ -301,21 +328,37 @@ async fn serve<S: tokio::io::AsyncRead + AsyncWrite + Unpin>(
         let reply = tokio::task::spawn_blocking(move || handler(&request, index))
             .await
             .unwrap();
-        if let Reply::Hold = reply {
-            let mut byte = [0u8; 1];
-            while matches!(stream.read(&mut byte).await, Ok(n) if n > 0) {}
-            *hangups.lock().unwrap() += 1;
-            return;
+        let reply = match reply {
+            Reply::Hold => {
+                let mut byte = [0u8; 1];
+                while matches!(stream.read(&mut byte).await, Ok(n) if n > 0) {}
+                *log.hangups.lock().unwrap() += 1;
+                return;
+            }
+            Reply::CloseUnanswered => None,
+            Reply::ThenClose(reply) => Some(*reply),
+            reply => {
+                if !write_reply(stream.get_mut(), reply).await {
+                    *log.hangups.lock().unwrap() += 1;
+                    return;
+                }
+                continue;
+            }
+        };
+        if let Some(reply) = reply {
+            write_reply(stream.get_mut(), reply).await;
         }
-        let ok = write_reply(stream.get_mut(), reply).await;
-        if !ok {
-            *hangups.lock().unwrap() += 1;
-            return;
-        }
+        let _ = stream.get_mut().shutdown().await;
+        drop(stream);
+        *log.closed.lock().unwrap() += 1;
+        return;
     }
 }
 
-async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Option<Recorded> {
+async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(
+    stream: &mut R,
+    connection: usize,
+) -> Option<Recorded> {
     let mut line = String::new();
     if stream.read_line(&mut line).await.ok()? == 0 {
         return None;
@@ -362,6 +405,7 @@ async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Opt
         path,
         headers,
         body,
+        connection,
     })
 }
 
@@ -416,6 +460,9 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
         Reply::Stall | Reply::Hold => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
             false
+        }
+        Reply::CloseUnanswered | Reply::ThenClose(_) => {
+            unreachable!("`serve` closes the connection itself")
         }
     }
 }

@@ -151,3 +151,20 @@ impl Drop for Proxy {
         let _ = self.child.wait();
     }
 }
+
+/// Polls `done` until it holds, for at most `limit`: whether it ever did.
+pub async fn wait_until<F: std::future::Future<Output = bool>>(
+    limit: Duration,
+    mut done: impl FnMut() -> F,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
