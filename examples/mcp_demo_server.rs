@@ -26,8 +26,10 @@ const PNG_SIGNATURE_BASE64: &str = "iVBORw0KGgo=";
 #[derive(Clone)]
 struct Demo;
 
+/// Strict, as many servers' schemas are: an argument it doesn't declare is
+/// an error.
 #[derive(Deserialize, JsonSchema)]
-#[serde(crate = "rmcp::serde")]
+#[serde(crate = "rmcp::serde", deny_unknown_fields)]
 struct AddArgs {
     a: i64,
     b: i64,

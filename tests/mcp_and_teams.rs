@@ -252,6 +252,7 @@ async fn a_streamable_http_server_gets_its_headers_and_injected_arguments() {
     let upstream = calls_then_echo_results(vec![
         ("web__auth", "{}"),
         ("web__whoami", r#"{"user_id": "mallory", "note": "hi"}"#),
+        ("web__add", r#"{"a": 1, "b": 2}"#),
     ])
     .await;
     let yaml = format!(
@@ -292,6 +293,10 @@ agents:
     assert_eq!(
         results[1], "user=alice note=hi",
         "the model's user_id was overridden"
+    );
+    assert_eq!(
+        results[2], "3",
+        "a tool that doesn't declare user_id doesn't get it"
     );
 }
 

@@ -55,6 +55,8 @@ pub struct McpTool {
     /// The function name the model calls: `<server>__<tool>`.
     pub function: String,
     pub definition: ToolDef,
+    /// The server's injected parameters this tool declares.
+    injection: Injection,
 }
 
 struct State {
@@ -157,7 +159,9 @@ impl McpServer {
                 self.name
             ));
         };
-        self.injection.apply(&mut arguments, ctx);
+        if let Some(listed) = self.tools().iter().find(|t| t.name == tool) {
+            listed.injection.apply(&mut arguments, ctx);
+        }
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         match tokio::time::timeout(self.timeout, client.call_tool(params)).await {
             Err(_) => Outcome::error(format!(
@@ -277,6 +281,7 @@ impl McpServer {
             .into_iter()
             .map(|tool| {
                 let mut schema = Value::Object((*tool.input_schema).clone());
+                let injection = self.injection.declared_in(&schema);
                 self.injection.hide(&mut schema);
                 let function = function_name(&self.name, &tool.name);
                 let description = tool.description.as_deref().unwrap_or_default();
@@ -284,6 +289,7 @@ impl McpServer {
                     definition: ToolDef::function(&function, description, schema),
                     name: tool.name.into_owned(),
                     function,
+                    injection,
                 }
             })
             .collect();

@@ -64,6 +64,20 @@ impl Injection {
         self.params.is_empty()
     }
 
+    /// The injected parameters `schema` declares: an MCP server's injection
+    /// reaches only the tools that take the parameter.
+    pub fn declared_in(&self, schema: &Value) -> Injection {
+        let properties = schema.get("properties").and_then(Value::as_object);
+        Injection {
+            params: self
+                .params
+                .iter()
+                .filter(|(param, _)| properties.is_some_and(|p| p.contains_key(param)))
+                .cloned()
+                .collect(),
+        }
+    }
+
     /// `schema` without the injected parameters (in `properties` and `required`).
     pub fn hide(&self, schema: &mut Value) {
         if self.params.is_empty() {
@@ -112,6 +126,9 @@ mod tests {
             serde_yaml_ng::from_str("user_id: { request: user }\nregion: { value: eu }").unwrap();
         let injection = Injection::from_file(&file).unwrap();
         let mut schema = json!({"type":"object","properties":{"user_id":{},"region":{},"q":{}},"required":["user_id","q"]});
+        let declared = injection.declared_in(&json!({"properties": {"region": {}}}));
+        assert_eq!(declared.params.len(), 1);
+        assert_eq!(declared.params[0].0, "region");
         injection.hide(&mut schema);
         assert_eq!(
             schema,
