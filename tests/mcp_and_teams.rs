@@ -396,6 +396,61 @@ async fn a_stdio_server_that_dies_is_restarted() {
 }
 
 #[tokio::test]
+async fn the_matched_keys_name_is_an_identity_the_client_cannot_forge() {
+    let tool = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let upstream = calls_then_echo_results(vec![(
+        "orders",
+        r#"{"owner": "mallory", "user": "mallory"}"#,
+    )])
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+auth: {{ api_keys: [{{ key: sk-alice, name: alice }}, sk-anonymous] }}
+tools:
+  orders:
+    parameters: {{ type: object, properties: {{ owner: {{ type: string }}, user: {{ type: string }} }} }}
+    http: {{ url: "{}/orders" }}
+    inject: {{ owner: {{ api_key: name }}, user: {{ request: user }} }}
+agents:
+  shop: {{ tools: [orders] }}
+"#,
+        upstream.url(),
+        tool.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let mut body = ask("shop", "my orders?");
+    // The client may claim any `user`; only the key says who it is.
+    body["user"] = json!("bob");
+    let body = body.to_string();
+    for key in ["sk-alice", "sk-anonymous"] {
+        let auth = format!("Bearer {key}");
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &auth),
+            ],
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(res.status, 200, "{}", res.text());
+    }
+    let sent: Vec<Value> = tool.requests().iter().map(|r| r.json()).collect();
+    assert_eq!(
+        sent,
+        [
+            json!({"owner": "alice", "user": "bob"}),
+            json!({"user": "bob"}),
+        ],
+        "an unnamed key gives no owner, and the model's is dropped"
+    );
+}
+
+#[tokio::test]
 async fn local_tools_take_injected_arguments_from_headers_and_constants() {
     let tool = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
     let upstream = calls_then_echo_results(vec![(

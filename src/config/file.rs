@@ -55,7 +55,16 @@ fn yes() -> bool {
 #[serde(deny_unknown_fields)]
 pub struct AuthFile {
     #[serde(default)]
-    pub api_keys: Vec<String>,
+    pub api_keys: Vec<ApiKeyFile>,
+}
+
+/// A client key: the key alone, or with a name that `inject` can pass to
+/// tools as an identity the client cannot forge.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ApiKeyFile {
+    Key(String),
+    Named { key: String, name: String },
 }
 
 #[derive(Debug, Deserialize)]
@@ -275,6 +284,8 @@ pub struct InjectFile {
     pub value: Option<Value>,
     /// An environment variable of the proxy, read when the config loads.
     pub env: Option<String>,
+    /// The matched client key's: `name`.
+    pub api_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

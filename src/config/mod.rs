@@ -18,7 +18,7 @@ use crate::agent::{Agent, AgentTool};
 use crate::mcp::{self, McpServer};
 use crate::tools::Tool;
 use crate::upstream::Upstream;
-use file::ConfigFile;
+use file::{ApiKeyFile, ConfigFile};
 use locate::{locate, KeyPath, Location};
 
 /// A loaded, validated configuration. Requests hold an `Arc` of the one they
@@ -26,7 +26,7 @@ use locate::{locate, KeyPath, Location};
 pub struct Config {
     pub listen: String,
     pub admin_listen: Option<String>,
-    pub api_keys: Vec<String>,
+    pub api_keys: Vec<ApiKey>,
     pub default_upstream: Arc<Upstream>,
     /// Every upstream, for health checks.
     pub upstreams: BTreeMap<String, Arc<Upstream>>,
@@ -38,6 +38,14 @@ pub struct Config {
     pub router: Option<Router>,
     pub passthrough: bool,
     pub limits: Limits,
+}
+
+/// A client key (`auth.api_keys`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub key: String,
+    /// The operator's name for whoever holds it, for `inject`.
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -429,7 +437,14 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
             .auth
             .api_keys
             .into_iter()
-            .filter(|k| !k.is_empty())
+            .map(|k| match k {
+                ApiKeyFile::Key(key) => ApiKey { key, name: None },
+                ApiKeyFile::Named { key, name } => ApiKey {
+                    key,
+                    name: Some(name),
+                },
+            })
+            .filter(|k| !k.key.is_empty())
             .collect(),
         default_upstream,
         upstreams,

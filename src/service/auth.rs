@@ -2,7 +2,7 @@
 
 use pingora::http::RequestHeader;
 
-use crate::config::Config;
+use crate::config::{ApiKey, Config};
 
 /// The key a client presents: `Authorization: Bearer <key>` (OpenAI SDKs,
 /// the anthropic Python SDK with a token) or `x-api-key` (Anthropic clients).
@@ -34,19 +34,25 @@ pub fn limited_key<'r>(config: &Config, req: &'r RequestHeader) -> Option<&'r [u
     presented_key(req)
 }
 
-/// With no keys configured every client is allowed. Otherwise the request
-/// needs one of them, by [`presented_key`].
-pub fn allowed(config: &Config, req: &RequestHeader) -> bool {
+/// The client was not let in.
+pub struct Refused;
+
+/// With no keys configured every client is allowed (`Ok(None)`). Otherwise
+/// the request needs one of them, by [`presented_key`]: the key it matched.
+pub fn authenticate<'c>(
+    config: &'c Config,
+    req: &RequestHeader,
+) -> Result<Option<&'c ApiKey>, Refused> {
     if config.api_keys.is_empty() {
-        return true;
+        return Ok(None);
     }
-    let Some(presented) = presented_key(req) else {
-        return false;
-    };
+    let presented = presented_key(req).ok_or(Refused)?;
     // Check every key, so the time taken does not tell which one was close.
-    config.api_keys.iter().fold(false, |found, key| {
-        constant_time_eq(key.as_bytes(), presented) | found
-    })
+    let matched = config.api_keys.iter().fold(None, |found, key| {
+        let same = constant_time_eq(key.key.as_bytes(), presented);
+        found.or(same.then_some(key))
+    });
+    matched.map(Some).ok_or(Refused)
 }
 
 /// Compares without an early exit on the first differing byte.

@@ -126,6 +126,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         config: config.clone(),
         request_id: ctx.request_id.clone(),
         user: conversation.options.user.clone(),
+        key_name: ctx.key_name.clone(),
         headers: Arc::new(session.req_header().headers.clone()),
         stack: Vec::new(),
         progress: None,

@@ -72,6 +72,8 @@ pub struct RequestCtx {
     session: Option<String>,
     /// Where the proxy path connects (pingora retries on connect failure).
     attempts: ProxyAttempts,
+    /// The name of the client key the request matched (`auth.api_keys`).
+    key_name: Option<String>,
 }
 
 /// The handler answered; `Err` aborts the connection when a response was
@@ -113,6 +115,7 @@ impl ProxyHttp for AgentProxy {
             _in_flight: InFlight::enter(),
             session: None,
             attempts: ProxyAttempts::default(),
+            key_name: None,
         }
     }
 
@@ -178,8 +181,11 @@ impl ProxyHttp for AgentProxy {
         if ctx.route == "root" {
             return health::live(session).await;
         }
-        if !auth::allowed(&config, session.req_header()) {
-            return reject(session, dialect, &ApiError::invalid_api_key()).await;
+        match auth::authenticate(&config, session.req_header()) {
+            Ok(key) => ctx.key_name = key.and_then(|k| k.name.clone()),
+            Err(auth::Refused) => {
+                return reject(session, dialect, &ApiError::invalid_api_key()).await
+            }
         }
         match ctx.route {
             "metrics" => health::metrics(session).await,

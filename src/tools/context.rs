@@ -13,8 +13,10 @@ use crate::conversation::Usage;
 pub struct CallContext {
     pub config: Arc<Config>,
     pub request_id: String,
-    /// The chat request's `user` field.
+    /// The chat request's `user` field (the client's word).
     pub user: Option<String>,
+    /// The name of the client key the request matched (the operator's word).
+    pub key_name: Option<String>,
     pub headers: Arc<http::HeaderMap>,
     /// The agents whose loops are running, outermost first.
     pub stack: Vec<String>,

@@ -17,7 +17,10 @@ pub struct Injection {
 
 #[derive(Debug, Clone)]
 enum Source {
+    /// Client-controlled: the request's `user`.
     RequestUser,
+    /// The matched client key's name: set by the operator, unforgeable.
+    KeyName,
     Header(http::HeaderName),
     Value(Value),
 }
@@ -28,7 +31,15 @@ impl Injection {
             .iter()
             .map(|(param, source)| {
                 let source = match source {
-                    InjectFile { request: Some(field), header: None, value: None, env: None } => {
+                    InjectFile { request: None, header: None, value: None, env: None, api_key: Some(field) } => {
+                        if field != "name" {
+                            return Err(format!(
+                                "inject.{param}: the key field `{field}` is not supported (only `name`)"
+                            ));
+                        }
+                        Source::KeyName
+                    }
+                    InjectFile { request: Some(field), header: None, value: None, env: None, api_key: None } => {
                         if field != "user" {
                             return Err(format!(
                                 "inject.{param}: the request field `{field}` is not supported (only `user`)"
@@ -36,21 +47,21 @@ impl Injection {
                         }
                         Source::RequestUser
                     }
-                    InjectFile { request: None, header: Some(name), value: None, env: None } => Source::Header(
+                    InjectFile { request: None, header: Some(name), value: None, env: None, api_key: None } => Source::Header(
                         http::HeaderName::try_from(name.as_str())
                             .map_err(|_| format!("inject.{param}: invalid header name `{name}`"))?,
                     ),
-                    InjectFile { request: None, header: None, value: Some(value), env: None } => {
+                    InjectFile { request: None, header: None, value: Some(value), env: None, api_key: None } => {
                         Source::Value(value.clone())
                     }
-                    InjectFile { request: None, header: None, value: None, env: Some(var) } => {
+                    InjectFile { request: None, header: None, value: None, env: Some(var), api_key: None } => {
                         Source::Value(Value::String(std::env::var(var).map_err(|_| {
                             format!("inject.{param}: environment variable `{var}` is not set")
                         })?))
                     }
                     _ => {
                         return Err(format!(
-                            "inject.{param}: give exactly one of `request`, `header`, `value`, `env`"
+                            "inject.{param}: give exactly one of `request`, `header`, `value`, `env`, `api_key`"
                         ))
                     }
                 };
@@ -100,6 +111,7 @@ impl Injection {
         for (param, source) in &self.params {
             let value = match source {
                 Source::RequestUser => ctx.user.clone().map(Value::String),
+                Source::KeyName => ctx.key_name.clone().map(Value::String),
                 Source::Header(name) => ctx
                     .headers
                     .get(name)
