@@ -358,18 +358,7 @@ async fn mixed_turn_runs_local_calls_and_defers_client_calls() {
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(tool.requests().len(), 1, "the local call ran");
-    let second = upstream.requests()[1].json();
-    let messages = second["messages"].as_array().unwrap();
-    let results: Vec<(&str, &str)> = messages
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            (
-                m["tool_call_id"].as_str().unwrap(),
-                m["content"].as_str().unwrap(),
-            )
-        })
-        .collect();
+    let results = upstream.requests()[1].tool_messages();
     assert_eq!(results.len(), 2, "every call got a result");
     assert_eq!(results[0].0, "local-1");
     assert!(results[0].1.contains("temp_c"));
@@ -753,14 +742,7 @@ async fn calls_in_one_turn_run_concurrently() {
     let proxy = weather_agent(&upstream, &tool).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200);
-    let second = upstream.requests()[1].json();
-    let results: Vec<&str> = second["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
+    let results = upstream.requests()[1].tool_results();
     assert_eq!(results, ["{\"met\":true}", "{\"met\":true}"]);
 }
 
@@ -808,19 +790,7 @@ async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
     let most = gauge.1.load(SeqCst);
     assert!((2..=3).contains(&most), "{most} calls ran at once");
     // Every call has its result, in order; the ones past the cap say why.
-    let second = upstream.requests()[1].json();
-    let results: Vec<(&str, &str)> = second["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            (
-                m["tool_call_id"].as_str().unwrap(),
-                m["content"].as_str().unwrap(),
-            )
-        })
-        .collect();
+    let results = upstream.requests()[1].tool_messages();
     assert_eq!(results.len(), 20);
     for (i, (id, text)) in results.iter().enumerate() {
         assert_eq!(*id, format!("call_{i}"));
@@ -913,13 +883,10 @@ async fn parallel_calls_numbered_alike_run_apart() {
         .collect();
     cities.sort();
     assert_eq!(cities, ["Oslo", "Rome"]);
-    let second = upstream.requests()[1].json();
-    let ids: Vec<&str> = second["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["tool_call_id"].as_str().unwrap())
+    let ids: Vec<String> = upstream.requests()[1]
+        .tool_messages()
+        .into_iter()
+        .map(|(id, _)| id)
         .collect();
     assert_eq!(ids, ["call_a", "call_b"]);
 }

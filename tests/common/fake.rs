@@ -24,14 +24,22 @@ impl Recorded {
 
     /// The contents of a chat request's `tool` messages, in order.
     pub fn tool_results(&self) -> Vec<String> {
-        let body = self.json();
-        body["messages"]
+        self.tool_messages()
+            .into_iter()
+            .map(|(_, content)| content)
+            .collect()
+    }
+
+    /// A chat request's `tool` messages as (`tool_call_id`, content), in order.
+    pub fn tool_messages(&self) -> Vec<(String, String)> {
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        self.json()["messages"]
             .as_array()
             .map(|messages| {
                 messages
                     .iter()
                     .filter(|m| m["role"] == "tool")
-                    .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                    .map(|m| (text(&m["tool_call_id"]), text(&m["content"])))
                     .collect()
             })
             .unwrap_or_default()
