@@ -390,6 +390,8 @@ pub struct LimitsFile {
     pub max_json_values: usize,
     /// How long an idle keep-alive client connection is kept open.
     pub keepalive_timeout_ms: u64,
+    /// A request's head, once its first byte came, must be whole within this.
+    pub header_timeout_ms: u64,
     /// Open client connections; at the cap the one idle the longest is
     /// closed to make room. 0: no limit.
     pub max_connections: usize,
@@ -409,6 +411,8 @@ impl Default for LimitsFile {
             max_json_values: 1 << 18,
             // nginx's default.
             keepalive_timeout_ms: 75_000,
+            // nginx's client_header_timeout.
+            header_timeout_ms: 60_000,
             max_connections: 10_000,
         }
     }

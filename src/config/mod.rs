@@ -65,6 +65,8 @@ pub struct Limits {
     pub max_json_values: usize,
     /// Longest wait for the next request on a client connection.
     pub keepalive_timeout: Duration,
+    /// The longest a request's head may take to arrive, once begun.
+    pub header_timeout: Duration,
     /// Open client connections (0: no limit).
     pub max_connections: usize,
 }
@@ -465,6 +467,7 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
             max_concurrent_tool_calls: file.limits.max_concurrent_tool_calls.max(1),
             max_json_values: file.limits.max_json_values,
             keepalive_timeout: Duration::from_millis(file.limits.keepalive_timeout_ms.max(1)),
+            header_timeout: Duration::from_millis(file.limits.header_timeout_ms.max(1)),
             max_connections: file.limits.max_connections,
         },
     })

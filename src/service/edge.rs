@@ -8,6 +8,7 @@
 //! - the wait between requests is bounded by `limits.keepalive_timeout_ms`,
 //!   and cut short for the connection idle the longest when
 //!   `limits.max_connections` are open and another arrives;
+//! - a head, once begun, must be whole within `limits.header_timeout_ms`;
 //! - a head pingora's own parser refuses gets an OpenAI error body.
 //!
 //! The head is then handed to pingora as the connection's first bytes: it
@@ -55,8 +56,13 @@ impl Edge {
         }
     }
 
-    fn keepalive_timeout(&self) -> Duration {
-        self.config.load().limits.keepalive_timeout
+    /// How long to wait for a request, and then for the rest of its head.
+    fn head_timeouts(&self) -> HeadTimeouts {
+        let limits = &self.config.load().limits;
+        HeadTimeouts {
+            idle: limits.keepalive_timeout,
+            whole: limits.header_timeout,
+        }
     }
 }
 
@@ -77,8 +83,7 @@ impl ServerApp for Edge {
         };
         let mut persisted = None;
         loop {
-            let head =
-                read_head(&mut stream, &connection, self.keepalive_timeout(), shutdown).await?;
+            let head = read_head(&mut stream, &connection, self.head_timeouts(), shutdown).await?;
             let mut session = ServerSession::new_http1(stream);
             if let Some(settings) = persisted.take() {
                 pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
@@ -104,17 +109,26 @@ impl ServerApp for Edge {
     }
 }
 
+#[derive(Clone, Copy)]
+struct HeadTimeouts {
+    /// For the first byte of the next request (keep-alive).
+    idle: Duration,
+    /// For the rest of the head once it began.
+    whole: Duration,
+}
+
 /// The next request's head (and any body bytes that came with it), or
 /// `None` when the connection should close: the client left, it stayed
-/// idle past `keepalive`, it was shed to make room, or the server is
-/// shutting down. Each read of the head is bounded by `keepalive` too, as
-/// pingora bounds its own.
+/// idle past `timeouts.idle`, its head took longer than `timeouts.whole`
+/// (a client dripping bytes), it was shed to make room, or the server is
+/// shutting down.
 async fn read_head(
     stream: &mut Stream,
     connection: &Connection<'_>,
-    keepalive: Duration,
+    timeouts: HeadTimeouts,
     shutdown: &ShutdownWatch,
 ) -> Option<BytesMut> {
+    let keepalive = timeouts.idle;
     let mut head = BytesMut::with_capacity(READ_CHUNK);
     {
         let idle = connection.idle();
@@ -129,15 +143,20 @@ async fn read_head(
             _ = shutdown.wait_for(|&down| down) => return None,
         }
     }
-    let mut scanned = 0;
-    while !head_complete(&head, &mut scanned) && head.len() < MAX_HEAD_BYTES {
-        head.reserve(READ_CHUNK);
-        let read = tokio::time::timeout(keepalive, stream.read_buf(&mut head)).await;
-        if !matches!(read, Ok(Ok(1..))) {
-            return None;
+    let rest = async {
+        let mut scanned = 0;
+        while !head_complete(&head, &mut scanned) && head.len() < MAX_HEAD_BYTES {
+            head.reserve(READ_CHUNK);
+            if !matches!(stream.read_buf(&mut head).await, Ok(1..)) {
+                return false;
+            }
         }
+        true
+    };
+    match tokio::time::timeout(timeouts.whole, rest).await {
+        Ok(true) => Some(head),
+        _ => None,
     }
-    Some(head)
 }
 
 /// Whether `head` holds a blank line after the request line (a line end is
