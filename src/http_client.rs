@@ -1,5 +1,7 @@
 //! The outbound HTTP client, on pingora's connector (pooled, h1 and h2, rustls).
-//! Model upstreams and HTTP tools both call out through an [`Endpoint`].
+//! Model upstreams and HTTP tools both call out through an [`Endpoint`]; the
+//! upstream layer (`upstream/`) decides which endpoint and how often, and
+//! pingora's proxy path connects to the same endpoints' [`Peers`].
 //!
 //! A host name's every address is tried ([`Peers`]): `localhost` is often
 //! `::1` first while the model server listens on `127.0.0.1` only.

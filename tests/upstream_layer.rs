@@ -70,7 +70,11 @@ async fn a_reload_that_changes_only_an_agent_keeps_a_pools_ejected_replica_out()
         std::future::ready(proxy.proxy.logs().contains("endpoint unhealthy"))
     })
     .await;
-    assert!(ejected, "B never left the rotation:\n{}", proxy.proxy.logs());
+    assert!(
+        ejected,
+        "B never left the rotation:\n{}",
+        proxy.proxy.logs()
+    );
     for _ in 0..4 {
         assert_eq!(agent_answer(proxy.port()).await, Ok("A:before".into()));
     }
@@ -215,6 +219,9 @@ async fn both_paths_fail_over_from_refused_replicas_and_obey_the_same_retries() 
             (failed, refused),
             "agent path, retries: {retries} (failed, refused attempts)"
         );
-        assert_eq!(proxy_path, agent, "proxy path as the agent path, retries: {retries}");
+        assert_eq!(
+            proxy_path, agent,
+            "proxy path as the agent path, retries: {retries}"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Configuration: read the YAML, expand `${VAR}`s into the spec as written
-//! ([`file`]), check every reference and build from it the runtime [`Config`]
+//! (`file.rs`), check every reference and build from it the runtime [`Config`]
 //! a request works with.
 //!
 //! Spec and runtime are apart: the objects with state of their own — an
@@ -631,7 +631,10 @@ agents:
         assert_eq!(same(&old, &prompt), (true, true), "only an agent changed");
         let upstream = reload(&prompt, &with_mcp.replace("8080", "8081"));
         assert_eq!(same(&prompt, &upstream), (false, true));
-        let server = reload(&upstream, &with_mcp.replace("[mcp-files]", "[mcp-files, -v]"));
+        let server = reload(
+            &upstream,
+            &with_mcp.replace("[mcp-files]", "[mcp-files, -v]"),
+        );
         assert!(!same(&upstream, &server).1, "the server changed");
         assert!(
             !Arc::ptr_eq(&server.default_upstream, &upstream.default_upstream),

@@ -7,8 +7,10 @@
 //!    end, routes, and checks the client's key. The proxy's own endpoints and
 //!    every chat completion (agent or not) are answered here, by our handlers.
 //! 2. Everything else goes through pingora's proxy path to `default_upstream`:
-//!    `upstream_peer` picks it, `upstream_request_filter` maps the path and
-//!    sets credentials; bodies stream through untouched.
+//!    `upstream_peer` and `fail_to_connect` follow the upstream layer's one
+//!    retry policy ([`Attempts`]: the same replica order, failover and
+//!    `retries` as the agent loop), `upstream_request_filter` maps the path
+//!    and sets credentials; bodies stream through untouched.
 //! 3. `fail_to_proxy` turns proxy-path failures into OpenAI-format errors;
 //!    `logging` writes one line per request.
 
@@ -252,7 +254,10 @@ impl ProxyHttp for AgentProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(attempts) = ctx.attempts.as_mut() {
-            attempts.passed_on(&ctx.config.default_upstream, upstream_response.status.as_u16());
+            attempts.passed_on(
+                &ctx.config.default_upstream,
+                upstream_response.status.as_u16(),
+            );
         }
         upstream_response.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
         if is_event_stream(upstream_response) {

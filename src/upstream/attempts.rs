@@ -159,7 +159,9 @@ impl Attempts {
     pub async fn next_peer(&mut self, upstream: &Upstream) -> Result<Box<HttpPeer>> {
         if let Some(at) = self.addresses.as_mut().filter(|a| a.try_next) {
             at.try_next = false;
-            return Ok(Box::new(HttpPeer::clone(at.peers.peer(at.start + at.failed))));
+            return Ok(Box::new(HttpPeer::clone(
+                at.peers.peer(at.start + at.failed),
+            )));
         }
         loop {
             let Some(index) = self.next_replica(upstream) else {
@@ -267,7 +269,10 @@ mod tests {
 
         let mut post = Attempts::new(None, "POST");
         let first = post.next_replica(&upstream).unwrap();
-        assert!(post.failed(&upstream, &refused()), "a refused connect moves on");
+        assert!(
+            post.failed(&upstream, &refused()),
+            "a refused connect moves on"
+        );
         let second = post.next_replica(&upstream).unwrap();
         assert_ne!(first, second);
         assert!(!post.failed(&upstream, &refused()), "retries: 1");

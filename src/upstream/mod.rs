@@ -1,7 +1,15 @@
-//! Model servers the proxy forwards to (llama.cpp, vLLM, OpenAI, …): one base
-//! URL or a pool of replicas, their credentials, and the retry rule: another
-//! replica is tried on a connect failure or a 5xx answer, which both happen
-//! before any byte reached the client. Once streaming began, never.
+//! The one upstream layer: model servers the proxy forwards to (llama.cpp,
+//! vLLM, OpenAI, …), one base URL or a pool of replicas, and how a request
+//! gets to one. Both ways out use it: [`Upstream::send`] (agent calls,
+//! forwarded chat, Responses and Messages requests, the proxy's own calls),
+//! whose I/O engine is `http_client`, and pingora's proxy path (other
+//! endpoints), whose hooks ask [`Attempts`] for each peer. Replica choice
+//! (`pool.rs`: health, affinity, least-busy), the retry policy and upstream
+//! metrics (`attempts.rs`), timeouts and DNS (`http_client`'s endpoints, which
+//! also build the proxy path's peers) are each written once.
+//!
+//! An [`Upstream`] is the runtime built from its spec ([`UpstreamFile`]); a
+//! reload that leaves the spec unchanged keeps it, health state included.
 
 mod attempts;
 mod health;
