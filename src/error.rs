@@ -148,7 +148,6 @@ impl std::error::Error for ApiError {}
 pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
     use pingora::ErrorType::*;
     let kind = err.etype();
-    crate::metrics::metrics().upstream_error(upstream, kind.as_str());
     let origin = AtEndpoint::origin_of(err);
     let at = origin.map(|o| format!(" at {o}")).unwrap_or_default();
     let reason = failure_reason(kind);

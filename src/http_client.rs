@@ -1,5 +1,7 @@
 //! The outbound HTTP client, on pingora's connector (pooled, h1 and h2, rustls).
-//! Model upstreams and HTTP tools both call out through an [`Endpoint`].
+//! Model upstreams and HTTP tools both call out through an [`Endpoint`]; the
+//! upstream layer (`upstream/`) decides which endpoint and how often, and
+//! pingora's proxy path connects to the same endpoints' [`Peers`].
 //!
 //! A host name's every address is tried ([`Peers`]): `localhost` is often
 //! `::1` first while the model server listens on `127.0.0.1` only.
@@ -409,7 +411,7 @@ impl Endpoint {
             event_stream,
             peer,
             deadline,
-            _busy: None,
+            watch: None,
         })
     }
 }
@@ -527,6 +529,13 @@ fn load_ca_file(path: &str) -> std::result::Result<Arc<[WrappedX509]>, String> {
         .collect())
 }
 
+/// What the sender of an exchange keeps with it while its answer is read
+/// (the upstream layer: the replica's load, its failure count).
+pub trait Watch: Send + Sync {
+    /// Reading the answer failed.
+    fn read_failed(&mut self, error: &Error);
+}
+
 /// One request/response on a pooled connection. The connection goes back to
 /// the pool only when the body was read to its end; dropped half-way, it is
 /// closed.
@@ -536,8 +545,8 @@ pub struct Exchange {
     event_stream: bool,
     peer: Arc<HttpPeer>,
     deadline: Option<tokio::time::Instant>,
-    /// Held while the exchange lives (counts the pool member's load).
-    _busy: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Held while the exchange lives.
+    watch: Option<Box<dyn Watch>>,
 }
 
 impl Exchange {
@@ -547,9 +556,9 @@ impl Exchange {
         self.session.as_ref()?.response_header()
     }
 
-    /// Keeps `guard` alive as long as this exchange.
-    pub fn hold(&mut self, guard: impl std::any::Any + Send + Sync) {
-        self._busy = Some(Box::new(guard));
+    /// Keeps `watch` as long as this exchange, and tells it of failures.
+    pub fn watch(&mut self, watch: Box<dyn Watch>) {
+        self.watch = Some(watch);
     }
 
     pub fn status(&self) -> u16 {
@@ -573,7 +582,12 @@ impl Exchange {
                 Box::pin(self.release()).await;
                 Ok(None)
             }
-            Err(e) => Err(e.into_up()),
+            Err(e) => {
+                if let Some(watch) = self.watch.as_mut() {
+                    watch.read_failed(&e);
+                }
+                Err(e.into_up())
+            }
         }
     }
 

@@ -92,7 +92,7 @@ impl Metrics {
             )?,
             upstream_errors: counter(
                 "agent_proxy_upstream_errors_total",
-                "Failed upstream calls by upstream and kind",
+                "Failed upstream attempts (retried or not) by upstream and kind",
                 &["upstream", "kind"],
             )?,
             tokens: counter(

@@ -3,7 +3,12 @@
 //! loaded on SIGHUP and when the file's content changes. Content, not
 //! inotify: a Kubernetes ConfigMap update swaps a `..data` symlink, which
 //! naive watchers miss, but reading the path sees the new file.
+//!
+//! A reload rebuilds only what changed: an upstream or MCP server whose spec
+//! is as before is carried over whole (pool health, pooled connections, the
+//! MCP connection and process), see [`Config::load_reusing`].
 
+use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,7 +39,8 @@ impl Reloader {
     /// current one keeps serving.
     async fn reload(&self, reason: &str) {
         let path = self.path.clone();
-        let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+        let current = self.config.load_full();
+        let loaded = tokio::task::spawn_blocking(move || Config::load_reusing(&path, &current))
             .await
             .unwrap_or_else(|e| {
                 Err(ConfigError {
@@ -48,7 +54,13 @@ impl Reloader {
                 if new.listen != old.listen {
                     warn!(old = %old.listen, new = %new.listen, "`listen` changes take effect at the next restart");
                 }
-                info!(reason, agents = new.agents.len(), "config reloaded");
+                info!(
+                    reason,
+                    agents = new.agents.len(),
+                    upstreams_rebuilt = rebuilt(&new.upstreams, &old.upstreams),
+                    mcp_servers_rebuilt = rebuilt(&new.mcp_servers, &old.mcp_servers),
+                    "config reloaded"
+                );
                 self.config.store(Arc::new(new));
                 metrics().config_reloads.with_label_values(&["ok"]).inc();
             }
@@ -71,6 +83,13 @@ impl Reloader {
         bytes.hash(&mut hasher);
         Some(hasher.finish())
     }
+}
+
+/// How many of `new`'s runtime objects are not `old`'s carried over.
+fn rebuilt<T>(new: &BTreeMap<String, Arc<T>>, old: &BTreeMap<String, Arc<T>>) -> usize {
+    new.iter()
+        .filter(|(name, built)| !old.get(*name).is_some_and(|o| Arc::ptr_eq(o, built)))
+        .count()
 }
 
 #[async_trait]

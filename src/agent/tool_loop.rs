@@ -423,12 +423,6 @@ async fn read_round<D: Downstream>(
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();
     if !(200..300).contains(&status) {
-        let kind = if status >= 500 {
-            "http_5xx"
-        } else {
-            "http_4xx"
-        };
-        metrics().upstream_error(&upstream.name, kind);
         let retry_after = exchange
             .header()
             .and_then(|h| h.headers.get(http::header::RETRY_AFTER))

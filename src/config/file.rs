@@ -1,5 +1,7 @@
 //! The YAML file as written by the operator: the public contract of key names.
-//! Everything here is plain data; `config::load` validates and resolves it.
+//! Everything here is plain data, the spec: `config::load` validates it and
+//! builds the runtime objects from it (upstreams with their pools, MCP
+//! connections), reusing on a reload those whose spec did not change.
 
 use std::collections::BTreeMap;
 
@@ -67,7 +69,9 @@ pub enum ApiKeyFile {
     Named { key: String, name: String },
 }
 
-#[derive(Debug, Deserialize)]
+/// An upstream as written: a reload that leaves it equal keeps its runtime
+/// (pool health, pooled connections).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamFile {
     /// One server's base URL. Give either `url` or `endpoints`.
@@ -129,7 +133,7 @@ pub enum Balance {
     PrefixAffinity,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckFile {
     /// An absolute path on each replica's host (llama.cpp: `/health`).
@@ -288,7 +292,9 @@ pub struct InjectFile {
     pub api_key: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+/// An MCP server as written: a reload that leaves it equal keeps its
+/// connection (and a stdio server's process).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerFile {
     /// A stdio server: the program and its arguments (no shell).

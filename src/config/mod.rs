@@ -1,5 +1,13 @@
-//! Configuration: read the YAML, expand `${VAR}`s, check every reference and
-//! resolve it into the runtime [`Config`] a request works with.
+//! Configuration: read the YAML, expand `${VAR}`s into the spec as written
+//! (`file.rs`), check every reference and build from it the runtime [`Config`]
+//! a request works with.
+//!
+//! Spec and runtime are apart: the objects with state of their own — an
+//! upstream (its pool's health, ejected replicas, pooled connections, DNS
+//! answers) and an MCP server (its connection, a stdio server's process) —
+//! are built from their spec, and a reload ([`Config::load_reusing`]) keeps
+//! each one whose name and spec are unchanged. Agents, tools and the rest are
+//! cheap and stateless: rebuilt every time.
 
 mod expand;
 pub mod file;
@@ -18,7 +26,7 @@ use crate::agent::{Agent, AgentTool};
 use crate::mcp::{self, McpServer};
 use crate::tools::Tool;
 use crate::upstream::Upstream;
-use file::{ApiKeyFile, ConfigFile};
+use file::{ApiKeyFile, ConfigFile, McpServerFile, UpstreamFile};
 use locate::{locate, KeyPath, Location};
 
 /// A loaded, validated configuration. Requests hold an `Arc` of the one they
@@ -144,17 +152,27 @@ fn no_such<'a>(kind: &str, name: &str, defined: impl IntoIterator<Item = &'a Str
 impl Config {
     /// Reads and checks the config file; errors name the file, line and key.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_with(path, &Previous(None))
+    }
+
+    /// [`Config::load`] for a reload: upstreams and MCP servers whose spec is
+    /// unchanged from `previous` are `previous`'s own, state and all.
+    pub fn load_reusing(path: &Path, previous: &Config) -> Result<Config, ConfigError> {
+        Self::load_with(path, &Previous(Some(previous)))
+    }
+
+    fn load_with(path: &Path, previous: &Previous) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             key: String::new(),
             message: format!("{file}: cannot read the config file: {e}"),
         })?;
-        parse_text(&text, &|name| std::env::var(name).ok())
+        parse_text(&text, &|name| std::env::var(name).ok(), previous)
             .map_err(|invalid| invalid.render(Some(&file), &text))
     }
 
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        parse_text(text, &env).map_err(|invalid| invalid.render(None, text))
+        parse_text(text, &env, &Previous(None)).map_err(|invalid| invalid.render(None, text))
     }
 
     pub fn agent(&self, id: &str) -> Option<&Arc<Agent>> {
@@ -197,7 +215,27 @@ impl ModelAlias {
     }
 }
 
-fn parse_text(text: &str, env: &impl Fn(&str) -> Option<String>) -> Result<Config, Invalid> {
+/// The config a reload replaces, whose runtime objects are kept where their
+/// spec did not change.
+struct Previous<'a>(Option<&'a Config>);
+
+impl Previous<'_> {
+    fn upstream(&self, name: &str, spec: &UpstreamFile) -> Option<Arc<Upstream>> {
+        let kept = self.0?.upstreams.get(name)?;
+        kept.is_built_from(spec).then(|| kept.clone())
+    }
+
+    fn mcp_server(&self, name: &str, spec: &McpServerFile) -> Option<Arc<McpServer>> {
+        let kept = self.0?.mcp_servers.get(name)?;
+        kept.is_built_from(spec).then(|| kept.clone())
+    }
+}
+
+fn parse_text(
+    text: &str,
+    env: &impl Fn(&str) -> Option<String>,
+    previous: &Previous,
+) -> Result<Config, Invalid> {
     let mut yaml: Yaml = serde_yaml_ng::from_str(text).map_err(|e| {
         let at = Location::of(&e);
         // The position leads the line; libyaml's own copy of it goes.
@@ -221,7 +259,7 @@ fn parse_text(text: &str, env: &impl Fn(&str) -> Option<String>) -> Result<Confi
     expand_strings(&mut yaml, &mut KeyPath::default(), env)?;
     let file: ConfigFile = serde_path_to_error::deserialize(yaml)
         .map_err(|e| error(KeyPath::from_serde(e.path()), e.into_inner().to_string()))?;
-    resolve(file)
+    resolve(file, previous)
 }
 
 /// Replaces `${VAR}` in every string value, tracking the key path for errors.
@@ -257,12 +295,17 @@ fn expand_strings(
 /// Fields of a chat request the proxy manages itself: not settable as `params`.
 const MANAGED_FIELDS: &[&str] = &["model", "messages", "tools", "stream", "stream_options"];
 
-fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
+fn resolve(file: ConfigFile, previous: &Previous) -> Result<Config, Invalid> {
     let mut upstreams = BTreeMap::new();
-    for (name, upstream) in file.upstreams {
-        let resolved = Upstream::from_file(&name, upstream)
-            .map_err(|m| error(KeyPath::of(&["upstreams", &name]), m))?;
-        upstreams.insert(name, Arc::new(resolved));
+    for (name, spec) in file.upstreams {
+        let upstream = match previous.upstream(&name, &spec) {
+            Some(kept) => kept,
+            None => Arc::new(
+                Upstream::from_file(&name, spec)
+                    .map_err(|m| error(KeyPath::of(&["upstreams", &name]), m))?,
+            ),
+        };
+        upstreams.insert(name, upstream);
     }
     let find_upstream = |key: KeyPath, name: &str| {
         upstreams
@@ -286,7 +329,7 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
         tools.insert(name, Arc::new(resolved));
     }
     let mut mcp_servers = BTreeMap::new();
-    for (name, server) in &file.mcp_servers {
+    for (name, spec) in &file.mcp_servers {
         let key = KeyPath::of(&["mcp_servers", name]);
         if !is_function_name(name) || name.contains(mcp::SEPARATOR) {
             return Err(error(
@@ -294,8 +337,11 @@ fn resolve(file: ConfigFile) -> Result<Config, Invalid> {
                 "a server name must be 1-64 letters, digits, `_` or `-`, without `__`",
             ));
         }
-        let resolved = mcp::server(name, server).map_err(|m| error(key, m))?;
-        mcp_servers.insert(name.clone(), resolved);
+        let server = match previous.mcp_server(name, spec) {
+            Some(kept) => kept,
+            None => Arc::new(McpServer::from_file(name, spec).map_err(|m| error(key, m))?),
+        };
+        mcp_servers.insert(name.clone(), server);
     }
     let agent_ids: Vec<String> = file.agents.keys().cloned().collect();
     // `tool`, `server/*`, `server/tool` or `agent:<id>`.
@@ -584,5 +630,33 @@ agents:
         );
         assert!(!e.message.contains("at line 17 column 11"), "{e}");
         assert!(err("# nothing yet\n").message.contains("empty"));
+    }
+
+    #[test]
+    fn a_reload_keeps_the_runtime_of_every_unchanged_spec() {
+        let with_mcp = format!("{BASE}mcp_servers:\n  files: {{ command: [mcp-files] }}\n");
+        let reload = |old: &Config, text: &str| {
+            parse_text(text, &no_env, &Previous(Some(old))).unwrap_or_else(|e| panic!("{e:?}"))
+        };
+        let old = Config::parse(&with_mcp, no_env).unwrap();
+        let same = |a: &Config, b: &Config| {
+            (
+                Arc::ptr_eq(&a.default_upstream, &b.default_upstream),
+                Arc::ptr_eq(&a.mcp_servers["files"], &b.mcp_servers["files"]),
+            )
+        };
+        let prompt = reload(&old, &with_mcp.replace("a weather assistant", "terse"));
+        assert_eq!(same(&old, &prompt), (true, true), "only an agent changed");
+        let upstream = reload(&prompt, &with_mcp.replace("8080", "8081"));
+        assert_eq!(same(&prompt, &upstream), (false, true));
+        let server = reload(
+            &upstream,
+            &with_mcp.replace("[mcp-files]", "[mcp-files, -v]"),
+        );
+        assert!(!same(&upstream, &server).1, "the server changed");
+        assert!(
+            !Arc::ptr_eq(&server.default_upstream, &upstream.default_upstream),
+            "back to 8080: a new runtime, not the one two reloads ago"
+        );
     }
 }

@@ -1,8 +1,11 @@
 //! MCP servers as tool sources, on the official `rmcp` client.
 //!
 //! Each configured server is one long-lived connection (a stdio child or a
-//! streamable-HTTP session) shared by every config that names it the same
-//! way, so a reload does not restart it. A supervisor connects servers in
+//! streamable-HTTP session), the runtime built from its spec
+//! ([`McpServerFile`]): a reload that leaves a server's name and spec as they
+//! were keeps it (`config` reuses the running one), one that changes either
+//! starts a new one, and the old one stops with the last config holding it.
+//! A supervisor connects servers in
 //! the background and reconnects with backoff: a server that is down never
 //! stops the proxy or other agents, and a call to one of its tools meanwhile
 //! gets a clear error result.
@@ -12,7 +15,7 @@ mod supervisor;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
@@ -72,6 +75,8 @@ struct State {
 
 pub struct McpServer {
     pub name: String,
+    /// The spec it was built from.
+    spec: McpServerFile,
     transport: Transport,
     timeout: Duration,
     max_output_bytes: usize,
@@ -80,7 +85,9 @@ pub struct McpServer {
 }
 
 impl McpServer {
-    fn from_file(name: &str, file: &McpServerFile) -> Result<Self, String> {
+    /// A server for `name` as `file` configures it, not yet connected (the
+    /// supervisor connects it).
+    pub fn from_file(name: &str, file: &McpServerFile) -> Result<Self, String> {
         let transport = match (&file.command, &file.url) {
             (Some(argv), None) if !argv.is_empty() && !argv[0].is_empty() => Transport::Stdio {
                 argv: argv.clone(),
@@ -114,6 +121,7 @@ impl McpServer {
         };
         Ok(McpServer {
             name: name.to_owned(),
+            spec: file.clone(),
             transport,
             timeout: Duration::from_millis(file.timeout_ms),
             max_output_bytes: file.max_output_bytes,
@@ -127,6 +135,11 @@ impl McpServer {
                 backoff: Duration::from_millis(250),
             }),
         })
+    }
+
+    /// Whether this server was built from `spec`.
+    pub fn is_built_from(&self, spec: &McpServerFile) -> bool {
+        self.spec == *spec
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -349,28 +362,6 @@ pub fn function_name(server: &str, tool: &str) -> String {
         name.push_str(&format!("_{:08x}", hasher.finish() as u32));
     }
     name
-}
-
-/// The server for `name` as configured by `file`: the running one when an
-/// earlier config had it the same way, a new one otherwise.
-pub fn server(name: &str, file: &McpServerFile) -> Result<Arc<McpServer>, String> {
-    /// Running servers by name and config fingerprint.
-    type Registry = Mutex<HashMap<(String, u64), Weak<McpServer>>>;
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    let mut hasher = DefaultHasher::new();
-    format!("{file:?}").hash(&mut hasher);
-    let key = (name.to_owned(), hasher.finish());
-    let mut registry = REGISTRY
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    registry.retain(|_, server| server.strong_count() > 0);
-    if let Some(server) = registry.get(&key).and_then(Weak::upgrade) {
-        return Ok(server);
-    }
-    let server = Arc::new(McpServer::from_file(name, file)?);
-    registry.insert(key, Arc::downgrade(&server));
-    Ok(server)
 }
 
 #[cfg(test)]

@@ -7,8 +7,10 @@
 //!    end, routes, and checks the client's key. The proxy's own endpoints and
 //!    every chat completion (agent or not) are answered here, by our handlers.
 //! 2. Everything else goes through pingora's proxy path to `default_upstream`:
-//!    `upstream_peer` picks it, `upstream_request_filter` maps the path and
-//!    sets credentials; bodies stream through untouched.
+//!    `upstream_peer` and `fail_to_connect` follow the upstream layer's one
+//!    retry policy ([`Attempts`]: the same replica order, failover and
+//!    `retries` as the agent loop), `upstream_request_filter` maps the path
+//!    and sets credentials; bodies stream through untouched.
 //! 3. `fail_to_proxy` turns proxy-path failures into OpenAI-format errors;
 //!    `logging` writes one line per request.
 
@@ -40,7 +42,7 @@ use crate::error::ApiError;
 use crate::metrics::{metrics, StreamGuard};
 use crate::request_id;
 use crate::shutdown::InFlight;
-use crate::upstream::{ProxyAttempts, Upstream};
+use crate::upstream::{Attempts, Upstream};
 
 pub use admin::Admin;
 pub use edge::Edge;
@@ -70,8 +72,9 @@ pub struct RequestCtx {
     /// The client's own conversation or session id (`session-id`,
     /// `x-session-id`, Claude Code's, `thread-id` headers), for the log line.
     session: Option<String>,
-    /// Where the proxy path connects (pingora retries on connect failure).
-    attempts: ProxyAttempts,
+    /// The proxy path's attempts, by the one retry policy of the upstream
+    /// layer; from the first `upstream_peer` on.
+    attempts: Option<Attempts>,
     /// The name of the client key the request matched (`auth.api_keys`).
     key_name: Option<String>,
 }
@@ -114,7 +117,7 @@ impl ProxyHttp for AgentProxy {
             stream: None,
             _in_flight: InFlight::enter(),
             session: None,
-            attempts: ProxyAttempts::default(),
+            attempts: None,
             key_name: None,
         }
     }
@@ -205,10 +208,14 @@ impl ProxyHttp for AgentProxy {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        ctx.attempts.next_peer(&ctx.config.default_upstream).await
+        let method = session.req_header().method.as_str();
+        let attempts = ctx
+            .attempts
+            .get_or_insert_with(|| Attempts::new(None, method));
+        attempts.next_peer(&ctx.config.default_upstream).await
     }
 
     fn fail_to_connect(
@@ -218,7 +225,10 @@ impl ProxyHttp for AgentProxy {
         ctx: &mut RequestCtx,
         e: Box<Error>,
     ) -> Box<Error> {
-        ctx.attempts.connect_failed(&ctx.config.default_upstream, e)
+        match ctx.attempts.as_mut() {
+            Some(attempts) => attempts.connect_failed(&ctx.config.default_upstream, e),
+            None => e,
+        }
     }
 
     async fn upstream_request_filter(
@@ -228,7 +238,8 @@ impl ProxyHttp for AgentProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         let upstream = &ctx.config.default_upstream;
-        let member = upstream.pool.member(ctx.attempts.replica());
+        let replica = ctx.attempts.as_ref().map_or(0, Attempts::replica);
+        let member = upstream.pool.member(replica);
         let path = upstream_request
             .uri
             .path_and_query()
@@ -248,6 +259,12 @@ impl ProxyHttp for AgentProxy {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let Some(attempts) = ctx.attempts.as_mut() {
+            attempts.passed_on(
+                &ctx.config.default_upstream,
+                upstream_response.status.as_u16(),
+            );
+        }
         upstream_response.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
         if is_event_stream(upstream_response) {
             ctx.stream = Some(StreamGuard::open());
@@ -264,16 +281,17 @@ impl ProxyHttp for AgentProxy {
         &self,
         session: &mut Session,
         e: &Error,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        let upstream = &ctx.config.default_upstream;
+        if let (ErrorSource::Upstream, Some(attempts)) = (e.esource(), ctx.attempts.as_mut()) {
+            attempts.broke_off(upstream, e);
+        }
         let error = match (e.etype(), e.esource()) {
             (ErrorType::HTTPStatus(code), _) => Some(ApiError::bad_request(format!("HTTP {code}"))),
             (_, ErrorSource::Downstream) => None,
             (ErrorType::ConnectionClosed, _) if session.response_written().is_some() => None,
-            (_, ErrorSource::Upstream) => Some(crate::error::from_upstream(
-                &self.config.load().default_upstream.name,
-                e,
-            )),
+            (_, ErrorSource::Upstream) => Some(crate::error::from_upstream(&upstream.name, e)),
             _ => Some(ApiError::internal("internal error")),
         };
         let mut code = 0;

@@ -1,7 +1,15 @@
-//! Model servers the proxy forwards to (llama.cpp, vLLM, OpenAI, …): one base
-//! URL or a pool of replicas, their credentials, and the retry rule: another
-//! replica is tried on a connect failure or a 5xx answer, which both happen
-//! before any byte reached the client. Once streaming began, never.
+//! The one upstream layer: model servers the proxy forwards to (llama.cpp,
+//! vLLM, OpenAI, …), one base URL or a pool of replicas, and how a request
+//! gets to one. Both ways out use it: [`Upstream::send`] (agent calls,
+//! forwarded chat, Responses and Messages requests, the proxy's own calls),
+//! whose I/O engine is `http_client`, and pingora's proxy path (other
+//! endpoints), whose hooks ask [`Attempts`] for each peer. Replica choice
+//! (`pool.rs`: health, affinity, least-busy), the retry policy and upstream
+//! metrics (`attempts.rs`), timeouts and DNS (`http_client`'s endpoints, which
+//! also build the proxy path's peers) are each written once.
+//!
+//! An [`Upstream`] is the runtime built from its spec ([`UpstreamFile`]); a
+//! reload that leaves the spec unchanged keeps it, health state included.
 
 mod attempts;
 mod health;
@@ -15,7 +23,7 @@ use pingora::http::RequestHeader;
 use pingora::ErrorType;
 use tracing::warn;
 
-pub use attempts::ProxyAttempts;
+pub use attempts::Attempts;
 pub use health::{HealthChecks, Readiness};
 pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool};
 
@@ -23,8 +31,13 @@ use crate::config::file::{UpstreamApi, UpstreamFile};
 use crate::error::AtEndpoint;
 use crate::http_client::{Endpoint, EndpointOptions, Exchange, Timeouts};
 
+/// The runtime of one configured upstream, built from its spec: the pool
+/// with its health state, the replicas' connection pools and DNS answers.
+/// A reload whose spec for it is unchanged keeps this very object.
 pub struct Upstream {
     pub name: String,
+    /// The spec it was built from.
+    spec: UpstreamFile,
     pub pool: Pool,
     pub api: UpstreamApi,
     api_key: Option<String>,
@@ -47,6 +60,7 @@ pub struct Outbound<'a> {
 
 impl Upstream {
     pub fn from_file(name: &str, file: UpstreamFile) -> Result<Self, String> {
+        let spec = file.clone();
         let urls = match (file.url, file.endpoints) {
             (Some(url), endpoints) if endpoints.is_empty() => vec![url],
             (None, endpoints) if !endpoints.is_empty() => endpoints,
@@ -99,6 +113,7 @@ impl Upstream {
             .map_or(members.len().saturating_sub(1).min(2), |r| r as usize);
         Ok(Upstream {
             name: name.to_owned(),
+            spec,
             pool: Pool::new(name, members, file.balance, health),
             api: file.api,
             api_key: file.api_key.filter(|k| !k.is_empty()),
@@ -141,19 +156,24 @@ impl Upstream {
         Ok(())
     }
 
+    /// Whether this runtime was built from `spec`.
+    pub fn is_built_from(&self, spec: &UpstreamFile) -> bool {
+        self.spec == *spec
+    }
+
     /// How many more replicas a failed attempt may move on to.
     pub fn retries(&self) -> usize {
         self.retries
     }
 
-    /// Sends `request`, moving to the next replica on a connect failure or a
-    /// 5xx answer while attempts remain. The last answer, 5xx or not, is
+    /// Sends `request` by the one retry policy ([`Attempts`]): to the next
+    /// replica on a connect failure, on a 5xx answer, and on other failures
+    /// of a `GET`, while retries remain. The last answer, 5xx or not, is
     /// returned for the caller to pass on.
     pub async fn send(&self, request: &Outbound<'_>) -> pingora::Result<Exchange> {
-        let order = self.pool.order(request.affinity);
-        let attempts = order.len().min(self.retries + 1);
+        let mut attempts = Attempts::new(request.affinity, request.method);
         let mut failure = None;
-        for (attempt, &index) in order.iter().take(attempts).enumerate() {
+        while let Some(index) = attempts.next_replica(self) {
             let member = self.pool.member(index);
             let mut header = member
                 .endpoint
@@ -162,24 +182,23 @@ impl Upstream {
                 header.append_header(name.clone(), value.clone())?;
             }
             self.authorize(&mut header, request.client_key_is_ours)?;
-            let busy = Busy::enter(member);
-            let last = attempt + 1 == attempts;
             match member.endpoint.send(header, request.body.clone()).await {
-                Ok(exchange) if exchange.status() >= 500 && !last => {
+                Ok(exchange) if attempts.answered(self, exchange.status()) => {
                     warn!(upstream = %self.name, endpoint = %member.url, status = exchange.status(), "retrying on another endpoint");
                 }
                 Ok(mut exchange) => {
-                    exchange.hold(busy);
+                    exchange.watch(attempts.answer_watch(self));
                     return Ok(exchange);
                 }
-                Err(e) if is_connect_failure(e.etype()) => {
-                    self.pool.connect_failed(index);
-                    if !last {
-                        warn!(upstream = %self.name, endpoint = %member.url, error = e.etype().as_str(), "retrying on another endpoint");
+                Err(e) => {
+                    let again = attempts.failed(self, &e);
+                    let e = member.tag_error(e);
+                    if !again {
+                        return Err(e);
                     }
-                    failure = Some(member.tag_error(e));
+                    warn!(upstream = %self.name, endpoint = %member.url, error = e.etype().as_str(), "retrying on another endpoint");
+                    failure = Some(e);
                 }
-                Err(e) => return Err(member.tag_error(e)),
             }
         }
         Err(failure.unwrap_or_else(|| pingora::Error::new(ErrorType::ConnectNoRoute).into_up()))

@@ -5,10 +5,14 @@
 
 pub mod client;
 pub mod fake;
+pub mod mcp;
 pub mod proxy;
+pub mod reload;
 pub mod sdk;
 
 pub use client::*;
 pub use fake::*;
+pub use mcp::*;
 pub use proxy::*;
+pub use reload::*;
 pub use sdk::*;
