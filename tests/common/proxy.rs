@@ -187,3 +187,29 @@ pub async fn within<T>(
         .await
         .unwrap_or_else(|_| panic!("{what}: still waiting after {limit:?}"))
 }
+
+/// Whether process `pid` no longer runs: gone, or a zombie waiting to be
+/// reaped.
+pub fn process_gone(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(')')
+        .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'))
+}
+
+/// Waits (`limit` at most) until the file at `path` holds a complete line
+/// (written by a process the test started), and returns it.
+pub async fn wait_line(path: &Path, limit: Duration) -> String {
+    let mut line = String::new();
+    let written = wait_until(limit, || {
+        line = std::fs::read_to_string(path).unwrap_or_default();
+        std::future::ready(line.ends_with('\n'))
+    })
+    .await;
+    assert!(
+        written,
+        "nothing written to {} in {limit:?}",
+        path.display()
+    );
+    line.trim_end().to_owned()
+}
