@@ -258,19 +258,20 @@ fn timed(url: &str, timeouts: &str) -> String {
 /// Far beyond the timeouts under test, far below the defaults of the others.
 const DEADLINE: Duration = Duration::from_secs(10);
 
+/// A chat request to `bot`, answered within [`DEADLINE`].
+async fn call_bot(proxy: &Proxy, body: &Value) -> Response {
+    within(
+        DEADLINE,
+        "an answer",
+        post_json(proxy.port, "/v1/chat/completions", body),
+    )
+    .await
+}
+
 /// A streamed request to `bot` that the proxy must cut on a timeout (within
 /// [`DEADLINE`]) with an error event.
 async fn cut_by_timeout(proxy: &Proxy) -> Response {
-    let res = within(
-        DEADLINE,
-        "the timeout cuts the stream",
-        post_json(
-            proxy.port,
-            "/v1/chat/completions",
-            &stream_body("bot", "hi"),
-        ),
-    )
-    .await;
+    let res = call_bot(proxy, &stream_body("bot", "hi")).await;
     assert_eq!(res.status, 200, "{}", res.text());
     assert!(!res.complete, "cut, not ended cleanly: {}", res.text());
     assert_eq!(
@@ -287,12 +288,7 @@ async fn first_byte_timeout_answers_504_when_the_upstream_never_answers() {
     let upstream = FakeServer::start(|_, _| Reply::Stall).await;
     let proxy = Proxy::start(&timed(&upstream.url(), "first_byte_timeout_ms: 300")).await;
     for body in [chat_body("bot", "hi"), stream_body("bot", "hi")] {
-        let res = within(
-            DEADLINE,
-            "no first byte",
-            post_json(proxy.port, "/v1/chat/completions", &body),
-        )
-        .await;
+        let res = call_bot(&proxy, &body).await;
         assert_eq!(res.status, 504, "{}", res.text());
         assert_eq!(res.json()["error"]["code"], "timeout", "{}", res.text());
     }
@@ -305,12 +301,7 @@ async fn idle_timeout_cuts_a_stream_that_stalls_mid_way() {
     assert_eq!(cut_by_timeout(&proxy).await.delta_text("content"), "begun");
 
     // A client that did not stream gets a 504 for the same stall.
-    let res = within(
-        DEADLINE,
-        "a stall mid-answer",
-        post_json(proxy.port, "/v1/chat/completions", &chat_body("bot", "hi")),
-    )
-    .await;
+    let res = call_bot(&proxy, &chat_body("bot", "hi")).await;
     assert_eq!(res.status, 504, "{}", res.text());
     assert_eq!(res.json()["error"]["code"], "timeout", "{}", res.text());
 }
@@ -332,12 +323,7 @@ async fn total_timeout_cuts_a_stream_that_never_pauses_long() {
 async fn total_timeout_also_bounds_the_wait_for_the_first_byte() {
     let upstream = FakeServer::start(|_, _| Reply::Stall).await;
     let proxy = Proxy::start(&timed(&upstream.url(), "total_timeout_ms: 500")).await;
-    let res = within(
-        DEADLINE,
-        "no first byte",
-        post_json(proxy.port, "/v1/chat/completions", &chat_body("bot", "hi")),
-    )
-    .await;
+    let res = call_bot(&proxy, &chat_body("bot", "hi")).await;
     assert_eq!(res.status, 504, "{}", res.text());
 }
 
@@ -360,12 +346,7 @@ async fn connect_timeout_gives_up_on_a_host_that_never_accepts() {
 
     let url = format!("http://{address}");
     let proxy = Proxy::start(&timed(&url, "connect_timeout_ms: 300")).await;
-    let res = within(
-        DEADLINE,
-        "the connect timeout",
-        post_json(proxy.port, "/v1/chat/completions", &chat_body("bot", "hi")),
-    )
-    .await;
+    let res = call_bot(&proxy, &chat_body("bot", "hi")).await;
     assert_eq!(res.status, 504, "{}", res.text());
     assert_eq!(res.json()["error"]["code"], "timeout", "{}", res.text());
 }

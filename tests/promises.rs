@@ -104,10 +104,7 @@ async fn a_chunked_body_over_max_body_bytes_is_413() {
     ))
     .await;
     let body = chat_body("a", &"x".repeat(2000)).to_string();
-    let mut bytes = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-    )
-    .into_bytes();
+    let mut bytes = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     for piece in body.as_bytes().chunks(500) {
         bytes.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
         bytes.extend_from_slice(piece);
