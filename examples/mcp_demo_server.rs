@@ -12,13 +12,14 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Extensions};
+use rmcp::model::{CallToolResult, CancelledNotificationParam, ContentBlock, Extensions};
+use rmcp::service::{NotificationContext, RoleServer};
 // `schemars` in scope: the JsonSchema derive names it.
 use rmcp::schemars::{self, JsonSchema};
 use rmcp::serde::Deserialize;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use rmcp::{tool, tool_router, ServiceExt};
+use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 
 /// The first 8 bytes of every PNG file, base64-encoded.
 const PNG_SIGNATURE_BASE64: &str = "iVBORw0KGgo=";
@@ -55,7 +56,7 @@ struct SlowArgs {
     seconds: f64,
 }
 
-#[tool_router(server_handler)]
+#[tool_router]
 impl Demo {
     /// Add two integers.
     #[tool]
@@ -99,6 +100,9 @@ impl Demo {
     /// Sleeps, then answers.
     #[tool]
     async fn slow(&self, Parameters(SlowArgs { seconds }): Parameters<SlowArgs>) -> String {
+        // On stderr (a stdio server's is the proxy's log): tests wait for
+        // the call to be running before they abandon it.
+        eprintln!("mcp_demo_server: slow started");
         // Negative (or NaN) is no wait; too long to represent, forever.
         let wait = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX);
         tokio::time::sleep(wait).await;
@@ -116,6 +120,22 @@ impl Demo {
             .and_then(|value| value.to_str().ok())
             .unwrap_or("none")
             .to_owned()
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for Demo {
+    /// Says on stderr which call the client gave up on, so a test can see
+    /// that `notifications/cancelled` arrived.
+    async fn on_cancelled(
+        &self,
+        notification: CancelledNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        let request = notification
+            .request_id
+            .map_or_else(|| "?".to_owned(), |id| id.to_string());
+        eprintln!("mcp_demo_server: notifications/cancelled for request {request}");
     }
 }
 

@@ -12,17 +12,6 @@ fn ask(model: &str, stream: bool) -> Value {
     json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
 }
 
-fn base(upstream: &FakeServer, extra: &str) -> String {
-    format!(
-        "default_upstream: up\nupstreams: {{ up: {{ url: \"{}/v1\" }} }}\n{extra}\n",
-        upstream.url()
-    )
-}
-
-fn last_event(res: &Response) -> Value {
-    serde_json::from_str(sse_data(&res.body).last().expect("an event")).expect("JSON event")
-}
-
 /// The proxy's resident memory, in KiB.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -31,23 +20,6 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-fn slow_stream(events: usize, gap: Duration) -> Reply {
-    let mut steps = Vec::new();
-    for _ in 0..events {
-        steps.push(Step::Bytes(
-            format!("data: {}\n\n", content(".")).into_bytes(),
-        ));
-        steps.push(Step::Sleep(gap));
-    }
-    steps.push(Step::Bytes(
-        format!("data: {}\n\ndata: [DONE]\n\n", finish("stop")).into_bytes(),
-    ));
-    Reply::Sse {
-        steps,
-        complete: true,
-    }
 }
 
 // ------------------------------------------------------------- upstream faults
@@ -72,8 +44,8 @@ async fn upstream_faults_end_in_defined_errors() {
         _ => Reply::events(vec![content("ok"), finish("stop")]),
     })
     .await;
-    let proxy = Proxy::start(&base(
-        &upstream,
+    let proxy = Proxy::start(&one_upstream(
+        &upstream.url(),
         "agents: { a: {} }\nlimits: { max_event_bytes: 2048 }",
     ))
     .await;
@@ -87,7 +59,7 @@ async fn upstream_faults_end_in_defined_errors() {
         !res.complete,
         "a stream that ends without [DONE] or finish_reason is broken"
     );
-    assert_eq!(last_event(&res)["error"]["type"], "upstream_error");
+    assert_eq!(res.last_event()["error"]["type"], "upstream_error");
 
     let res = post_json(
         proxy.port,
@@ -133,7 +105,7 @@ async fn upstream_faults_end_in_defined_errors() {
 async fn a_client_that_leaves_before_sending_its_body_costs_nothing() {
     let upstream =
         FakeServer::start(|_, _| Reply::events(vec![content("ok"), finish("stop")])).await;
-    let proxy = Proxy::start(&base(&upstream, "agents: { a: {} }")).await;
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), "agents: { a: {} }")).await;
     for _ in 0..20 {
         let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
             .await
@@ -161,21 +133,18 @@ async fn a_client_that_leaves_before_sending_its_body_costs_nothing() {
 #[tokio::test]
 async fn a_client_that_leaves_while_the_upstream_thinks_cancels_the_upstream_call() {
     let upstream = FakeServer::start(|_, _| Reply::Hold).await;
-    let proxy = Proxy::start(&base(&upstream, "agents: { a: {} }")).await;
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), "agents: { a: {} }")).await;
     for (model, stream) in [("a", true), ("a", false), ("other", true)] {
         let before = upstream.hangups();
         let conn = Connection::chat(proxy.port, &ask(model, stream)).await;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while upstream.requests().len() <= before as usize && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        upstream.wait_requests(before as usize + 1).await;
         drop(conn);
-        while upstream.hangups() == before && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(
-            upstream.hangups(),
-            before + 1,
+        let closed = wait_until(Duration::from_secs(10), || {
+            std::future::ready(upstream.hangups() == before + 1)
+        })
+        .await;
+        assert!(
+            closed,
             "{model} stream={stream}: the upstream request was closed"
         );
     }
@@ -195,7 +164,7 @@ async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
         }
     })
     .await;
-    let mut proxy_process = Proxy::start(&base(&upstream, "agents: { a: {} }")).await;
+    let mut proxy_process = Proxy::start(&one_upstream(&upstream.url(), "agents: { a: {} }")).await;
     let pid = proxy_process.pid();
     for model in ["a", "other"] {
         let start = rss_kib(pid);
@@ -232,20 +201,24 @@ async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
 // ------------------------------------------------------------------------ limits
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn limits_on_messages_open_streams_and_request_time() {
-    let upstream = FakeServer::start(|req, _| {
+async fn limits_on_messages_and_open_streams() {
+    let hold = Gate::default();
+    let held = hold.clone();
+    let upstream = FakeServer::start(move |req, _| {
         match req.json()["messages"][0]["content"]
             .as_str()
             .unwrap_or_default()
         {
-            "slow" => slow_stream(6, Duration::from_millis(100)),
-            "forever" => Reply::Stall,
+            "slow" => {
+                held.wait();
+                Reply::events(vec![content("done"), finish("stop")])
+            }
             _ => Reply::events(vec![content("ok"), finish("stop")]),
         }
     })
     .await;
-    let extra = "agents: { a: {} }\nlimits: { max_messages: 3, max_streams_per_client: 1, request_timeout_ms: 1500 }";
-    let proxy = Proxy::start(&base(&upstream, extra)).await;
+    let extra = "agents: { a: {} }\nlimits: { max_messages: 3, max_streams_per_client: 1 }";
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), extra)).await;
 
     let many = json!({"model": "a", "messages": [{"role": "user", "content": "1"}, {"role": "user", "content": "2"}, {"role": "user", "content": "3"}, {"role": "user", "content": "4"}]});
     let res = post_json(proxy.port, "/v1/chat/completions", &many).await;
@@ -256,7 +229,8 @@ async fn limits_on_messages_open_streams_and_request_time() {
     let slow =
         json!({"model": "a", "stream": true, "messages": [{"role": "user", "content": "slow"}]});
     let first = tokio::spawn(async move { post_json(port, "/v1/chat/completions", &slow).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Its slot is taken once the upstream has it; the gate keeps it there.
+    upstream.wait_requests(1).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", true)).await;
     assert_eq!(res.status, 429, "a second stream of the same client");
     assert_eq!(res.json()["error"]["code"], "too_many_streams");
@@ -267,6 +241,7 @@ async fn limits_on_messages_open_streams_and_request_time() {
         200,
         "non-streaming is not limited"
     );
+    hold.open();
     let first = first.await.unwrap();
     assert!(first.complete && first.ends_with_done());
     assert_eq!(
@@ -276,16 +251,28 @@ async fn limits_on_messages_open_streams_and_request_time() {
         200,
         "the slot was released"
     );
+}
 
-    let started = Instant::now();
-    let forever = json!({"model": "a", "messages": [{"role": "user", "content": "forever"}]});
-    let res = post_json(proxy.port, "/v1/chat/completions", &forever).await;
+#[tokio::test]
+async fn request_timeout_ms_bounds_a_whole_agent_request() {
+    // The upstream's own timeouts are minutes: only the request's fires.
+    let upstream = FakeServer::start(|_, _| Reply::Stall).await;
+    let extra = "agents: { a: {} }\nlimits: { request_timeout_ms: 1500 }";
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), extra)).await;
+    let res = within(
+        Duration::from_secs(15),
+        "the request timeout",
+        post_json(proxy.port, "/v1/chat/completions", &ask("a", false)),
+    )
+    .await;
     assert_eq!(res.status, 504, "{}", res.text());
-    assert!(res.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("request_timeout_ms"));
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        res.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("request_timeout_ms")),
+        "{}",
+        res.text()
+    );
 }
 
 // ---------------------------------------------------------------------- security
@@ -301,8 +288,7 @@ async fn a_client_cannot_make_the_proxy_run_a_tool_outside_its_agent() {
         ])
     })
     .await;
-    let yaml = base(
-        &upstream,
+    let yaml = one_upstream(&upstream.url(),
         &format!(
             "tools:\n  get_weather: {{ http: {{ url: \"{}/w\" }} }}\n  delete_everything: {{ http: {{ url: \"{}/x\" }} }}\nagents:\n  a: {{ tools: [get_weather] }}",
             allowed.url(),
@@ -347,7 +333,7 @@ agents:
   a: {{ tools: [environment, directory, echo] }}"#,
         work.display()
     );
-    let yaml = base(&upstream, &tools);
+    let yaml = one_upstream(&upstream.url(), &tools);
     let proxy = Proxy::start_with_env(&yaml, &[("SECRET_TOKEN", "must-not-leak")]).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
     let results = echoed_results(&res.json());
@@ -398,7 +384,7 @@ async fn http_tools_post_to_the_configured_url_whatever_the_arguments_say() {
         }
     })
     .await;
-    let yaml = base(&upstream, &format!("tools:\n  fetch: {{ http: {{ url: \"{}/fixed/path?x=1\" }} }}\nagents:\n  a: {{ tools: [fetch] }}", tool.url()));
+    let yaml = one_upstream(&upstream.url(), &format!("tools:\n  fetch: {{ http: {{ url: \"{}/fixed/path?x=1\" }} }}\nagents:\n  a: {{ tools: [fetch] }}", tool.url()));
     let proxy = Proxy::start(&yaml).await;
     post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
     let sent = &tool.requests()[0];
@@ -411,13 +397,8 @@ async fn http_tools_post_to_the_configured_url_whatever_the_arguments_say() {
 
 // ------------------------------------------------------------------- tool faults
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_tools_give_bounded_error_results() {
-    // Unique to this run (sleep takes fractions), so no other process matches.
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let marker = format!("sleep {}.{nonce:09}", 300 + std::process::id() % 100);
     let huge = FakeServer::start(|req, _| match req.path.as_str() {
         "/big" => Reply::Json {
             status: 200,
@@ -433,16 +414,36 @@ async fn misbehaving_tools_give_bounded_error_results() {
     .await;
     let upstream =
         calls_then_echo_results(vec![("big", "{}"), ("binary", "{}"), ("spawner", "{}")]).await;
-    let spawner = format!("import subprocess, time; [subprocess.Popen(['{}'.split()[0], '{}'.split()[1]]) for _ in range(3)]; time.sleep(60)", marker, marker);
-    let yaml = base(
-        &upstream,
+    // Three children in the command's group, their ids written once they run.
+    let pids = scratch_dir().join("children");
+    let spawner = format!(
+        "import subprocess, time; kids = [subprocess.Popen(['sleep', '600']) for _ in range(3)]; open('{}', 'w').write(' '.join(str(k.pid) for k in kids) + chr(10)); time.sleep(600)",
+        pids.display()
+    );
+    let yaml = one_upstream(
+        &upstream.url(),
         &format!(
-            "tools:\n  big: {{ http: {{ url: \"{u}/big\" }}, max_output_bytes: 1000 }}\n  binary: {{ http: {{ url: \"{u}/bin\" }} }}\n  spawner: {{ command: {{ argv: [python3, -c, \"{spawner}\"], timeout_ms: 700 }} }}\nagents:\n  a: {{ tools: [big, binary, spawner] }}",
+            "tools:\n  big: {{ http: {{ url: \"{u}/big\" }}, max_output_bytes: 1000 }}\n  binary: {{ http: {{ url: \"{u}/bin\" }} }}\n  spawner: {{ command: {{ argv: [python3, -c, \"{spawner}\"], timeout_ms: 3000 }} }}\nagents:\n  a: {{ tools: [big, binary, spawner] }}",
             u = huge.url()
         ),
     );
     let proxy = Proxy::start(&yaml).await;
-    let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
+    let port = proxy.port;
+    let call =
+        tokio::spawn(
+            async move { post_json(port, "/v1/chat/completions", &ask("a", false)).await },
+        );
+    let children: Vec<u32> = wait_line(&pids, Duration::from_secs(10))
+        .await
+        .split(' ')
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect();
+    assert!(
+        children.iter().all(|&pid| !process_gone(pid)),
+        "the children run before the timeout"
+    );
+
+    let res = call.await.unwrap();
     assert_eq!(res.status, 200, "{}", res.text());
     let results = echoed_results(&res.json());
     assert!(
@@ -452,29 +453,18 @@ async fn misbehaving_tools_give_bounded_error_results() {
         results[1], "\u{fffd}\u{fffd}ok",
         "invalid UTF-8 is replaced, not fatal"
     );
-    assert_eq!(results[2], "error: timed out after 700 ms");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let left = std::process::Command::new("pgrep")
-        .args(["-f", &format!("^{marker}$")])
-        .output()
-        .unwrap();
+    assert_eq!(results[2], "error: timed out after 3000 ms");
+    let killed = wait_until(Duration::from_secs(10), || {
+        std::future::ready(children.iter().all(|&pid| process_gone(pid)))
+    })
+    .await;
     assert!(
-        left.stdout.is_empty(),
-        "the command's children were killed too: {}",
-        String::from_utf8_lossy(&left.stdout)
+        killed,
+        "the command's children {children:?} were killed too"
     );
 }
 
 // ----------------------------------------------------------------- client edge
-
-/// Waits until `upstream` has seen `n` requests.
-async fn wait_requests(upstream: &FakeServer, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while upstream.requests().len() < n {
-        assert!(Instant::now() < deadline, "the upstream saw {n} requests");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// A stream request with `authorization`, held open by the upstream.
 async fn held_stream(port: u16, authorization: &str) -> Connection {
@@ -505,13 +495,13 @@ async fn stream_status(port: u16, authorization: &str) -> u16 {
 #[tokio::test]
 async fn made_up_bearers_buy_no_extra_streams_without_auth() {
     let upstream = FakeServer::start(|_, _| Reply::Hold).await;
-    let proxy = Proxy::start(&base(
-        &upstream,
+    let proxy = Proxy::start(&one_upstream(
+        &upstream.url(),
         "agents: { a: {} }\nlimits: { max_streams_per_client: 1 }",
     ))
     .await;
     let _first = held_stream(proxy.port, "Bearer made-up-1").await;
-    wait_requests(&upstream, 1).await;
+    upstream.wait_requests(1).await;
     assert_eq!(
         stream_status(proxy.port, "Bearer made-up-2").await,
         429,
@@ -522,16 +512,16 @@ async fn made_up_bearers_buy_no_extra_streams_without_auth() {
 #[tokio::test]
 async fn with_auth_streams_count_per_configured_key() {
     let upstream = FakeServer::start(|_, _| Reply::Hold).await;
-    let proxy = Proxy::start(&base(
-        &upstream,
+    let proxy = Proxy::start(&one_upstream(
+        &upstream.url(),
         "auth: { api_keys: [k1, k2] }\nagents: { a: {} }\nlimits: { max_streams_per_client: 1 }",
     ))
     .await;
     let _first = held_stream(proxy.port, "Bearer k1").await;
-    wait_requests(&upstream, 1).await;
+    upstream.wait_requests(1).await;
     assert_eq!(stream_status(proxy.port, "Bearer k1").await, 429);
     let _second = held_stream(proxy.port, "Bearer k2").await;
-    wait_requests(&upstream, 2).await;
+    upstream.wait_requests(2).await;
 }
 
 async fn healthz_on(conn: &mut Connection) -> Response {
@@ -553,7 +543,11 @@ async fn idle_connection(port: u16) -> Connection {
 #[tokio::test]
 async fn idle_keep_alive_connections_are_closed_after_keepalive_timeout() {
     let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
-    let proxy = Proxy::start(&base(&upstream, "limits: { keepalive_timeout_ms: 300 }")).await;
+    let proxy = Proxy::start(&one_upstream(
+        &upstream.url(),
+        "limits: { keepalive_timeout_ms: 300 }",
+    ))
+    .await;
     let mut conn = idle_connection(proxy.port).await;
     assert!(
         conn.closed_within(Duration::from_secs(10)).await,
@@ -564,7 +558,7 @@ async fn idle_keep_alive_connections_are_closed_after_keepalive_timeout() {
 #[tokio::test]
 async fn keep_alive_connections_stay_open_across_a_pause_by_default() {
     let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
-    let proxy = Proxy::start(&base(&upstream, "")).await;
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), "")).await;
     let mut conn = idle_connection(proxy.port).await;
     // The pause under test, well below the 75 s default.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -574,7 +568,11 @@ async fn keep_alive_connections_stay_open_across_a_pause_by_default() {
 #[tokio::test]
 async fn at_max_connections_the_oldest_idle_connection_makes_room() {
     let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
-    let proxy = Proxy::start(&base(&upstream, "limits: { max_connections: 2 }")).await;
+    let proxy = Proxy::start(&one_upstream(
+        &upstream.url(),
+        "limits: { max_connections: 2 }",
+    ))
+    .await;
     let mut oldest = idle_connection(proxy.port).await;
     let mut newer = idle_connection(proxy.port).await;
     let mut third = idle_connection(proxy.port).await;

@@ -3,6 +3,8 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -68,6 +70,48 @@ async fn model_ids(port: u16) -> Vec<String> {
         .collect()
 }
 
+/// `agent_proxy_config_reloads_total` for `result` (`ok`, `failed`).
+async fn reloads(port: u16, result: &str) -> u64 {
+    let line = format!("agent_proxy_config_reloads_total{{result=\"{result}\"}} ");
+    get(port, "/metrics")
+        .await
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until the proxy has counted `n` reloads with `result`.
+async fn wait_reloads(port: u16, result: &str, n: u64) {
+    let counted = wait_until(Duration::from_secs(10), || async move {
+        reloads(port, result).await >= n
+    })
+    .await;
+    assert!(
+        counted,
+        "{n} reloads {result}: {}",
+        reloads(port, result).await
+    );
+}
+
+/// Waits until some answer came from config `generation`: each generation
+/// serves part of the load before the next replaces it.
+async fn served(answers: &Mutex<Vec<String>>, generation: u32) {
+    let prefix = format!("gen-{generation}");
+    let seen = wait_until(Duration::from_secs(10), || {
+        std::future::ready(
+            answers
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|a| a.starts_with(&prefix)),
+        )
+    })
+    .await;
+    assert!(seen, "no answer from {prefix}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reloads_under_load_fail_no_request_and_reject_invalid_configs() {
     let upstream = echo_prompt_upstream(4, Duration::from_millis(40)).await;
@@ -77,53 +121,48 @@ async fn reloads_under_load_fail_no_request_and_reject_invalid_configs() {
     std::fs::write(&path, with_listen(port, &config(&upstream, 1))).unwrap();
     let proxy = Proxy::launch(dir, &path, port, &[], &["--reload-poll-ms", "50"]).await;
 
+    let answers = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..8)
         .map(|_| {
+            let (answers, stop) = (answers.clone(), stop.clone());
             tokio::spawn(async move {
-                let mut answers = Vec::new();
-                let until = Instant::now() + Duration::from_millis(2500);
-                while Instant::now() < until {
+                while !stop.load(Ordering::SeqCst) {
                     let res = post_json(port, "/v1/chat/completions", &ask()).await;
                     assert_eq!(res.status, 200, "{}", res.text());
                     assert!(res.complete && res.ends_with_done(), "{}", res.text());
-                    answers.push(res.delta_text("content"));
+                    answers.lock().unwrap().push(res.delta_text("content"));
                 }
-                answers
             })
         })
         .collect();
+    served(&answers, 1).await;
+    let mut ok = 0;
     for generation in 2..=6 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
         write_atomically(&path, &with_listen(port, &config(&upstream, generation)));
+        ok += 1;
+        wait_reloads(port, "ok", ok).await;
         if generation == 4 {
-            tokio::time::sleep(Duration::from_millis(150)).await;
             write_atomically(&path, &with_listen(port, "agents: [this is not a config"));
-            tokio::time::sleep(Duration::from_millis(150)).await;
+            wait_reloads(port, "failed", 1).await;
             assert_eq!(
                 post_json(port, "/v1/chat/completions", &ask()).await.status,
                 200,
                 "the old config keeps serving"
             );
             write_atomically(&path, &with_listen(port, &config(&upstream, generation)));
+            ok += 1;
+            wait_reloads(port, "ok", ok).await;
         }
+        served(&answers, generation).await;
     }
-    let mut total = 0;
-    let mut generations = std::collections::BTreeSet::new();
+    stop.store(true, Ordering::SeqCst);
     for client in clients {
-        for answer in client.await.unwrap() {
-            total += 1;
-            let generation = answer.trim_end_matches('.').to_owned();
-            assert!(generation.starts_with("gen-"), "{answer}");
-            generations.insert(generation);
-        }
+        client.await.unwrap();
     }
-    assert!(total >= 40, "only {total} requests completed");
-    assert!(
-        generations.len() >= 3,
-        "requests saw the reloads: {generations:?}"
-    );
+    let answers = answers.lock().unwrap().clone();
+    assert!(answers.iter().all(|a| a.starts_with("gen-")), "{answers:?}");
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         model_ids(port).await,
         ["bot", "extra"],
@@ -131,15 +170,8 @@ async fn reloads_under_load_fail_no_request_and_reject_invalid_configs() {
     );
     let res = post_json(port, "/v1/chat/completions", &ask()).await;
     assert!(res.delta_text("content").starts_with("gen-6"));
-    let metrics = get(port, "/metrics").await.text();
-    assert!(
-        metrics.contains(r#"agent_proxy_config_reloads_total{result="failed"} 1"#),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains(r#"agent_proxy_config_reloads_total{result="ok"} 6"#),
-        "{metrics}"
-    );
+    assert_eq!(reloads(port, "ok").await, 6, "one reload per change");
+    assert_eq!(reloads(port, "failed").await, 1);
     assert!(proxy.logs().contains("config reload rejected"));
 }
 
@@ -226,13 +258,14 @@ async fn sigterm_drains_a_live_stream_then_exits_at_once() {
     res.body.extend_from_slice(&first);
     let signalled = Instant::now();
     proxy.signal("TERM");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+    let port = proxy.port;
+    let refused = wait_until(Duration::from_secs(10), || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
-            .is_err(),
-        "new connections are refused while draining"
-    );
+            .is_err()
+    })
+    .await;
+    assert!(refused, "new connections are refused while draining");
     while let Some(chunk) = conn.next_chunk(&mut res).await {
         res.body.extend_from_slice(&chunk);
     }
@@ -248,6 +281,24 @@ async fn sigterm_drains_a_live_stream_then_exits_at_once() {
     assert!(status.success(), "{status:?}");
     // 60 s of grace were allowed; the process left with the stream (~2 s).
     assert!(signalled.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_exits_at_once_cutting_live_streams() {
+    // Twenty seconds of stream and a minute of grace: neither is waited for.
+    let upstream = echo_prompt_upstream(200, Duration::from_millis(100)).await;
+    let mut proxy =
+        Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "60"]).await;
+    let mut conn = Connection::chat(proxy.port, &ask()).await;
+    let mut res = conn.head().await;
+    conn.next_chunk(&mut res).await.expect("the stream started");
+    proxy.signal("INT");
+    assert!(
+        proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "the process left without draining"
+    );
+    while conn.next_chunk(&mut res).await.is_some() {}
+    assert!(!res.complete, "the live stream was cut");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,16 +328,23 @@ async fn a_binary_upgrade_hands_over_the_sockets_without_refusing_a_request() {
     let sock = sock.to_str().unwrap();
     let mut old = Proxy::launch(dir.join("old"), &path, port, &[], &["--upgrade-sock", sock]).await;
 
-    let traffic = tokio::spawn(async move {
-        let mut statuses = Vec::new();
-        let until = Instant::now() + Duration::from_secs(8);
-        while Instant::now() < until {
-            statuses.push(post_json(port, "/v1/chat/completions", &ask()).await.status);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        statuses
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    let traffic = {
+        let statuses = statuses.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_secs(8);
+            while Instant::now() < until {
+                let status = post_json(port, "/v1/chat/completions", &ask()).await.status;
+                statuses.lock().unwrap().push(status);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let flowing = wait_until(Duration::from_secs(10), || {
+        std::future::ready(statuses.lock().unwrap().len() >= 5)
+    })
+    .await;
+    assert!(flowing, "the old process serves the traffic");
     // The new binary waits on the socket for the old one's listeners.
     let _new = Proxy::launch(
         dir.join("new"),
@@ -297,7 +355,8 @@ async fn a_binary_upgrade_hands_over_the_sockets_without_refusing_a_request() {
     )
     .await;
     old.signal("QUIT");
-    let statuses = traffic.await.unwrap();
+    traffic.await.unwrap();
+    let statuses = statuses.lock().unwrap().clone();
     assert!(statuses.len() > 50);
     assert!(
         statuses.iter().all(|&s| s == 200),

@@ -46,12 +46,17 @@ impl Drop for HttpMcp {
 /// The proxy with `agents` (YAML lines) and the demo MCP server over stdio,
 /// once that server is connected.
 async fn with_stdio_demo(upstream: &FakeServer, agents: &str) -> Proxy {
+    with_stdio_demo_set(upstream, "timeout_ms: 5000", agents).await
+}
+
+/// [`with_stdio_demo`] with the server's `settings` (YAML flow entries).
+async fn with_stdio_demo_set(upstream: &FakeServer, settings: &str, agents: &str) -> Proxy {
     let yaml = format!(
         r#"
 default_upstream: up
 upstreams: {{ up: {{ url: "{}/v1" }} }}
 mcp_servers:
-  demo: {{ command: ["{}", "stdio"], timeout_ms: 5000 }}
+  demo: {{ command: ["{}", "stdio"], {settings} }}
 agents:
 {agents}
 "#,
@@ -294,6 +299,59 @@ async fn a_stdio_server_that_dies_is_restarted() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The demo server writes these on stderr, which is the proxy's log.
+const SLOW_STARTED: &str = "mcp_demo_server: slow started";
+const CANCELLED: &str = "mcp_demo_server: notifications/cancelled";
+
+/// Waits (30 s at most) until the proxy's log holds `line`.
+async fn wait_log(proxy: &Proxy, line: &str) {
+    let seen = wait_until(Duration::from_secs(30), || {
+        std::future::ready(proxy.logs().contains(line))
+    })
+    .await;
+    assert!(seen, "no `{line}` in the log:\n{}", proxy.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_an_mcp_call_gets_it_cancelled_on_the_server() {
+    let upstream = calls_then_echo_results(vec![("demo__slow", r#"{"seconds": 3600}"#)]).await;
+    let proxy = with_stdio_demo_set(
+        &upstream,
+        "timeout_ms: 600000",
+        r#"  demo: { tools: ["demo/slow"] }"#,
+    )
+    .await;
+    let mut conn = Connection::chat(proxy.port, &stream_body("demo", "go")).await;
+    assert_eq!(conn.head().await.status, 200);
+    wait_log(&proxy, SLOW_STARTED).await;
+    assert!(!proxy.logs().contains(CANCELLED));
+    drop(conn);
+    wait_log(&proxy, CANCELLED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_past_its_timeout_is_cancelled_and_becomes_an_error_result() {
+    let upstream = calls_then_echo_results(vec![("demo__slow", r#"{"seconds": 3600}"#)]).await;
+    let proxy = with_stdio_demo_set(
+        &upstream,
+        "timeout_ms: 300",
+        r#"  demo: { tools: ["demo/slow"] }"#,
+    )
+    .await;
+    let res = within(
+        Duration::from_secs(30),
+        "the MCP timeout",
+        post_json(proxy.port, "/v1/chat/completions", &ask("demo", "go")),
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(
+        echoed_results(&res.json()),
+        ["error: MCP tool `slow` timed out after 300 ms"]
+    );
+    wait_log(&proxy, CANCELLED).await;
 }
 
 #[tokio::test]

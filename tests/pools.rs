@@ -9,28 +9,23 @@ use serde_json::{json, Value};
 
 /// A replica that names itself in every answer and answers health checks.
 async fn replica(name: &'static str, port: u16) -> FakeServer {
+    holding_replica(name, port, None).await
+}
+
+/// A [`replica`] that holds a request saying `slow` until `hold` opens.
+async fn holding_replica(name: &'static str, port: u16, hold: Option<Gate>) -> FakeServer {
     FakeServer::start_on(
         port,
         move |req, _| match req.path.as_str() {
             "/health" => Reply::json(200, json!({"status": "ok"})),
             "/v1/embeddings" => Reply::json(200, json!({"replica": name})),
             _ => {
-                let slow = req.json()["messages"]
-                    .as_array()
-                    .is_some_and(|m| m.iter().any(|m| m["content"] == "slow"));
-                let mut steps = vec![Step::Bytes(
-                    format!("data: {}\n\n", content(name)).into_bytes(),
-                )];
-                if slow {
-                    steps.push(Step::Sleep(Duration::from_millis(1500)));
+                if let Some(hold) = &hold {
+                    if req.json()["messages"][0]["content"] == "slow" {
+                        hold.wait();
+                    }
                 }
-                steps.push(Step::Bytes(
-                    format!("data: {}\n\ndata: [DONE]\n\n", finish("stop")).into_bytes(),
-                ));
-                Reply::Sse {
-                    steps,
-                    complete: true,
-                }
+                Reply::events(vec![content(name), finish("stop")])
             }
         },
         None,
@@ -52,16 +47,7 @@ fn pool_config(urls: &[String], extra: &str) -> String {
 }
 
 fn ask(user: &str) -> Value {
-    json!({"model": "bot", "messages": [{"role": "user", "content": user}]})
-}
-
-async fn answer(port: u16, body: &Value) -> String {
-    let res = post_json(port, "/v1/chat/completions", body).await;
-    assert_eq!(res.status, 200, "{}", res.text());
-    res.json()["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    chat_body("bot", user)
 }
 
 fn chat_calls(server: &FakeServer) -> usize {
@@ -82,22 +68,26 @@ async fn round_robin_spreads_load_and_a_killed_replica_leaves_and_rejoins() {
     let b_port = b.port;
     let proxy = Proxy::start(&pool_config(&[a.url(), b.url(), c.url()], "")).await;
     for _ in 0..6 {
-        answer(proxy.port, &ask("hi")).await;
+        answer_text(proxy.port, &ask("hi")).await;
     }
     assert_eq!((chat_calls(&a), chat_calls(&b), chat_calls(&c)), (2, 2, 2));
 
     drop(b);
     for _ in 0..9 {
         assert_ne!(
-            answer(proxy.port, &ask("hi")).await,
+            answer_text(proxy.port, &ask("hi")).await,
             "B",
             "no request fails or lands on the dead replica"
         );
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let noticed = wait_until(Duration::from_secs(10), || {
+        std::future::ready(proxy.logs().contains("endpoint unhealthy"))
+    })
+    .await;
+    assert!(noticed, "the health checker saw B die:\n{}", proxy.logs());
     let _b = replica("B", b_port).await;
     let deadline = Instant::now() + Duration::from_secs(5);
-    while answer(proxy.port, &ask("hi")).await != "B" {
+    while answer_text(proxy.port, &ask("hi")).await != "B" {
         assert!(
             Instant::now() < deadline,
             "B never rejoined:\n{}",
@@ -125,7 +115,7 @@ async fn a_5xx_before_any_byte_is_retried_on_another_replica() {
     let good = replica("B", 0).await;
     let proxy = Proxy::start(&pool_config(&[failing.url(), good.url()], "")).await;
     for _ in 0..4 {
-        assert_eq!(answer(proxy.port, &ask("hi")).await, "B");
+        assert_eq!(answer_text(proxy.port, &ask("hi")).await, "B");
         let res = post_json(
             proxy.port,
             "/v1/chat/completions",
@@ -159,9 +149,7 @@ async fn a_stream_that_breaks_after_it_began_is_never_retried() {
     let breaking = FakeServer::start(|req, _| match req.path.as_str() {
         "/health" => Reply::json(200, json!({})),
         _ => Reply::Sse {
-            steps: vec![Step::Bytes(
-                format!("data: {}\n\n", content("partial")).into_bytes(),
-            )],
+            steps: vec![Step::event(&content("partial"))],
             complete: false,
         },
     })
@@ -196,7 +184,8 @@ async fn prefix_affinity_keeps_each_conversation_on_one_replica() {
         ];
         let mut seen = std::collections::BTreeSet::new();
         for turn in 0..4 {
-            let replica = answer(proxy.port, &json!({"model": "bot", "messages": messages})).await;
+            let replica =
+                answer_text(proxy.port, &json!({"model": "bot", "messages": messages})).await;
             seen.insert(replica.clone());
             messages.push(json!({"role": "assistant", "content": replica}));
             messages.push(json!({"role": "user", "content": format!("follow-up {turn}")}));
@@ -217,19 +206,28 @@ async fn prefix_affinity_keeps_each_conversation_on_one_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn least_in_flight_sends_new_requests_to_the_idle_replica() {
-    let (a, b) = (replica("A", 0).await, replica("B", 0).await);
+    let hold = Gate::default();
+    let (a, b) = (
+        holding_replica("A", 0, Some(hold.clone())).await,
+        holding_replica("B", 0, Some(hold.clone())).await,
+    );
     let proxy = Proxy::start(&pool_config(
         &[a.url(), b.url()],
         "    balance: least_in_flight",
     ))
     .await;
     let port = proxy.port;
-    let slow = tokio::spawn(async move { answer(port, &ask("slow")).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let slow = tokio::spawn(async move { answer_text(port, &ask("slow")).await });
+    let arrived = wait_until(Duration::from_secs(10), || {
+        std::future::ready(chat_calls(&a) + chat_calls(&b) == 1)
+    })
+    .await;
+    assert!(arrived, "the slow request reached a replica");
     let busy = if chat_calls(&a) == 1 { "A" } else { "B" };
     for _ in 0..4 {
-        assert_ne!(answer(proxy.port, &ask("hi")).await, busy);
+        assert_ne!(answer_text(proxy.port, &ask("hi")).await, busy);
     }
+    hold.open();
     assert_eq!(slow.await.unwrap(), busy);
 }
 
@@ -249,67 +247,115 @@ async fn the_proxy_path_fails_over_on_connect_failure() {
     }
 }
 
-#[tokio::test]
-async fn first_byte_idle_and_total_timeouts() {
-    let upstream = FakeServer::start(|req, _| {
-        let user = req.json()["messages"][0]["content"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        match user.as_str() {
-            "stall" => Reply::Stall,
-            "pause" => Reply::Sse {
-                steps: vec![
-                    Step::Bytes(format!("data: {}\n\n", content("a")).into_bytes()),
-                    Step::Sleep(Duration::from_secs(5)),
-                ],
-                complete: true,
-            },
-            _ => {
-                let mut steps = Vec::new();
-                for _ in 0..30 {
-                    steps.push(Step::Bytes(
-                        format!("data: {}\n\n", content(".")).into_bytes(),
-                    ));
-                    steps.push(Step::Sleep(Duration::from_millis(100)));
-                }
-                Reply::Sse {
-                    steps,
-                    complete: true,
-                }
-            }
-        }
-    })
-    .await;
-    let yaml = format!(
-        "default_upstream: up\nupstreams:\n  up: {{ url: \"{}/v1\", first_byte_timeout_ms: 300, idle_timeout_ms: 500, total_timeout_ms: 1200 }}\nagents:\n  bot: {{}}\n",
-        upstream.url()
+/// The agent `bot` on `url` with only the `timeouts` given (the others keep
+/// their defaults of minutes), so each test sees exactly one timeout at work.
+fn timed(url: &str, timeouts: &str) -> String {
+    format!(
+        "default_upstream: up\nupstreams:\n  up: {{ url: \"{url}/v1\", {timeouts} }}\nagents:\n  bot: {{}}\n"
+    )
+}
+
+/// Far beyond the timeouts under test, far below the defaults of the others.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A chat request to `bot`, answered within [`DEADLINE`].
+async fn call_bot(proxy: &Proxy, body: &Value) -> Response {
+    within(
+        DEADLINE,
+        "an answer",
+        post_json(proxy.port, "/v1/chat/completions", body),
+    )
+    .await
+}
+
+/// A streamed request to `bot` that the proxy must cut on a timeout (within
+/// [`DEADLINE`]) with an error event.
+async fn cut_by_timeout(proxy: &Proxy) -> Response {
+    let res = call_bot(proxy, &stream_body("bot", "hi")).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert!(!res.complete, "cut, not ended cleanly: {}", res.text());
+    assert_eq!(
+        res.last_event()["error"]["code"],
+        "timeout",
+        "{}",
+        res.text()
     );
-    let proxy = Proxy::start(&yaml).await;
-    let stream = |user: &str| json!({"model": "bot", "stream": true, "messages": [{"role": "user", "content": user}]});
+    res
+}
 
-    let res = post_json(proxy.port, "/v1/chat/completions", &stream("stall")).await;
-    assert_eq!(res.status, 504, "no first byte: {}", res.text());
-
-    for (user, why) in [("pause", "idle"), ("long", "total")] {
-        let started = Instant::now();
-        let res = post_json(proxy.port, "/v1/chat/completions", &stream(user)).await;
-        assert_eq!(res.status, 200);
-        assert!(!res.complete, "{why} timeout cuts the stream");
-        let last: Value = serde_json::from_str(sse_data(&res.body).last().unwrap()).unwrap();
-        assert_eq!(last["error"]["code"], "timeout", "{why}: {last}");
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{why} timeout fired"
-        );
+#[tokio::test]
+async fn first_byte_timeout_answers_504_when_the_upstream_never_answers() {
+    let upstream = FakeServer::start(|_, _| Reply::Stall).await;
+    let proxy = Proxy::start(&timed(&upstream.url(), "first_byte_timeout_ms: 300")).await;
+    for body in [chat_body("bot", "hi"), stream_body("bot", "hi")] {
+        let res = call_bot(&proxy, &body).await;
+        assert_eq!(res.status, 504, "{}", res.text());
+        assert_eq!(res.json()["error"]["code"], "timeout", "{}", res.text());
     }
+}
+
+#[tokio::test]
+async fn idle_timeout_cuts_a_stream_that_stalls_mid_way() {
+    let upstream = FakeServer::start(|_, _| Reply::silent_after("begun")).await;
+    let proxy = Proxy::start(&timed(&upstream.url(), "idle_timeout_ms: 500")).await;
+    assert_eq!(cut_by_timeout(&proxy).await.delta_text("content"), "begun");
+
+    // A client that did not stream gets a 504 for the same stall.
+    let res = call_bot(&proxy, &chat_body("bot", "hi")).await;
+    assert_eq!(res.status, 504, "{}", res.text());
+    assert_eq!(res.json()["error"]["code"], "timeout", "{}", res.text());
+}
+
+#[tokio::test]
+async fn total_timeout_cuts_a_stream_that_never_pauses_long() {
+    // Ten minutes of a chunk every 100 ms: never idle, always too long.
+    let upstream =
+        FakeServer::start(|_, _| Reply::slow_stream(6000, Duration::from_millis(100))).await;
+    let proxy = Proxy::start(&timed(&upstream.url(), "total_timeout_ms: 1200")).await;
+    let res = cut_by_timeout(&proxy).await;
+    assert!(
+        res.delta_text("content").starts_with('.'),
+        "the stream ran before it was cut"
+    );
+}
+
+#[tokio::test]
+async fn total_timeout_also_bounds_the_wait_for_the_first_byte() {
+    let upstream = FakeServer::start(|_, _| Reply::Stall).await;
+    let proxy = Proxy::start(&timed(&upstream.url(), "total_timeout_ms: 500")).await;
+    let res = call_bot(&proxy, &chat_body("bot", "hi")).await;
+    assert_eq!(res.status, 504, "{}", res.text());
+}
+
+#[tokio::test]
+async fn connect_timeout_gives_up_on_a_host_that_never_accepts() {
+    // A listener whose accept queue is full: the kernel drops further SYNs,
+    // so a connect neither succeeds nor is refused until it gives up.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let address = listener.local_addr().unwrap();
+    let _queued = tokio::net::TcpStream::connect(address).await.unwrap();
+    let filled = tokio::time::timeout(
+        Duration::from_millis(500),
+        tokio::net::TcpStream::connect(address),
+    )
+    .await
+    .is_err();
+    assert!(filled, "the listener's queue is full");
+
+    let url = format!("http://{address}");
+    let proxy = Proxy::start(&timed(&url, "connect_timeout_ms: 300")).await;
+    let res = call_bot(&proxy, &chat_body("bot", "hi")).await;
+    assert_eq!(res.status, 504, "{}", res.text());
+    assert_eq!(res.json()["error"]["code"], "timeout", "{}", res.text());
 }
 
 /// A single-URL upstream for non-agent chat requests, which the proxy
 /// forwards on pooled connections. A streamed answer's end reaches the client
 /// after the connection is back in the pool, so the next request reuses it.
 fn single(url: &str) -> String {
-    format!("default_upstream: up\nupstreams:\n  up: {{ url: \"{url}/v1\" }}\n")
+    one_upstream(url, "")
 }
 
 fn other_model() -> Value {
@@ -471,7 +517,7 @@ async fn behind_localhost() -> (Proxy, FakeServer) {
 async fn an_agent_reaches_a_localhost_upstream_on_whichever_loopback_address_listens() {
     let (proxy, replica) = behind_localhost().await;
     for _ in 0..2 {
-        assert_eq!(answer(proxy.port, &ask("hi")).await, "A");
+        assert_eq!(answer_text(proxy.port, &ask("hi")).await, "A");
     }
     assert_eq!(chat_calls(&replica), 2);
 }

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -59,12 +59,39 @@ impl Response {
             .collect()
     }
 
+    /// The JSON of the last `data:` event.
+    pub fn last_event(&self) -> Value {
+        let data = sse_data(&self.body);
+        let last = data.last().expect("an event");
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("event {last}: {e}"))
+    }
+
     pub fn error_type(&self) -> String {
         self.json()["error"]["type"]
             .as_str()
             .unwrap_or_default()
             .to_owned()
     }
+}
+
+/// A chat completions request: one user message to `model`.
+pub fn chat_body(model: &str, user: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": user}]})
+}
+
+/// [`chat_body`], streamed.
+pub fn stream_body(model: &str, user: &str) -> Value {
+    json!({"model": model, "stream": true, "messages": [{"role": "user", "content": user}]})
+}
+
+/// The answer's text of a non-streamed chat completion that must succeed.
+pub async fn answer_text(port: u16, body: &Value) -> String {
+    let res = post_json(port, "/v1/chat/completions", body).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    res.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 pub fn sse_data(body: &[u8]) -> Vec<String> {

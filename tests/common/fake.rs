@@ -1,7 +1,7 @@
 //! A scripted upstream: each request is recorded and answered by a handler.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -58,6 +58,36 @@ pub enum Step {
     Sleep(Duration),
 }
 
+impl Step {
+    /// One SSE `data:` event.
+    pub fn event(value: &Value) -> Step {
+        Step::Bytes(format!("data: {value}\n\n").into_bytes())
+    }
+}
+
+/// Holds a handler back until the test opens it: a request stays in flight
+/// exactly as long as the test needs, with no guessed durations.
+#[derive(Clone, Default)]
+pub struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    /// Blocks (handlers run on blocking threads) until opened; a minute at
+    /// most, so a test that fails before opening it does not hang.
+    pub fn wait(&self) {
+        let (open, opened) = &*self.0;
+        let guard = open.lock().unwrap();
+        let _ = opened
+            .wait_timeout_while(guard, Duration::from_secs(60), |open| !*open)
+            .unwrap();
+    }
+
+    pub fn open(&self) {
+        let (open, opened) = &*self.0;
+        *open.lock().unwrap() = true;
+        opened.notify_all();
+    }
+}
+
 pub enum Reply {
     Json {
         status: u16,
@@ -104,6 +134,33 @@ impl Reply {
         steps.push(Step::Bytes(b"data: [DONE]\n\n".to_vec()));
         Reply::Sse {
             steps,
+            complete: true,
+        }
+    }
+
+    /// `events` content chunks (`.`) `gap` apart, then `finish_reason: stop`
+    /// and `[DONE]`: an answer that takes its time.
+    pub fn slow_stream(events: usize, gap: Duration) -> Reply {
+        let mut steps = Vec::new();
+        for _ in 0..events {
+            steps.push(Step::event(&content(".")));
+            steps.push(Step::Sleep(gap));
+        }
+        steps.push(Step::event(&finish("stop")));
+        steps.push(Step::Bytes(b"data: [DONE]\n\n".to_vec()));
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
+    }
+
+    /// The stream begins with `text`, then goes silent for an hour.
+    pub fn silent_after(text: &str) -> Reply {
+        Reply::Sse {
+            steps: vec![
+                Step::event(&content(text)),
+                Step::Sleep(Duration::from_secs(3600)),
+            ],
             complete: true,
         }
     }
@@ -295,6 +352,19 @@ impl FakeServer {
 
     pub fn closed(&self) -> u32 {
         *self.closed.lock().unwrap()
+    }
+
+    /// Waits (10 s at most) until this server has seen `n` requests.
+    pub async fn wait_requests(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.requests().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "the upstream saw {} requests, not {n}",
+                self.requests().len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

@@ -40,6 +40,12 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A config whose default upstream `up` is the server at `url`, then `extra`
+/// (YAML lines: agents, tools, limits).
+pub fn one_upstream(url: &str, extra: &str) -> String {
+    format!("default_upstream: up\nupstreams: {{ up: {{ url: \"{url}/v1\" }} }}\n{extra}\n")
+}
+
 /// `yaml` with a `listen` line for `port` in front.
 pub fn with_listen(port: u16, yaml: &str) -> String {
     format!("listen: \"127.0.0.1:{port}\"\n{yaml}")
@@ -167,4 +173,43 @@ pub async fn wait_until<F: std::future::Future<Output = bool>>(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Awaits `work`, failing the test if it takes longer than `limit`: a
+/// generous deadline that only something broken (a timeout that never
+/// fires) blows through.
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::time::timeout(limit, work)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still waiting after {limit:?}"))
+}
+
+/// Whether process `pid` no longer runs: gone, or a zombie waiting to be
+/// reaped.
+pub fn process_gone(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(')')
+        .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'))
+}
+
+/// Waits (`limit` at most) until the file at `path` holds a complete line
+/// (written by a process the test started), and returns it.
+pub async fn wait_line(path: &Path, limit: Duration) -> String {
+    let mut line = String::new();
+    let written = wait_until(limit, || {
+        line = std::fs::read_to_string(path).unwrap_or_default();
+        std::future::ready(line.ends_with('\n'))
+    })
+    .await;
+    assert!(
+        written,
+        "nothing written to {} in {limit:?}",
+        path.display()
+    );
+    line.trim_end().to_owned()
 }
