@@ -68,12 +68,15 @@ async fn authorization_upstream_sees(
 }
 
 #[tokio::test]
-async fn without_proxy_auth_or_upstream_key_a_forwarded_request_keeps_the_clients_authorization() {
+async fn without_proxy_auth_or_upstream_key_the_clients_authorization_goes_along() {
     let seen = authorization_upstream_sees("", "", "sk-client").await;
     assert_eq!(
         seen,
-        [None, Some("Bearer sk-client".into())],
-        "an agent's model calls carry only the upstream's key"
+        [
+            Some("Bearer sk-client".into()),
+            Some("Bearer sk-client".into())
+        ],
+        "an agent's model calls and forwarded requests alike"
     );
 }
 

@@ -107,7 +107,7 @@ impl Router {
         let call = async {
             let mut exchange = self
                 .upstream
-                .post_model(api, body, request_id, None)
+                .post_model(api, body, request_id, None, None)
                 .await
                 .map_err(|e| e.etype().as_str().to_owned())?;
             let body = exchange

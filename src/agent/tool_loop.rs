@@ -28,7 +28,6 @@ use super::rewrite::rewrite;
 use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::{ReasoningMode, ToolEvents};
-use crate::config::Limits;
 use crate::conversation::{
     Conversation, Finish, Item, Message, Role, RoundEnd, ToolCall, ToolResult, Usage,
 };
@@ -174,15 +173,7 @@ impl Turn<'_> {
             if summary.rounds > 0 {
                 reply.next_round();
             }
-            let round = read_round(
-                agent,
-                conversation,
-                affinity,
-                client,
-                reply,
-                &self.ctx.config.limits,
-            )
-            .await?;
+            let round = read_round(agent, conversation, affinity, client, reply, self.ctx).await?;
             summary.rounds += 1;
             reply.add_usage(round.end.usage);
             let round_end = round.end;
@@ -405,8 +396,16 @@ async fn read_round<D: Downstream>(
     affinity: u64,
     client: &mut D,
     reply: &mut Reply,
-    limits: &Limits,
+    ctx: &CallContext,
 ) -> Result<Round, Failure> {
+    let limits = &ctx.config.limits;
+    // The client's own credential goes on only when it is not our key.
+    let client_auth = ctx
+        .config
+        .api_keys
+        .is_empty()
+        .then(|| ctx.headers.get(http::header::AUTHORIZATION))
+        .flatten();
     let upstream = &agent.upstream;
     let stream = conversation.options.stream;
     let body = round::encode(upstream.api, conversation, stream);
@@ -417,7 +416,13 @@ async fn read_round<D: Downstream>(
         .wait(
             client,
             heartbeat,
-            upstream.post_model(upstream.api, Bytes::from(body), &request_id, Some(affinity)),
+            upstream.post_model(
+                upstream.api,
+                Bytes::from(body),
+                &request_id,
+                Some(affinity),
+                client_auth,
+            ),
         )
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;

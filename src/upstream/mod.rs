@@ -206,23 +206,29 @@ impl Upstream {
 
     /// A model call: `body` POSTed to `/chat/completions` or `/responses`
     /// (per `api`) with the request's id, on the replica `affinity` prefers.
+    /// `client_auth` is the client's `Authorization` when it is not the
+    /// proxy's key: it goes along unless the upstream has a key of its own.
     pub async fn post_model(
         &self,
         api: UpstreamApi,
         body: Bytes,
         request_id: &str,
         affinity: Option<u64>,
+        client_auth: Option<&http::HeaderValue>,
     ) -> pingora::Result<Exchange> {
         let id = http::HeaderValue::from_str(request_id).map_err(|_| {
             pingora::Error::explain(ErrorType::InvalidHTTPHeader, "invalid request id")
         })?;
-        let headers = [
+        let mut headers = vec![
             (
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),
             ),
             (http::HeaderName::from_static(crate::request_id::HEADER), id),
         ];
+        if let Some(auth) = client_auth {
+            headers.push((http::header::AUTHORIZATION, auth.clone()));
+        }
         self.send(&Outbound {
             method: "POST",
             path: match api {
@@ -232,7 +238,7 @@ impl Upstream {
             headers: &headers,
             body: Some(body),
             affinity,
-            client_key_is_ours: true,
+            client_key_is_ours: client_auth.is_none(),
         })
         .await
     }
