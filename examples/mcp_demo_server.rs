@@ -46,6 +46,12 @@ struct WhoamiArgs {
 
 #[derive(Deserialize, JsonSchema)]
 #[serde(crate = "rmcp::serde")]
+struct EnvArgs {
+    name: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(crate = "rmcp::serde")]
 struct FailArgs {
     message: String,
 }
@@ -83,6 +89,12 @@ impl Demo {
     #[tool]
     fn crash(&self) -> String {
         std::process::exit(3)
+    }
+
+    /// The value of one of the server's environment variables.
+    #[tool]
+    fn env(&self, Parameters(EnvArgs { name }): Parameters<EnvArgs>) -> String {
+        std::env::var(name).unwrap_or_else(|_| "unset".into())
     }
 
     /// The server's process id.

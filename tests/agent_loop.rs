@@ -612,18 +612,23 @@ async fn tool_events_setting_controls_progress_lines() {
         _ => Reply::events(vec![content("ok"), finish("stop")]),
     })
     .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]\n    tool_events: content",
-    ))
-    .await;
-    let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
-    assert_eq!(
-        res.delta_text("content"),
-        "Calling get_weather {\"city\":\"Oslo\"}…\nok"
-    );
-    assert_eq!(res.delta_text("reasoning_content"), "");
+    let note = "Calling get_weather {\"city\":\"Oslo\"}…\n";
+    for (events, content, reasoning) in [
+        ("content", format!("{note}ok"), String::new()),
+        ("reasoning", "ok".to_owned(), note.to_owned()),
+        ("hidden", "ok".to_owned(), String::new()),
+    ] {
+        let proxy = Proxy::start(&config(
+            &upstream,
+            &format!("{}/weather", tool.url()),
+            &format!("    tools: [get_weather]\n    tool_events: {events}"),
+        ))
+        .await;
+        let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
+        assert_eq!(res.delta_text("content"), content, "{events}");
+        assert_eq!(res.delta_text("reasoning_content"), reasoning, "{events}");
+    }
+    assert_eq!(tool.requests().len(), 3, "the tool ran whatever was shown");
 }
 
 #[tokio::test]

@@ -152,6 +152,37 @@ async fn a_stdio_mcp_servers_tools_are_offered_and_called() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_servers_env_and_output_cap_apply_to_its_calls() {
+    let long = "x".repeat(500);
+    let upstream = calls_then_echo_results(vec![
+        ("demo__env", r#"{"name": "DEMO_GREETING"}"#),
+        (
+            "demo__fail",
+            Box::leak(format!(r#"{{"message": "{long}"}}"#).into_boxed_str()),
+        ),
+    ])
+    .await;
+    let proxy = with_stdio_demo_set(
+        &upstream,
+        "timeout_ms: 5000, max_output_bytes: 100, env: { DEMO_GREETING: hello }",
+        "  docs: { tools: [\"demo/*\"] }",
+    )
+    .await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("docs", "go")).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let results = chats(&upstream)[1].tool_results();
+    assert_eq!(
+        results[0], "hello",
+        "the server's env has the configured variable"
+    );
+    assert!(
+        results[1].ends_with("[truncated: output exceeded 100 bytes]") && results[1].len() < 200,
+        "{}",
+        results[1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamable_http_server_gets_its_headers_and_injected_arguments() {
     let port = free_port();
     let _server = HttpMcp::start(port).await;
@@ -423,16 +454,16 @@ default_upstream: up
 upstreams: {{ up: {{ url: "{}/v1" }} }}
 tools:
   lookup:
-    parameters: {{ type: object, properties: {{ order: {{ type: integer }}, tenant: {{ type: string }}, region: {{ type: string }} }}, required: [order, tenant] }}
+    parameters: {{ type: object, properties: {{ order: {{ type: integer }}, tenant: {{ type: string }}, region: {{ type: string }}, zone: {{ type: string }} }}, required: [order, tenant] }}
     http: {{ url: "{}/lookup" }}
-    inject: {{ tenant: {{ header: x-tenant }}, region: {{ value: eu }} }}
+    inject: {{ tenant: {{ header: x-tenant }}, region: {{ value: eu }}, zone: {{ env: SHOP_ZONE }} }}
 agents:
   shop: {{ tools: [lookup] }}
 "#,
         upstream.url(),
         tool.url()
     );
-    let proxy = Proxy::start(&yaml).await;
+    let proxy = Proxy::start_with_env(&yaml, &[("SHOP_ZONE", "eu-west-3")]).await;
     let body = ask("shop", "where is order 7?").to_string();
     let res = request(
         proxy.port,
@@ -445,7 +476,7 @@ agents:
     assert_eq!(res.status, 200);
     assert_eq!(
         tool.requests()[0].json(),
-        json!({"order": 7, "tenant": "acme", "region": "eu"})
+        json!({"order": 7, "tenant": "acme", "region": "eu", "zone": "eu-west-3"})
     );
     let schema = &offered(&chats(&upstream)[0])[0]["function"]["parameters"];
     assert_eq!(schema["required"], json!(["order"]));
@@ -563,6 +594,57 @@ agents:
         answer.starts_with("gave up: error: agent `loop` is already working"),
         "cycles are refused: {answer}"
     );
+}
+
+#[tokio::test]
+async fn agents_calling_agents_stop_at_four_levels() {
+    // Each level calls the agent it was given, and answers with what it got.
+    let upstream = FakeServer::start(|req, _| {
+        let body = req.json();
+        let level = body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let results = req.tool_results();
+        match body["tools"][0]["function"]["name"].as_str() {
+            Some(callee) if results.is_empty() => Reply::events(vec![
+                tool_call(0, "c", callee, r#"{"task": "go deeper"}"#),
+                finish("tool_calls"),
+            ]),
+            _ => Reply::events(vec![
+                content(&format!("{level}[{}]", results.join(""))),
+                finish("stop"),
+            ]),
+        }
+    })
+    .await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+agents:
+  l1: {{ system_prompt: L1, tools: ["agent:l2"] }}
+  l2: {{ system_prompt: L2, tools: ["agent:l3"] }}
+  l3: {{ system_prompt: L3, tools: ["agent:l4"] }}
+  l4: {{ system_prompt: L4, tools: ["agent:l5"] }}
+  l5: {{ system_prompt: L5, tools: ["agent:l6"] }}
+  l6: {{ system_prompt: L6 }}
+"#,
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("l1", "go")).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let answer = res.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // l1 runs l2, l3, l4: four levels; l4's call to l5 is refused.
+    assert!(
+        answer.starts_with("L1[L2[L3[L4[error: agents may call agents at most 4 deep"),
+        "{answer}"
+    );
+    assert!(!answer.contains("L5"), "{answer}");
 }
 
 #[tokio::test]
