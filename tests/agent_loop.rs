@@ -60,10 +60,16 @@ async fn json_rounds() -> FakeServer {
 
 /// The proxy with the `weather` agent, its tool served by `tool`.
 async fn weather_agent(upstream: &FakeServer, tool: &FakeServer) -> Proxy {
+    agent_with(upstream, tool, "    tools: [get_weather]").await
+}
+
+/// The proxy with the `weather` agent set up by `agent_extra` (YAML lines of
+/// the agent), its `get_weather` tool served by `tool`.
+async fn agent_with(upstream: &FakeServer, tool: &FakeServer, agent_extra: &str) -> Proxy {
     Proxy::start(&config(
         upstream,
         &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
+        agent_extra,
     ))
     .await
 }
@@ -385,11 +391,11 @@ async fn max_tool_rounds_ends_with_a_note_and_finish_reason_length() {
         ])
     })
     .await;
-    let proxy = Proxy::start(&config(
+    let proxy = agent_with(
         &upstream,
-        &format!("{}/weather", tool.url()),
+        &tool,
         "    tools: [get_weather]\n    max_tool_rounds: 2",
-    ))
+    )
     .await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
     assert_eq!(upstream.requests().len(), 3);
@@ -418,12 +424,7 @@ async fn failing_tools_and_bad_arguments_become_results_not_failures() {
         "Sorry, no data.",
     )
     .await;
-    let proxy = Proxy::start(&config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather, echo_args]",
-    ))
-    .await;
+    let proxy = agent_with(&upstream, &tool, "    tools: [get_weather, echo_args]").await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(
@@ -618,11 +619,11 @@ async fn tool_events_setting_controls_progress_lines() {
         ("reasoning", "ok".to_owned(), note.to_owned()),
         ("hidden", "ok".to_owned(), String::new()),
     ] {
-        let proxy = Proxy::start(&config(
+        let proxy = agent_with(
             &upstream,
-            &format!("{}/weather", tool.url()),
+            &tool,
             &format!("    tools: [get_weather]\n    tool_events: {events}"),
-        ))
+        )
         .await;
         let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
         assert_eq!(res.delta_text("content"), content, "{events}");
@@ -1138,11 +1139,11 @@ async fn reasoning_strip_drops_the_models_reasoning_but_keeps_tool_progress() {
         "Cold.",
     )
     .await;
-    let proxy = Proxy::start(&config(
+    let proxy = agent_with(
         &upstream,
-        &format!("{}/weather", tool.url()),
+        &tool,
         "    tools: [get_weather]\n    reasoning: strip",
-    ))
+    )
     .await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
     assert_eq!(
