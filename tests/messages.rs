@@ -8,33 +8,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-fn config(upstream: &FakeServer, tool_url: &str, extra: &str) -> String {
-    format!(
-        r#"
-default_upstream: local
-upstreams:
-  local: {{ url: "{up}/v1" }}
-tools:
-  get_weather:
-    description: Current weather for a city
-    parameters: {{ type: object, properties: {{ city: {{ type: string }} }}, required: [city] }}
-    http: {{ url: "{tool_url}", timeout_ms: 2000 }}
-agents:
-  weather:
-    model: up-model
-    system_prompt: You are a weather assistant.
-    tools: [get_weather]
-limits: {{ heartbeat_ms: 100 }}
-{extra}
-"#,
-        up = upstream.url()
-    )
-}
-
-async fn weather_tool() -> FakeServer {
-    FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await
-}
-
 /// An upstream: `get_weather` first, then reasoning and the answer.
 async fn tool_then_answer() -> FakeServer {
     FakeServer::start(|req, _| {
@@ -137,7 +110,7 @@ fn blocks(events: &[(String, Value)]) -> Vec<(String, String)> {
 async fn an_agent_streams_thinking_and_text_blocks_and_keeps_its_tool_local() {
     let tool = weather_tool().await;
     let upstream = tool_then_answer().await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let body = json!({"model": "weather", "max_tokens": 512, "stream": true,
         "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": "Weather in Paris?"}]});
@@ -188,7 +161,7 @@ async fn a_client_tool_round_trips_as_tool_use_and_tool_result() {
         Some(result) => Reply::events(vec![content(&format!("Files: {result}")), finish("stop")]),
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let tools = json!([{"name": "Bash", "description": "Runs a command",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]);
     let first = post_messages(
@@ -236,7 +209,13 @@ async fn a_client_tool_round_trips_as_tool_use_and_tool_result() {
 async fn auth_by_x_api_key_and_errors_in_anthropic_shape() {
     let tool = weather_tool().await;
     let upstream = tool_then_answer().await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "auth: { api_keys: [k-1] }")).await;
+    let proxy = Proxy::start(&weather_config(
+        &upstream,
+        "chat",
+        &tool.url(),
+        "auth: { api_keys: [k-1] }",
+    ))
+    .await;
     let body = json!({"model": "weather", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]});
     let denied = post_messages(proxy.port, "/v1/messages", &body, &[("x-api-key", "wrong")]).await;
     assert_eq!(denied.status, 401);
@@ -290,7 +269,7 @@ async fn claude_code_requests_are_accepted() {
         Reply::events(vec![content("ok"), finish("stop")])
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     for fixture in [
         "claude-code-2.1.330-plain",
         "claude-code-2.1.330-tool-round2",
@@ -350,7 +329,7 @@ async fn count_tokens_models_probes_and_passthrough() {
         _ => Reply::json(404, json!({"error": "no"})),
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let counted = post_messages(
         proxy.port,
         "/v1/messages/count_tokens",
@@ -419,7 +398,7 @@ async fn model_aliases_map_hard_coded_names_to_agents() {
     let tool = weather_tool().await;
     let upstream = tool_then_answer().await;
     let extra = r#"model_aliases: { "claude-haiku-*": weather, "claude-sonnet-4-5": weather }"#;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), extra)).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), extra)).await;
     for model in ["claude-haiku-4-5-20251001", "claude-sonnet-4-5"] {
         let response = post_messages(
             proxy.port,

@@ -7,32 +7,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-fn config(upstream: &FakeServer, tool_url: &str, api: &str) -> String {
-    format!(
-        r#"
-default_upstream: local
-upstreams:
-  local: {{ url: "{up}/v1", api: {api} }}
-tools:
-  get_weather:
-    description: Current weather for a city
-    parameters: {{ type: object, properties: {{ city: {{ type: string }} }}, required: [city] }}
-    http: {{ url: "{tool_url}", timeout_ms: 2000 }}
-agents:
-  weather:
-    model: up-model
-    system_prompt: You are a weather assistant.
-    tools: [get_weather]
-limits: {{ heartbeat_ms: 100 }}
-"#,
-        up = upstream.url()
-    )
-}
-
-async fn weather_tool() -> FakeServer {
-    FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await
-}
-
 /// Each SSE event of a Responses stream as `(event name, data)`.
 fn named_events(body: &[u8]) -> Vec<(String, Value)> {
     let mut parser = agent_proxy::sse::Parser::new(1 << 20);
@@ -105,7 +79,7 @@ async fn an_agent_answers_a_responses_stream_with_a_local_tool_round() {
         }
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let response = post_json(
         proxy.port,
         "/v1/responses",
@@ -167,7 +141,7 @@ async fn client_function_tools_round_trip_as_function_call_items() {
         ])
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let tools = json!([{"type": "function", "name": "read_file", "description": "Reads a file",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
     let first = post_json(
@@ -241,7 +215,7 @@ async fn what_codex_sends_is_accepted_and_its_namespace_tools_come_back_named() 
     })
     .await;
     let tool = weather_tool().await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     for fixture in ["codex-0.169.0-round1", "codex-0.169.0-round2"] {
         let path = format!(
             "{}/tests/fixtures/clients/{fixture}.request.json",
@@ -279,7 +253,7 @@ async fn stateful_fields_get_a_clear_400_in_openai_shape() {
     let upstream =
         FakeServer::start(|_, _| Reply::events(vec![content("x"), finish("stop")])).await;
     let tool = weather_tool().await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let response = post_json(
         proxy.port,
         "/v1/responses",
@@ -308,7 +282,7 @@ async fn other_models_pass_through_to_the_upstream_responses_endpoint() {
     })
     .await;
     let tool = weather_tool().await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "chat")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let body =
         json!({"model": "gpt-x", "input": "hi", "previous_response_id": "resp_1", "x_vendor": 1});
     let response = post_json(proxy.port, "/v1/responses", &body).await;
@@ -359,7 +333,7 @@ async fn a_responses_upstream_gets_tool_outputs_and_its_encrypted_reasoning_back
         }
     })
     .await;
-    let proxy = Proxy::start(&config(&upstream, &tool.url(), "responses")).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "responses", &tool.url(), "")).await;
     let response = post_json(
         proxy.port,
         "/v1/chat/completions",
@@ -405,7 +379,7 @@ async fn the_chat_front_puts_reasoning_where_reasoning_field_says() {
     let tool = weather_tool().await;
     let yaml = format!(
         "{}\nreasoning_field: reasoning\n",
-        config(&upstream, &tool.url(), "chat")
+        weather_config(&upstream, "chat", &tool.url(), "")
     );
     let proxy = Proxy::start(&yaml).await;
     let body = json!({"model": "weather", "messages": [{"role": "user", "content": "hi"}], "stream": true});

@@ -112,10 +112,6 @@ agents:
     .await
 }
 
-async fn weather_tool() -> FakeServer {
-    FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await
-}
-
 /// Runs `command` (a check script) against `proxy`, its base URL and key in
 /// the environment, and fails with everything the run printed unless the
 /// script printed `passed`.

@@ -9,6 +9,7 @@ pub mod mcp;
 pub mod proxy;
 pub mod reload;
 pub mod sdk;
+pub mod weather;
 
 pub use client::*;
 pub use fake::*;
@@ -16,3 +17,4 @@ pub use mcp::*;
 pub use proxy::*;
 pub use reload::*;
 pub use sdk::*;
+pub use weather::*;
