@@ -51,30 +51,15 @@ async fn scripted_upstream() -> FakeServer {
                 usage(30, 2),
             ]);
         }
-        match req.tool_results().last() {
-            None => Reply::events(vec![
-                role(),
-                reasoning("Let me run it."),
-                tool_call(
-                    0,
-                    "call_claude_1",
-                    "Bash",
-                    &json!({ "command": COMMAND, "description": "run it" }).to_string(),
-                ),
-                finish("tool_calls"),
-                usage(100, 7),
-            ]),
-            Some(result) => {
-                let last_line = result.lines().rev().find(|l| !l.trim().is_empty());
-                Reply::events(vec![
-                    role(),
-                    content("All done: "),
-                    content(last_line.unwrap_or("(no output)").trim()),
-                    finish("stop"),
-                    usage(150, 5),
-                ])
-            }
-        }
+        call_then_quote(
+            req,
+            tool_call(
+                0,
+                "call_claude_1",
+                "Bash",
+                &json!({ "command": COMMAND, "description": "run it" }).to_string(),
+            ),
+        )
     })
     .await
 }

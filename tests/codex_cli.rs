@@ -62,31 +62,15 @@ async fn scripted_upstream() -> FakeServer {
         if req.method == "GET" {
             return Reply::json(200, json!({"object": "list", "data": []}));
         }
-        let results = req.tool_results();
-        match results.last() {
-            None => Reply::events(vec![
-                role(),
-                reasoning("Let me run it."),
-                tool_call(
-                    0,
-                    "call_codex_1",
-                    "exec_command",
-                    &json!({ "cmd": COMMAND }).to_string(),
-                ),
-                finish("tool_calls"),
-                usage(100, 7),
-            ]),
-            Some(result) => {
-                let last_line = result.lines().rev().find(|l| !l.trim().is_empty());
-                Reply::events(vec![
-                    role(),
-                    content("All done: "),
-                    content(last_line.unwrap_or("(no output)").trim()),
-                    finish("stop"),
-                    usage(150, 5),
-                ])
-            }
-        }
+        call_then_quote(
+            req,
+            tool_call(
+                0,
+                "call_codex_1",
+                "exec_command",
+                &json!({ "cmd": COMMAND }).to_string(),
+            ),
+        )
     })
     .await
 }

@@ -217,6 +217,31 @@ pub async fn calls_then_echo_results(calls: Vec<(&'static str, &'static str)>) -
     .await
 }
 
+/// A coding agent's model in two rounds: it thinks and makes `call` (a
+/// `tool_call` event for the client's own tool); once the request carries
+/// the result, it answers quoting the result's last line.
+pub fn call_then_quote(req: &Recorded, call: Value) -> Reply {
+    match req.tool_results().last() {
+        None => Reply::events(vec![
+            role(),
+            reasoning("Let me run it."),
+            call,
+            finish("tool_calls"),
+            usage(100, 7),
+        ]),
+        Some(result) => {
+            let last_line = result.lines().rev().find(|l| !l.trim().is_empty());
+            Reply::events(vec![
+                role(),
+                content("All done: "),
+                content(last_line.unwrap_or("(no output)").trim()),
+                finish("stop"),
+                usage(150, 5),
+            ])
+        }
+    }
+}
+
 /// The tool results an answer of [`calls_then_echo_results`] carries.
 pub fn echoed_results(answer: &Value) -> Vec<String> {
     serde_json::from_str(
