@@ -10,8 +10,7 @@ use serde_json::json;
 async fn the_openai_python_client_streams_through_an_agent_with_a_tool_call() {
     // Installed (the first time) before anything starts: it can take a while.
     let mut python = tokio::task::spawn_blocking(python_with_sdks).await.unwrap();
-    let tool =
-        FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await;
+    let tool = weather_tool().await;
     let upstream = FakeServer::start(|req, _| {
         if req.method == "GET" {
             return Reply::raw_json(200, &fixture("models.json"));
@@ -72,21 +71,13 @@ agents:
         "/tests/python/openai_sdk_check.py"
     );
     let base_url = format!("http://127.0.0.1:{}/v1", proxy.port);
-    let output = tokio::task::spawn_blocking(move || {
-        python
-            .arg(script)
-            .env("AGENT_PROXY_BASE_URL", base_url)
-            .output()
-            .expect("python runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "openai SDK checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
-        proxy.logs()
-    );
-    assert!(stdout.contains("all openai SDK checks passed"), "{stdout}");
+    python.arg(script);
+    run_sdk_check(
+        python,
+        &proxy,
+        base_url,
+        &[],
+        "all openai SDK checks passed",
+    )
+    .await;
 }

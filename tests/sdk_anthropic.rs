@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 use serde_json::{json, Value};
@@ -112,24 +112,17 @@ agents:
     .await
 }
 
-/// Runs `command` (a check script) against `proxy`, its base URL and key in
-/// the environment, and fails with everything the run printed unless the
-/// script printed `passed`.
-async fn run_check(mut command: Command, proxy: &Proxy, passed: &str) {
+/// Runs a check script against `proxy` with the client key (the SDK adds `/v1`).
+async fn run_check(command: Command, proxy: &Proxy, passed: &str) {
     let base_url = format!("http://127.0.0.1:{}", proxy.port);
-    sdk_env_cleared(&mut command)
-        .env("AGENT_PROXY_BASE_URL", base_url)
-        .env("AGENT_PROXY_KEY", KEY);
-    let output: Output = tokio::task::spawn_blocking(move || command.output().expect("it runs"))
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.contains(passed),
-        "{passed:?} not printed\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
-        proxy.logs()
-    );
+    run_sdk_check(
+        command,
+        proxy,
+        base_url,
+        &[("AGENT_PROXY_KEY", KEY)],
+        passed,
+    )
+    .await;
 }
 
 /// What every check's requests must have done upstream: the client's key

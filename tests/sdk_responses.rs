@@ -67,8 +67,9 @@ agents:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_client_speaks_responses_to_an_agent() {
-    let tool =
-        FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await;
+    // Installed (the first time) before anything starts: it can take a while.
+    let mut python = tokio::task::spawn_blocking(python_with_sdks).await.unwrap();
+    let tool = weather_tool().await;
     let upstream = upstream().await;
     let proxy = proxy(&upstream, &tool).await;
     let script = format!(
@@ -76,48 +77,33 @@ async fn the_openai_python_client_speaks_responses_to_an_agent() {
         env!("CARGO_MANIFEST_DIR")
     );
     let base_url = format!("http://127.0.0.1:{}/v1", proxy.port);
-    let output = tokio::task::spawn_blocking(move || {
-        python_with_sdks()
-            .arg(script)
-            .env("AGENT_PROXY_BASE_URL", base_url)
-            .output()
-            .expect("python runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "openai responses checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
-        proxy.logs()
-    );
-    assert!(
-        stdout.contains("all openai responses checks passed"),
-        "{stdout}"
-    );
+    python.arg(script);
+    run_sdk_check(
+        python,
+        &proxy,
+        base_url,
+        &[],
+        "all openai responses checks passed",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_node_client_speaks_responses_to_an_agent() {
     // Installed (the first time) before anything starts: it can take a while.
-    let mut node = tokio::task::spawn_blocking(|| node_with_sdks("responses_check.mjs"))
+    let node = tokio::task::spawn_blocking(|| node_with_sdks("responses_check.mjs"))
         .await
         .unwrap();
-    let tool =
-        FakeServer::start(|_, _| Reply::json(200, json!({"city": "Paris", "temp_c": 21}))).await;
+    let tool = weather_tool().await;
     let upstream = upstream().await;
     let proxy = proxy(&upstream, &tool).await;
     let base_url = format!("http://127.0.0.1:{}/v1", proxy.port);
-    sdk_env_cleared(&mut node).env("AGENT_PROXY_BASE_URL", base_url);
-    let output = tokio::task::spawn_blocking(move || node.output().expect("node runs"))
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.contains("all openai node responses checks passed"),
-        "openai node responses checks failed\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
-        proxy.logs()
-    );
+    run_sdk_check(
+        node,
+        &proxy,
+        base_url,
+        &[],
+        "all openai node responses checks passed",
+    )
+    .await;
 }

@@ -225,3 +225,28 @@ pub fn sdk_env_cleared(command: &mut Command) -> &mut Command {
     }
     command
 }
+
+/// Runs `command` (an SDK check script) against `proxy` at `base_url`, with
+/// the SDKs' own environment cleared and `env` added, and fails with
+/// everything the run printed unless it exited well and printed `passed`.
+pub async fn run_sdk_check(
+    mut command: Command,
+    proxy: &super::Proxy,
+    base_url: String,
+    env: &[(&str, &str)],
+    passed: &str,
+) {
+    sdk_env_cleared(&mut command)
+        .env("AGENT_PROXY_BASE_URL", base_url)
+        .envs(env.iter().copied());
+    let output = tokio::task::spawn_blocking(move || command.output().expect("it runs"))
+        .await
+        .expect("the check ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains(passed),
+        "{passed:?} not printed\nstdout:\n{stdout}\nstderr:\n{stderr}\nproxy log:\n{}",
+        proxy.logs()
+    );
+}
