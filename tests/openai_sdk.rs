@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_client_streams_through_an_agent_with_a_tool_call() {

@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use serde_json::json;
 
 /// A scripted upstream for the SDK checks: `get_weather` then an answer, or
 /// a `read_file` call for the client and an answer from its result.
