@@ -70,19 +70,7 @@ async fn upstream() -> FakeServer {
                 finish("stop"),
                 usage(12, 4),
             ]),
-            (false, None) => Reply::events(vec![
-                reasoning("Let me check."),
-                tool_call(0, "call_1", "get_weather", "{\"city\":\"Paris\"}"),
-                finish("tool_calls"),
-                usage(8, 2),
-            ]),
-            (false, Some(_)) => Reply::events(vec![
-                reasoning("Warm enough."),
-                content("It is 21 °C"),
-                content(" in Paris."),
-                finish("stop"),
-                usage(30, 2),
-            ]),
+            (false, result) => weather_round(result.is_some()),
         }
     })
     .await

@@ -16,6 +16,19 @@ use crate::downstream::Client;
 use crate::openai::ModelCard;
 use crate::upstream::Upstream;
 
+/// One model card of the proxy's own (an agent, `auto`).
+fn card(id: &str, name: &str, description: &str, created: u64) -> Value {
+    serde_json::to_value(ModelCard {
+        id,
+        object: "model",
+        created,
+        owned_by: "agent-proxy",
+        name,
+        description,
+    })
+    .unwrap_or_default()
+}
+
 /// How long the listing waits for the upstream's models.
 const UPSTREAM_WAIT: Duration = Duration::from_secs(3);
 
@@ -28,28 +41,15 @@ pub async fn list(session: &mut Session, config: &Config, dialect: Dialect) -> R
     let mut data: Vec<Value> = config
         .agents
         .values()
-        .map(|agent| {
-            serde_json::to_value(ModelCard {
-                id: &agent.id,
-                object: "model",
-                created,
-                owned_by: "agent-proxy",
-                name: &agent.name,
-                description: &agent.description,
-            })
-            .unwrap_or_default()
-        })
+        .map(|agent| card(&agent.id, &agent.name, &agent.description, created))
         .collect();
     if config.router.is_some() {
-        let auto = ModelCard {
-            id: AUTO,
-            object: "model",
+        data.push(card(
+            AUTO,
+            "Auto",
+            "Picks the best agent for each request",
             created,
-            owned_by: "agent-proxy",
-            name: "Auto",
-            description: "Picks the best agent for each request",
-        };
-        data.push(serde_json::to_value(auto).unwrap_or_default());
+        ));
     }
     if config.passthrough {
         match upstream_models(&config.default_upstream).await {
@@ -83,17 +83,9 @@ pub async fn one(
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let card = config.agent(id).map(|agent| {
-        serde_json::to_value(ModelCard {
-            id,
-            object: "model",
-            created,
-            owned_by: "agent-proxy",
-            name: &agent.name,
-            description: &agent.description,
-        })
-        .unwrap_or_default()
-    });
+    let card = config
+        .agent(id)
+        .map(|agent| card(id, &agent.name, &agent.description, created));
     let body = match dialect {
         Dialect::Messages => anthropic_listing(card.as_slice(), created)["data"][0].take(),
         _ => card.unwrap_or_default(),
