@@ -40,6 +40,10 @@ pub struct Conversation {
     /// forwarded only to an upstream that speaks the same dialect.
     pub extra: Map<String, Value>,
     pub origin: Dialect,
+    /// The client's key for the conversation, when it gives one (a session
+    /// header, `prompt_cache_key`, Anthropic's `metadata.user_id`): its turns
+    /// go to one replica, whose prompt cache holds the conversation.
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

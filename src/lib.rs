@@ -24,5 +24,6 @@ pub mod round;
 pub mod service;
 pub mod shutdown;
 pub mod sse;
+pub mod store;
 pub mod tools;
 pub mod upstream;

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     pub tokens: IntCounterVec,
     pub config_reloads: IntCounterVec,
+    /// Response store failures by operation (`read`, `write`, `too_large`).
+    pub store_errors: IntCounterVec,
     pub streams_in_flight: IntGauge,
 }
 
@@ -104,6 +106,11 @@ impl Metrics {
                 "agent_proxy_config_reloads_total",
                 "Config reloads by result (ok, failed)",
                 &["result"],
+            )?,
+            store_errors: counter(
+                "agent_proxy_store_errors_total",
+                "Response store operations that failed, by operation",
+                &["op"],
             )?,
             streams_in_flight,
             registry,

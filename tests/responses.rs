@@ -249,22 +249,32 @@ async fn what_codex_sends_is_accepted_and_its_namespace_tools_come_back_named() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stateful_fields_get_a_clear_400_in_openai_shape() {
+async fn stateful_fields_get_a_clear_error_in_openai_shape() {
     let upstream =
         FakeServer::start(|_, _| Reply::events(vec![content("x"), finish("stop")])).await;
     let tool = weather_tool().await;
-    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
-    let response = post_json(
-        proxy.port,
-        "/v1/responses",
-        &json!({"model": "weather", "input": "hi", "previous_response_id": "resp_123"}),
-    )
-    .await;
+    let ask_previous =
+        json!({"model": "weather", "input": "hi", "previous_response_id": "resp_123"});
+    // Without a store: refused.
+    let stateless = weather_config(&upstream, "chat", &tool.url(), "store: { kind: none }");
+    let proxy = Proxy::start(&stateless).await;
+    let response = post_json(proxy.port, "/v1/responses", &ask_previous).await;
     assert_eq!(response.status, 400);
     let error = &response.json()["error"];
     assert_eq!(error["type"], "invalid_request_error");
     assert_eq!(error["param"], "previous_response_id");
-    assert!(error["message"].as_str().unwrap().contains("stateless"));
+    assert!(error["message"]
+        .as_str()
+        .unwrap()
+        .contains("keeps no responses"));
+    // With the default store: an id it does not hold.
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let response = post_json(proxy.port, "/v1/responses", &ask_previous).await;
+    assert_eq!(response.status, 404, "{}", response.text());
+    let error = &response.json()["error"];
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["code"], "previous_response_not_found");
+    assert_eq!(error["param"], "previous_response_id");
     let response = post_json(proxy.port, "/v1/responses", &json!({"model": "weather"})).await;
     assert_eq!(response.status, 400, "{}", response.text());
     assert_eq!(response.json()["error"]["param"], "input");

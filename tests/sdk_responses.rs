@@ -5,11 +5,19 @@
 mod common;
 
 use common::*;
+use serde_json::json;
 
 /// A scripted upstream for the SDK checks: `get_weather` then an answer, or
-/// a `read_file` call for the client and an answer from its result.
+/// a `read_file` call for the client and an answer from its result; 404 for
+/// anything but a model call.
 async fn upstream() -> FakeServer {
     FakeServer::start(|req, _| {
+        if req.method != "POST" {
+            // What llama-server says of a path it does not serve (an id the
+            // proxy's store does not hold is passed through to it).
+            let error = json!({"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}});
+            return Reply::json(404, error);
+        }
         let body = req.json();
         let messages = body["messages"].as_array().unwrap();
         let results = req.tool_results();
@@ -73,6 +81,12 @@ async fn the_openai_python_client_speaks_responses_to_an_agent() {
         "all openai responses checks passed",
     )
     .await;
+    // The chained turn reached the model with the turn before it.
+    let chained = upstream.requests().iter().any(|r| {
+        let body = String::from_utf8_lossy(&r.body).into_owned();
+        body.contains("Weather in Paris?") && body.contains("And tomorrow?")
+    });
+    assert!(chained, "the model saw the first turn in the second");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,12 +163,18 @@ impl Turn<'_> {
     ) -> Result<Finish, Failure> {
         let agent = self.agent;
         let mut tool_rounds = 0;
-        // Rounds of one conversation share a prefix: keep them on one replica.
-        let first_user = conversation.items.iter().find_map(|item| match item {
-            Item::Message(m) if m.role == Role::User => Some(m.text_content()),
-            _ => None,
-        });
-        let affinity = affinity_key(conversation.system.as_deref(), first_user.as_deref());
+        // Rounds and turns of one conversation share a prefix: keep them on
+        // one replica, by the client's key for it or else by how it begins.
+        let affinity = match &conversation.session {
+            Some(session) => affinity_key(None, Some(session)),
+            None => {
+                let first_user = conversation.items.iter().find_map(|item| match item {
+                    Item::Message(m) if m.role == Role::User => Some(m.text_content()),
+                    _ => None,
+                });
+                affinity_key(conversation.system.as_deref(), first_user.as_deref())
+            }
+        };
         loop {
             if summary.rounds > 0 {
                 reply.next_round();

@@ -43,6 +43,9 @@ pub struct ConfigFile {
     /// Where the chat front puts reasoning (agents may override).
     #[serde(default)]
     pub reasoning_field: ReasoningField,
+    /// Where Responses API answers are kept for `previous_response_id`.
+    #[serde(default)]
+    pub store: StoreFile,
 }
 
 fn default_listen() -> String {
@@ -422,6 +425,52 @@ impl Default for LimitsFile {
             max_connections: 10_000,
         }
     }
+}
+
+/// `store:`: the response store.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreFile {
+    pub kind: StoreKind,
+    /// SQLite's file; relative to the config file's directory.
+    pub path: Option<String>,
+    /// Redis's URL (`redis://[:password@]host:port[/db]`, `rediss://` for TLS).
+    pub url: Option<String>,
+    /// How long a response is kept.
+    pub ttl_seconds: u64,
+    /// A response whose input and output together are larger is not kept.
+    pub max_response_bytes: usize,
+    /// Whether a request that does not say (`store` absent) is kept, as
+    /// OpenAI does.
+    pub store_by_default: bool,
+}
+
+impl Default for StoreFile {
+    fn default() -> Self {
+        StoreFile {
+            kind: StoreKind::Sqlite,
+            path: None,
+            url: None,
+            // OpenAI's 30 days.
+            ttl_seconds: 30 * 24 * 3600,
+            max_response_bytes: 16 * 1024 * 1024,
+            store_by_default: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// An embedded SQLite file: no server, kept across restarts.
+    #[default]
+    Sqlite,
+    /// Shared by every replica.
+    Redis,
+    /// This process only.
+    Memory,
+    /// Stateless: `previous_response_id` is refused.
+    None,
 }
 
 /// Lets a one-line entry (`helper:` with no value) stand for all defaults.

@@ -24,9 +24,10 @@ use serde_yaml_ng::Value as Yaml;
 use crate::agent::router::Router;
 use crate::agent::{Agent, AgentTool};
 use crate::mcp::{self, McpServer};
+use crate::store::Store;
 use crate::tools::Tool;
 use crate::upstream::Upstream;
-use file::{ApiKeyFile, ConfigFile, McpServerFile, UpstreamFile};
+use file::{ApiKeyFile, ConfigFile, McpServerFile, StoreFile, StoreKind, UpstreamFile};
 use locate::{locate, KeyPath, Location};
 
 /// A loaded, validated configuration. Requests hold an `Arc` of the one they
@@ -45,6 +46,8 @@ pub struct Config {
     /// Present when the model `auto` routes requests to agents.
     pub router: Option<Router>,
     pub passthrough: bool,
+    /// The response store; `None` with `store: { kind: none }`.
+    pub store: Option<Arc<Store>>,
     pub limits: Limits,
 }
 
@@ -167,12 +170,18 @@ impl Config {
             key: String::new(),
             message: format!("{file}: cannot read the config file: {e}"),
         })?;
-        parse_text(&text, &|name| std::env::var(name).ok(), previous)
+        // Relative paths in the config (the store's file) are the file's own.
+        let base = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        parse_text(&text, &|name| std::env::var(name).ok(), previous, base)
             .map_err(|invalid| invalid.render(Some(&file), &text))
     }
 
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        parse_text(text, &env, &Previous(None)).map_err(|invalid| invalid.render(None, text))
+        parse_text(text, &env, &Previous(None), Path::new("."))
+            .map_err(|invalid| invalid.render(None, text))
     }
 
     pub fn agent(&self, id: &str) -> Option<&Arc<Agent>> {
@@ -229,12 +238,23 @@ impl Previous<'_> {
         let kept = self.0?.mcp_servers.get(name)?;
         kept.is_built_from(spec).then(|| kept.clone())
     }
+
+    /// `Some(store)` when the previous config had this very store spec:
+    /// its connection (and pending writes) carry over.
+    fn store(&self, spec: &StoreFile) -> Option<Option<Arc<Store>>> {
+        let previous = self.0?;
+        match &previous.store {
+            Some(kept) => kept.is_built_from(spec).then(|| Some(kept.clone())),
+            None => (spec.kind == StoreKind::None).then_some(None),
+        }
+    }
 }
 
 fn parse_text(
     text: &str,
     env: &impl Fn(&str) -> Option<String>,
     previous: &Previous,
+    base: &Path,
 ) -> Result<Config, Invalid> {
     let mut yaml: Yaml = serde_yaml_ng::from_str(text).map_err(|e| {
         let at = Location::of(&e);
@@ -259,7 +279,7 @@ fn parse_text(
     expand_strings(&mut yaml, &mut KeyPath::default(), env)?;
     let file: ConfigFile = serde_path_to_error::deserialize(yaml)
         .map_err(|e| error(KeyPath::from_serde(e.path()), e.into_inner().to_string()))?;
-    resolve(file, previous)
+    resolve(file, previous, base)
 }
 
 /// Replaces `${VAR}` in every string value, tracking the key path for errors.
@@ -295,7 +315,7 @@ fn expand_strings(
 /// Fields of a chat request the proxy manages itself: not settable as `params`.
 const MANAGED_FIELDS: &[&str] = &["model", "messages", "tools", "stream", "stream_options"];
 
-fn resolve(file: ConfigFile, previous: &Previous) -> Result<Config, Invalid> {
+fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config, Invalid> {
     let mut upstreams = BTreeMap::new();
     for (name, spec) in file.upstreams {
         let upstream = match previous.upstream(&name, &spec) {
@@ -472,6 +492,14 @@ fn resolve(file: ConfigFile, previous: &Previous) -> Result<Config, Invalid> {
     // A longer prefix is the more specific alias.
     aliases.sort_by_key(|a| std::cmp::Reverse(a.name.len()));
 
+    let store = match previous.store(&file.store) {
+        Some(kept) => kept,
+        None => {
+            check_store(&file.store)?;
+            Store::from_file(&file.store, base)
+        }
+    };
+
     if file.limits.max_body_bytes == 0 {
         return Err(error(
             KeyPath::of(&["limits", "max_body_bytes"]),
@@ -501,6 +529,7 @@ fn resolve(file: ConfigFile, previous: &Previous) -> Result<Config, Invalid> {
         mcp_servers,
         router,
         passthrough: file.passthrough,
+        store,
         limits: Limits {
             max_body_bytes: file.limits.max_body_bytes,
             max_messages: file.limits.max_messages,
@@ -517,6 +546,36 @@ fn resolve(file: ConfigFile, previous: &Previous) -> Result<Config, Invalid> {
             max_connections: file.limits.max_connections,
         },
     })
+}
+
+/// Each kind has the keys it needs, and no others.
+fn check_store(spec: &StoreFile) -> Result<(), Invalid> {
+    let key = |name: &str| KeyPath::of(&["store", name]);
+    match spec.kind {
+        StoreKind::Redis if spec.url.as_deref().is_none_or(str::is_empty) => {
+            return Err(error(
+                key("url"),
+                "a redis store needs `url` (redis://host:6379)",
+            ))
+        }
+        StoreKind::Redis => {
+            if let Err(e) = redis::Client::open(spec.url.as_deref().unwrap_or_default()) {
+                return Err(error(
+                    key("url"),
+                    format!("not a Redis URL: {}", e.category()),
+                ));
+            }
+        }
+        _ if spec.url.is_some() => return Err(error(key("url"), "`url` is for `kind: redis`")),
+        _ => {}
+    }
+    if spec.path.is_some() && spec.kind != StoreKind::Sqlite {
+        return Err(error(key("path"), "`path` is for `kind: sqlite`"));
+    }
+    if spec.ttl_seconds == 0 {
+        return Err(error(key("ttl_seconds"), "must be greater than 0"));
+    }
+    Ok(())
 }
 
 /// OpenAI's rule for function names.
@@ -636,7 +695,8 @@ agents:
     fn a_reload_keeps_the_runtime_of_every_unchanged_spec() {
         let with_mcp = format!("{BASE}mcp_servers:\n  files: {{ command: [mcp-files] }}\n");
         let reload = |old: &Config, text: &str| {
-            parse_text(text, &no_env, &Previous(Some(old))).unwrap_or_else(|e| panic!("{e:?}"))
+            parse_text(text, &no_env, &Previous(Some(old)), Path::new("."))
+                .unwrap_or_else(|e| panic!("{e:?}"))
         };
         let old = Config::parse(&with_mcp, no_env).unwrap();
         let same = |a: &Config, b: &Config| {

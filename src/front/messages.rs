@@ -79,6 +79,8 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
         conv.tools = decode_tools(tools, &mut ctx)?;
     }
     conv.options = decode_options(&mut top, &mut conv.params)?;
+    // Claude Code's carries its session id; an app's, its user.
+    conv.session.clone_from(&conv.options.user);
     conv.extra = top;
     Ok((conv, ctx))
 }

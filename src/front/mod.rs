@@ -83,7 +83,7 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// A request body, which must be a JSON object.
-fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
     })

@@ -3,9 +3,11 @@
 //! events with sequence numbers, ending in one `response.completed`,
 //! `response.incomplete` or `response.failed`) or as one Response object.
 //!
-//! The proxy is stateless: `previous_response_id`, `conversation` and
-//! `background` are refused, clients send the whole conversation as `input`
-//! (Codex does). Hosted tools are dropped; `namespace` tools are flattened to
+//! State lives outside the codec: the front door resolves
+//! `previous_response_id` from the response store into earlier input items
+//! (see [`input_items`]) and keeps the finished Response object through the
+//! encoder's [`Keep`] hook. `conversation` and `background` are refused, as
+//! is `previous_response_id` when it reaches the decoder (no store). Hosted tools are dropped; `namespace` tools are flattened to
 //! `<namespace>__<name>` functions and restored on the calls handed back.
 
 use std::collections::HashMap;
@@ -58,10 +60,13 @@ pub struct Echo {
     pub truncation: Value,
     pub prompt_cache_key: Option<String>,
     pub safety_identifier: Option<String>,
+    /// The response this one continues (resolved by the front door).
+    pub previous_response_id: Option<String>,
 }
 
 impl Default for Echo {
-    /// OpenAI's defaults, except `store`: nothing is stored here.
+    /// OpenAI's defaults, except `store`: the front door says whether a
+    /// response is kept.
     fn default() -> Self {
         Echo {
             instructions: None,
@@ -78,6 +83,7 @@ impl Default for Echo {
             truncation: json!("disabled"),
             prompt_cache_key: None,
             safety_identifier: None,
+            previous_response_id: None,
         }
     }
 }
@@ -87,7 +93,11 @@ impl Default for Echo {
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    let mut top = json_object(body)?;
+    decode_object(json_object(body)?)
+}
+
+/// [`decode`] of a body already parsed (and its history spliced in).
+pub fn decode_object(mut top: Map<String, Value>) -> Result<(Conversation, Context), ApiError> {
     refuse_state(&top)?;
     // Null or false, they only say what the stateless proxy does anyway.
     for key in ["previous_response_id", "background", "conversation"] {
@@ -129,6 +139,7 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     }
     let text_of = |key| top.get(key).and_then(Value::as_str).map(str::to_owned);
     echo.prompt_cache_key = text_of("prompt_cache_key");
+    conv.session.clone_from(&echo.prompt_cache_key);
     echo.safety_identifier = text_of("safety_identifier");
 
     conv.options = options;
@@ -142,8 +153,8 @@ fn refuse_state(top: &Map<String, Value>) -> Result<(), ApiError> {
     let set = |key| top.get(key).is_some_and(|v| !v.is_null());
     if set("previous_response_id") {
         return Err(invalid(
-            "agent-proxy is stateless: previous_response_id is not supported; send the whole \
-             conversation in input (and set store to false).",
+            "previous_response_id is not supported: this proxy keeps no responses (its \
+             `store` is `kind: none`); send the whole conversation in input.",
             "previous_response_id",
         ));
     }
@@ -395,6 +406,41 @@ fn decode_input(
         }
     }
     Ok(())
+}
+
+/// The request's `input` as a list of items, as a store keeps them and a
+/// later turn replays them: a string is one user message, and every item
+/// gets an id if it has none (`input_items` lists and pages by id).
+/// Anything else is left for [`decode`] to judge.
+pub fn input_items(input: Option<Value>) -> Vec<Value> {
+    let mut items = match input {
+        Some(Value::String(text)) => vec![json!({
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        })],
+        Some(Value::Array(items)) => items,
+        Some(other) => vec![other],
+        None => Vec::new(),
+    };
+    for item in &mut items {
+        let Value::Object(fields) = item else {
+            continue;
+        };
+        if fields.get("id").is_some_and(Value::is_string) {
+            continue;
+        }
+        let prefix = match fields.get("type").and_then(Value::as_str) {
+            Some("message") | None => "msg_",
+            Some("function_call_output") => "fco_",
+            Some("custom_tool_call_output") => "ctco_",
+            Some("function_call") => "fc_",
+            Some("reasoning") => "rs_",
+            Some(_) => "item_",
+        };
+        fields.insert("id".into(), Value::String(new_id(prefix)));
+    }
+    items
 }
 
 /// One input item; `None` for item types the proxy does not model (such as
@@ -738,6 +784,18 @@ impl Sink {
     }
 }
 
+/// The end of a response, handed to whoever keeps it (the response store).
+pub struct Finished<'a> {
+    pub id: &'a str,
+    /// `completed`, `incomplete` or `failed`.
+    pub status: &'static str,
+    /// The Response object, as `GET /v1/responses/{id}` answers it.
+    pub response: Vec<u8>,
+}
+
+/// Called once, as the response ends and before its last bytes go out.
+pub type Keep = Box<dyn FnOnce(Finished<'_>) + Send>;
+
 /// The Responses [`Encoder`]: one Response, whatever number of rounds the
 /// loop took.
 pub struct ResponsesEncoder {
@@ -751,6 +809,7 @@ pub struct ResponsesEncoder {
     open: Option<usize>,
     /// The terminal event went out: nothing more may follow it.
     ended: bool,
+    keep: Option<Keep>,
 }
 
 impl ResponsesEncoder {
@@ -767,7 +826,14 @@ impl ResponsesEncoder {
             output: Vec::new(),
             open: None,
             ended: false,
+            keep: None,
         }
+    }
+
+    /// Hands the finished Response object to `keep`.
+    pub fn keeping(mut self, keep: Keep) -> Self {
+        self.keep = Some(keep);
+        self
     }
 
     /// The open item if it is a message, else a new one (closing what was open).
@@ -992,7 +1058,7 @@ impl ResponsesEncoder {
                 cut: self.open,
             },
             parallel_tool_calls: echo.parallel_tool_calls,
-            previous_response_id: None,
+            previous_response_id: echo.previous_response_id.as_deref(),
             prompt_cache_key: echo.prompt_cache_key.as_deref(),
             reasoning: &echo.reasoning,
             safety_identifier: echo.safety_identifier.as_deref(),
@@ -1251,8 +1317,10 @@ impl Encoder for ResponsesEncoder {
             out.reserve(1024 + texts);
         }
         let mut sink = self.sink;
+        let keep = self.keep.take();
         let response = self.response(status, incomplete, Some(usage), None);
         write_end(&mut sink, kind, &response, out);
+        hand_over(keep, &self.id, &response);
         self.sink = sink;
     }
 
@@ -1273,6 +1341,7 @@ impl Encoder for ResponsesEncoder {
             .unwrap_or_else(|| format!("upstream error {status}"));
         // The item cut off stays open: it goes out as `incomplete`.
         let mut sink = self.sink;
+        let keep = self.keep.take();
         let response = self.response(
             "failed",
             None,
@@ -1283,7 +1352,20 @@ impl Encoder for ResponsesEncoder {
             }),
         );
         write_end(&mut sink, "response.failed", &response, out);
+        hand_over(keep, &self.id, &response);
         self.sink = sink;
+    }
+}
+
+/// The Response object to `keep`, if one was given.
+fn hand_over(keep: Option<Keep>, id: &str, response: &ResponseOut<'_>) {
+    if let Some(keep) = keep {
+        keep(Finished {
+            id,
+            status: response.status,
+            // Our own types: cannot fail.
+            response: serde_json::to_vec(response).unwrap_or_default(),
+        });
     }
 }
 
@@ -1953,7 +2035,7 @@ mod tests {
             e.param.map(|p| p.into_owned())
         };
         let e = decode_json(json!({"input": "hi", "previous_response_id": "resp_1"})).unwrap_err();
-        assert!(e.message.contains("stateless"), "{e}");
+        assert!(e.message.contains("keeps no responses"), "{e}");
         assert_eq!(e.param.as_deref(), Some("previous_response_id"));
         assert_eq!(
             param(json!({"input": "hi", "background": true})).as_deref(),

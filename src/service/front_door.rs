@@ -12,11 +12,13 @@ use pingora::proxy::Session;
 use pingora::Result;
 use tracing::info;
 
+use super::stored::{self, Saving};
 use super::{forward, handled, reject, RequestCtx};
 use crate::agent::rewrite::rewrite;
 use crate::agent::router::AUTO;
 use crate::agent::toolset::ToolSet;
 use crate::agent::{tool_loop, Agent};
+use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
@@ -112,16 +114,24 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
             )
             .await;
         }
-        let (system, first_user) = peek.prefix();
-        let affinity = affinity_key(system, first_user);
+        let affinity = match &ctx.session {
+            Some(session) => affinity_key(None, Some(session)),
+            None => {
+                let (system, first_user) = peek.prefix();
+                affinity_key(system, first_user)
+            }
+        };
         let mut client = Client::new(session, config.limits.heartbeat);
         let cut = forward::forward(&mut client, &config, body, affinity).await;
         return handled(cut);
     }
-    let (conversation, encoder) = match decode(dialect, &body) {
+    let (mut conversation, encoder) = match decode(&config, &ctx.tenant, dialect, &body).await {
         Ok(decoded) => decoded,
         Err(error) => return reject(session, dialect, &error).await,
     };
+    // The client's own conversation key, where it gives one, keeps its
+    // turns on one replica (`prefix_affinity`).
+    conversation.session = ctx.session.clone().or(conversation.session);
     let ctx_call = CallContext {
         config: config.clone(),
         request_id: ctx.request_id.clone(),
@@ -191,7 +201,7 @@ enum EncoderFor {
     Chat { stream: bool, include_usage: bool },
     Messages(front::messages::Context, bool),
     // Boxed: the context is large beside the chat variant.
-    Responses(Box<front::responses::Context>, bool),
+    Responses(Box<front::responses::Context>, bool, Option<Saving>),
 }
 
 impl EncoderFor {
@@ -211,26 +221,35 @@ impl EncoderFor {
             EncoderFor::Messages(context, stream) => Box::new(
                 front::messages::MessagesEncoder::new(model, stream, context),
             ),
-            EncoderFor::Responses(context, stream) => Box::new(
-                front::responses::ResponsesEncoder::new(model, stream, *context),
-            ),
+            EncoderFor::Responses(context, stream, saving) => {
+                let encoder = front::responses::ResponsesEncoder::new(model, stream, *context);
+                match saving {
+                    Some(saving) => Box::new(encoder.keeping(saving.keep(&agent.id))),
+                    None => Box::new(encoder),
+                }
+            }
         }
     }
 }
 
-/// The request as a conversation, by its front's decoder.
-fn decode(dialect: Dialect, body: &[u8]) -> Result<(Conversation, EncoderFor), ApiError> {
+/// The request as a conversation, by its front's decoder; the Responses
+/// front's goes through the store ([`stored::decode`]) for
+/// `previous_response_id` and for keeping the answer, as `tenant`'s.
+async fn decode(
+    config: &Config,
+    tenant: &str,
+    dialect: Dialect,
+    body: &[u8],
+) -> Result<(Conversation, EncoderFor), ApiError> {
     match dialect {
         Dialect::Responses => {
-            let (conversation, context) = front::responses::decode(body)?;
+            let (conversation, context, saving) = stored::decode(config, tenant, body).await?;
             if !context.dropped_tools.is_empty() {
                 info!(tools = ?context.dropped_tools, "hosted tools dropped: the upstream cannot run them");
             }
             let stream = conversation.options.stream;
-            Ok((
-                conversation,
-                EncoderFor::Responses(Box::new(context), stream),
-            ))
+            let encoder = EncoderFor::Responses(Box::new(context), stream, saving);
+            Ok((conversation, encoder))
         }
         Dialect::Messages => {
             let (conversation, context) = front::messages::decode(body)?;

@@ -21,6 +21,7 @@ mod forward;
 mod front_door;
 mod health;
 mod models;
+mod stored;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,6 +78,8 @@ pub struct RequestCtx {
     attempts: Option<Attempts>,
     /// The name of the client key the request matched (`auth.api_keys`).
     key_name: Option<String>,
+    /// Whose stored responses the client sees (see `store::tenant_of`).
+    tenant: String,
 }
 
 /// The handler answered; `Err` aborts the connection when a response was
@@ -119,6 +122,7 @@ impl ProxyHttp for AgentProxy {
             session: None,
             attempts: None,
             key_name: None,
+            tenant: String::new(),
         }
     }
 
@@ -153,6 +157,7 @@ impl ProxyHttp for AgentProxy {
             ("POST", "/v1/responses") => "responses",
             ("POST", "/v1/messages") => "messages",
             ("POST", "/v1/messages/count_tokens") => "count_tokens",
+            (m, p) if stored::is_route(m, p) => "stored_response",
             // Claude Code probes the base URL before it starts.
             ("GET" | "HEAD", "/") => "root",
             _ => "proxy",
@@ -185,7 +190,10 @@ impl ProxyHttp for AgentProxy {
             return health::live(session).await;
         }
         match auth::authenticate(&config, session.req_header()) {
-            Ok(key) => ctx.key_name = key.and_then(|k| k.name.clone()),
+            Ok(key) => {
+                ctx.key_name = key.and_then(|k| k.name.clone());
+                ctx.tenant = crate::store::tenant_of(key);
+            }
             Err(auth::Refused) => {
                 return reject(session, dialect, &ApiError::invalid_api_key()).await
             }
@@ -198,6 +206,7 @@ impl ProxyHttp for AgentProxy {
             "responses" => front_door::handle(session, ctx, Dialect::Responses).await,
             "messages" => front_door::handle(session, ctx, Dialect::Messages).await,
             "count_tokens" => front_door::count_tokens(session, ctx).await,
+            "stored_response" => stored::handle(session, ctx).await,
             _ if config.passthrough => Ok(false),
             _ => {
                 let error = ApiError::not_found(format!("no route for {method} {path}"));

@@ -1,7 +1,9 @@
 """Drives agent-proxy's Responses front door with the official `openai` Python
 client, as an Agents-SDK-style app would: `client.responses.create`, streamed
 and not, through an agent with a local tool, with reasoning, `instructions`,
-and a client function tool round trip.
+a client function tool round trip, and a conversation chained by
+`previous_response_id` through the proxy's response store (retrieve,
+input_items, delete).
 
 Run by tests/sdk_responses.rs, which starts the proxy, a scripted upstream and
 a weather tool, and passes the proxy's base URL in AGENT_PROXY_BASE_URL.
@@ -71,17 +73,35 @@ def check_stream_helper_and_client_tool_round_trip():
     assert second.output_text == "notes.txt says: buy milk", second.output_text
 
 
-def check_errors():
+def check_a_conversation_chained_by_previous_response_id():
+    first = client.responses.create(model="weather", input="Weather in Paris?")
+    assert first.store is True, first.store
+    second = client.responses.create(
+        model="weather", input="And tomorrow?", previous_response_id=first.id
+    )
+    assert second.previous_response_id == first.id, second.previous_response_id
+    assert second.output_text == "It is 21 °C in Paris.", second.output_text
+    again = client.responses.retrieve(second.id)
+    assert again.id == second.id and again.output_text == second.output_text, again
+    items = list(client.responses.input_items.list(second.id))
+    assert len(items) == 1 and items[0].content[0].text == "And tomorrow?", items
+    client.responses.delete(first.id)
     try:
-        client.responses.create(model="weather", input="hi", previous_response_id="resp_x")
-    except openai.BadRequestError as e:
+        client.responses.retrieve(first.id)
+    except openai.NotFoundError:
+        pass
+    else:
+        raise AssertionError("a deleted response is gone")
+    try:
+        client.responses.create(model="weather", input="hi", previous_response_id="resp_unknown")
+    except openai.NotFoundError as e:
         assert e.body["param"] == "previous_response_id", e.body
     else:
-        raise AssertionError("previous_response_id must be refused")
+        raise AssertionError("an unknown previous_response_id is a 404")
 
 
 check_non_streaming_with_a_local_tool()
 check_streaming_with_a_local_tool()
 check_stream_helper_and_client_tool_round_trip()
-check_errors()
+check_a_conversation_chained_by_previous_response_id()
 print("all openai responses checks passed")

