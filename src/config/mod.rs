@@ -554,7 +554,7 @@ fn check_store(spec: &StoreFile) -> Result<(), Invalid> {
     match spec.kind {
         StoreKind::Redis if spec.url.as_deref().is_none_or(str::is_empty) => {
             return Err(error(
-                key("url"),
+                KeyPath::of(&["store"]),
                 "a redis store needs `url` (redis://host:6379)",
             ))
         }
@@ -718,5 +718,21 @@ agents:
             !Arc::ptr_eq(&server.default_upstream, &upstream.default_upstream),
             "back to 8080: a new runtime, not the one two reloads ago"
         );
+    }
+
+    #[test]
+    fn a_store_has_the_keys_its_kind_needs() {
+        let with = |store: &str| Config::parse(&format!("{BASE}\nstore: {store}"), no_env);
+        let message = |store: &str| with(store).err().map(|e| e.message).unwrap_or_default();
+        assert!(message("{ kind: redis }").contains("store: a redis store needs `url`"));
+        assert!(message("{ kind: redis, url: 'http://x' }").contains("not a Redis URL"));
+        assert!(message("{ kind: memory, url: 'redis://x' }").contains("store.url"));
+        assert!(message("{ kind: redis, url: 'redis://x', path: a.db }").contains("store.path"));
+        assert!(message("{ ttl_seconds: 0 }").contains("store.ttl_seconds"));
+        assert!(message("{ kind: postgres }").contains("store.kind"));
+        assert!(with("{ kind: none }").unwrap().store.is_none());
+        // Nothing is opened by parsing: no file appears for the default.
+        assert!(with("{ path: /nonexistent/dir/x.db }").unwrap().store.is_some());
+        assert!(!std::path::Path::new("/nonexistent/dir/x.db").exists());
     }
 }
