@@ -358,10 +358,9 @@ async fn named_replica(name: &'static str) -> FakeServer {
     FakeServer::start(move |_, _| Reply::events(vec![content(name), finish("stop")])).await
 }
 
-/// The share of turns (after each conversation's first) served by the
-/// replica that served the turn before, over `conversations` conversations
-/// of `turns` turns chained by `previous_response_id`.
-async fn same_replica_share(balance: &str, conversations: usize, turns: usize) -> f64 {
+/// The `bot` agent on a pool of two [`named_replica`]s balanced by
+/// `balance`, with a memory store.
+async fn two_replica_proxy(balance: &str) -> (Proxy, [FakeServer; 2]) {
     let replicas = [named_replica("A").await, named_replica("B").await];
     let endpoints: Vec<String> = replicas
         .iter()
@@ -372,7 +371,14 @@ async fn same_replica_share(balance: &str, conversations: usize, turns: usize) -
          agents:\n  bot: {{}}\nstore: {{ kind: memory }}\n",
         endpoints.join(", ")
     );
-    let proxy = Proxy::start(&config).await;
+    (Proxy::start(&config).await, replicas)
+}
+
+/// The share of turns (after each conversation's first) served by the
+/// replica that served the turn before, over `conversations` conversations
+/// of `turns` turns chained by `previous_response_id`.
+async fn same_replica_share(balance: &str, conversations: usize, turns: usize) -> f64 {
+    let (proxy, _replicas) = two_replica_proxy(balance).await;
     let (mut same, mut later) = (0, 0);
     for c in 0..conversations {
         let mut previous: Option<String> = None;
@@ -403,17 +409,7 @@ async fn a_conversations_turns_stay_on_one_replica() {
     assert_eq!(on, 1.0, "every later turn on its conversation's replica");
 
     // A client's session key does it for a stateless client too.
-    let replicas = [named_replica("A").await, named_replica("B").await];
-    let endpoints: Vec<String> = replicas
-        .iter()
-        .map(|r| format!("\"{}/v1\"", r.url()))
-        .collect();
-    let config = format!(
-        "default_upstream: pool\nupstreams:\n  pool:\n    endpoints: [{}]\n    balance: prefix_affinity\n\
-         agents:\n  bot: {{}}\n",
-        endpoints.join(", ")
-    );
-    let proxy = Proxy::start(&config).await;
+    let (proxy, _replicas) = two_replica_proxy("prefix_affinity").await;
     let mut homes = BTreeSet::new();
     for session in 0..6 {
         let key = format!("session-{session}");
