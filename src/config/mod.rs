@@ -732,7 +732,10 @@ agents:
         assert!(message("{ kind: postgres }").contains("store.kind"));
         assert!(with("{ kind: none }").unwrap().store.is_none());
         // Nothing is opened by parsing: no file appears for the default.
-        assert!(with("{ path: /nonexistent/dir/x.db }").unwrap().store.is_some());
+        assert!(with("{ path: /nonexistent/dir/x.db }")
+            .unwrap()
+            .store
+            .is_some());
         assert!(!std::path::Path::new("/nonexistent/dir/x.db").exists());
     }
 }
