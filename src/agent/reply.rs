@@ -22,6 +22,9 @@ pub struct Reply {
     first_token_at: Option<std::time::Instant>,
     /// Bytes the encoder wrote, reused for every event.
     buf: Vec<u8>,
+    /// Events are gathered instead of written, until [`Reply::release`]:
+    /// the events of one upstream read leave in one write.
+    hold: bool,
     /// The last character of the text sent so far.
     last_char: Option<char>,
     /// A new round began: its first text starts a new paragraph.
@@ -70,6 +73,7 @@ impl Reply {
             usage: Usage::default(),
             first_token_at: None,
             buf: Vec::with_capacity(512),
+            hold: false,
             last_char: None,
             round_break: false,
             nested: None,
@@ -172,8 +176,19 @@ impl Reply {
         self.flush(client).await
     }
 
+    /// Gathers the events that follow until [`Reply::release`].
+    pub fn hold(&mut self) {
+        self.hold = true;
+    }
+
+    /// Writes what was gathered since [`Reply::hold`], in one write.
+    pub async fn release(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
+        self.hold = false;
+        self.flush(client).await
+    }
+
     async fn flush(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
-        if self.buf.is_empty() {
+        if self.hold || self.buf.is_empty() {
             return Ok(());
         }
         let bytes = Bytes::copy_from_slice(&self.buf);
@@ -268,8 +283,12 @@ impl Reply {
         client: &mut impl Downstream,
         finish: Finish,
     ) -> Result<(), Gone> {
+        // What was gathered goes out with the end.
+        self.hold = false;
         self.start(client).await?;
-        self.buf.clear();
+        if !self.encoder.streams() {
+            self.buf.clear();
+        }
         self.encoder.finish(finish, self.usage, &mut self.buf);
         if self.encoder.streams() {
             return self.flush(client).await;
@@ -297,7 +316,8 @@ impl Reply {
             } => (status, openai_error_body(status, &body), retry_after),
         };
         if client.header_sent() {
-            self.buf.clear();
+            // What was gathered before the failure goes out before its event.
+            self.hold = false;
             self.encoder.stream_error(status, &body, &mut self.buf);
             let _ = self.flush(client).await;
             return true;
@@ -368,6 +388,91 @@ pub fn openai_error_body(status: u16, body: &[u8]) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::front::chat::ChatEncoder;
+
+    /// A client that records each write.
+    #[derive(Default)]
+    struct Recording {
+        header_sent: bool,
+        writes: Vec<Bytes>,
+    }
+
+    impl Downstream for Recording {
+        fn request_id(&self) -> &str {
+            "req"
+        }
+        fn header_sent(&self) -> bool {
+            self.header_sent
+        }
+        async fn wait<F>(&mut self, work: F) -> Result<F::Output, Gone>
+        where
+            F: Future + Send,
+            F::Output: Send,
+        {
+            Ok(work.await)
+        }
+        async fn start_event_stream(&mut self) -> Result<(), Gone> {
+            self.header_sent = true;
+            Ok(())
+        }
+        async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
+            self.writes.push(bytes);
+            Ok(())
+        }
+        async fn respond_json(
+            &mut self,
+            _: u16,
+            body: Bytes,
+            _: &[(http::HeaderName, http::HeaderValue)],
+        ) -> Result<(), Gone> {
+            self.writes.push(body);
+            Ok(())
+        }
+    }
+
+    fn text(writes: &[Bytes]) -> String {
+        writes.iter().map(|w| String::from_utf8_lossy(w)).collect()
+    }
+
+    #[tokio::test]
+    async fn held_events_leave_in_one_write_and_before_an_end_or_a_failure() {
+        let encoder = || Box::new(ChatEncoder::new("m", true, false, Default::default()));
+        let mut client = Recording::default();
+        let mut reply = Reply::new(encoder(), true);
+        reply.content(&mut client, "a").await.unwrap();
+        let before = client.writes.len();
+        reply.hold();
+        for piece in ["b", "c", "d"] {
+            reply.content(&mut client, piece).await.unwrap();
+        }
+        assert_eq!(client.writes.len(), before, "nothing written while held");
+        reply.release(&mut client).await.unwrap();
+        assert_eq!(client.writes.len(), before + 1, "three events, one write");
+        assert_eq!(text(&client.writes[before..]).matches("data: ").count(), 3);
+
+        // Held events are not lost to the end or to a failure.
+        reply.hold();
+        reply.content(&mut client, "e").await.unwrap();
+        reply.finish(&mut client, Finish::Stop).await.unwrap();
+        let all = text(&client.writes);
+        assert!(
+            all.contains("\"e\"") && all.ends_with("data: [DONE]\n\n"),
+            "{all}"
+        );
+
+        let mut client = Recording::default();
+        let mut reply = Reply::new(encoder(), true);
+        reply.content(&mut client, "x").await.unwrap();
+        reply.hold();
+        reply.content(&mut client, "held").await.unwrap();
+        let cut = reply
+            .fail(&mut client, Failure::Api(ApiError::bad_gateway("broke")))
+            .await;
+        assert!(cut);
+        let all = text(&client.writes);
+        let (held, error) = (all.find("held").unwrap(), all.find("broke").unwrap());
+        assert!(held < error, "{all}");
+    }
 
     #[test]
     fn llama_cpp_error_body_becomes_openai_shape() {

@@ -507,6 +507,9 @@ async fn read_round<D: Downstream>(
             break;
         };
         parser.feed(&piece);
+        // The events of one read leave in one write: under load a read
+        // holds many, and a write per event would cost a syscall each.
+        reader.reply.hold();
         while let Some(event) = parser
             .next_event()
             .map_err(|e| ApiError::bad_gateway(format!("upstream `{}`: {e}", upstream.name)))?
@@ -516,6 +519,7 @@ async fn read_round<D: Downstream>(
                 .await
                 .map_err(|e| e.failure(failed))?;
         }
+        reader.reply.release(client).await?;
     }
     let end = decoder.end().map_err(failed)?;
     reader.finish(client, end).await
