@@ -1948,7 +1948,9 @@ mod tests {
         enc.content("Running ", &mut out);
         enc.content("it.", &mut out);
         let calls = [
-            call("call_1", "Bash", r#"{"command":"ls","description":"List"}"#),
+            // Keys not in sorted order: the round trip keeps the model's order
+            // (llama.cpp's prompt cache needs the same bytes back).
+            call("call_1", "Bash", r#"{"description":"List","command":"ls"}"#),
             call("call_2", "Read", "not json"),
         ];
         enc.client_calls(&calls, &mut out);
@@ -1965,7 +1967,7 @@ mod tests {
                     {"type": "thinking", "thinking": "Unsigned.", "signature": ""},
                     {"type": "text", "text": "Running it."},
                     {"type": "tool_use", "id": "call_1", "name": "Bash",
-                     "input": {"command": "ls", "description": "List"}},
+                     "input": {"description": "List", "command": "ls"}},
                     {"type": "tool_use", "id": "call_2", "name": "Read", "input": {}}
                 ],
                 "stop_reason": "tool_use", "stop_sequence": null,
