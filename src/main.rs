@@ -59,6 +59,10 @@ struct Args {
     upgrade_sock: String,
 }
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -98,7 +102,11 @@ fn main() -> ExitCode {
     }
 
     let conf = ServerConf {
-        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        threads: config
+            .runtime
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        work_stealing: config.runtime.work_stealing,
         // An upper bound only: `Drain` exits as soon as nothing is in flight
         // (pingora's own default is an unconditional 300 s sleep).
         grace_period_seconds: Some(args.shutdown_grace),

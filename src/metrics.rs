@@ -24,11 +24,18 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     /// Response store failures by operation (`read`, `write`, `too_large`).
     pub store_errors: IntCounterVec,
+    /// Response store calls by operation (`read`, `write`), as the store answered.
+    pub store_seconds: HistogramVec,
     pub streams_in_flight: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// A store call is a local file or a LAN round trip: finer at the bottom.
+const STORE_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
 ];
 
 impl Metrics {
@@ -111,6 +118,12 @@ impl Metrics {
                 "agent_proxy_store_errors_total",
                 "Response store operations that failed, by operation",
                 &["op"],
+            )?,
+            store_seconds: histogram(
+                "agent_proxy_store_duration_seconds",
+                "Time a response store call took, by operation (a write: from the answer's end until it landed)",
+                &["op"],
+                STORE_BUCKETS,
             )?,
             streams_in_flight,
             registry,

@@ -54,6 +54,9 @@ impl Reloader {
                 if new.listen != old.listen {
                     warn!(old = %old.listen, new = %new.listen, "`listen` changes take effect at the next restart");
                 }
+                if new.runtime != old.runtime {
+                    warn!("`runtime` changes take effect at the next restart");
+                }
                 info!(
                     reason,
                     agents = new.agents.len(),

@@ -68,6 +68,9 @@ struct RunArgs {
     /// that predates those front doors (a before/after of the chat path).
     #[arg(long)]
     chat_only: bool,
+    /// YAML appended to the proxy's config, e.g. `runtime: { work_stealing: false }`.
+    #[arg(long, default_value = "")]
+    proxy_yaml: String,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -418,7 +421,10 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         .arg(work.join("nginx.conf"));
     let nginx = Process::start("nginx", nginx_cmd, &work.join("nginx.log"), ng)?;
 
-    std::fs::write(work.join("proxy.yaml"), proxy_conf(px, up))?;
+    std::fs::write(
+        work.join("proxy.yaml"),
+        proxy_conf(px, up) + &args.proxy_yaml + "\n",
+    )?;
     let proxy_cmd = (proxy_bin.to_owned(), work.to_owned());
     let proxy = start_proxy(&proxy_cmd, px)?;
     // Idle: started, nothing served yet.

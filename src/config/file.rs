@@ -46,6 +46,31 @@ pub struct ConfigFile {
     /// Where Responses API answers are kept for `previous_response_id`.
     #[serde(default)]
     pub store: StoreFile,
+    /// The worker threads; read at start only.
+    #[serde(default)]
+    pub runtime: RuntimeFile,
+}
+
+/// `runtime:`: how many threads serve requests, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeFile {
+    /// Worker threads; by default one per CPU the process may use (a
+    /// container's CPU limit included).
+    pub threads: Option<usize>,
+    /// `false`: one single-threaded runtime per thread, each connection
+    /// staying on the thread that accepted it (nginx's worker model), rather
+    /// than tokio's work-stealing scheduler.
+    pub work_stealing: bool,
+}
+
+impl Default for RuntimeFile {
+    fn default() -> Self {
+        RuntimeFile {
+            threads: None,
+            work_stealing: true,
+        }
+    }
 }
 
 fn default_listen() -> String {

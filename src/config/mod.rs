@@ -27,6 +27,7 @@ use crate::mcp::{self, McpServer};
 use crate::store::Store;
 use crate::tools::Tool;
 use crate::upstream::Upstream;
+pub use file::RuntimeFile as Runtime;
 use file::{ApiKeyFile, ConfigFile, McpServerFile, StoreFile, StoreKind, UpstreamFile};
 use locate::{locate, KeyPath, Location};
 
@@ -49,6 +50,8 @@ pub struct Config {
     /// The response store; `None` with `store: { kind: none }`.
     pub store: Option<Arc<Store>>,
     pub limits: Limits,
+    /// Threads and scheduler: read at start, a reload leaves them.
+    pub runtime: Runtime,
 }
 
 /// A client key (`auth.api_keys`).
@@ -500,6 +503,12 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         }
     };
 
+    if file.runtime.threads == Some(0) {
+        return Err(error(
+            KeyPath::of(&["runtime", "threads"]),
+            "must be greater than 0",
+        ));
+    }
     if file.limits.max_body_bytes == 0 {
         return Err(error(
             KeyPath::of(&["limits", "max_body_bytes"]),
@@ -507,6 +516,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         ));
     }
     Ok(Config {
+        runtime: file.runtime,
         listen: file.listen,
         admin_listen: file.admin_listen,
         api_keys: file
@@ -737,5 +747,24 @@ agents:
             .store
             .is_some());
         assert!(!std::path::Path::new("/nonexistent/dir/x.db").exists());
+    }
+
+    #[test]
+    fn runtime_threads_and_scheduler() {
+        let with = |runtime: &str| Config::parse(&format!("{BASE}\nruntime: {runtime}"), no_env);
+        let default = Config::parse(BASE, no_env).unwrap().runtime;
+        assert_eq!((default.threads, default.work_stealing), (None, true));
+        let set = with("{ threads: 3, work_stealing: false }")
+            .unwrap()
+            .runtime;
+        assert_eq!((set.threads, set.work_stealing), (Some(3), false));
+        let zero = with("{ threads: 0 }")
+            .err()
+            .map(|e| e.message)
+            .unwrap_or_default();
+        assert!(
+            zero.contains("runtime.threads: must be greater than 0"),
+            "{zero}"
+        );
     }
 }

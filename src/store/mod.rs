@@ -24,7 +24,7 @@ mod sqlite;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -155,7 +155,10 @@ impl Store {
         let in_flight = crate::shutdown::InFlight::enter();
         tokio::spawn(async move {
             let _in_flight = in_flight;
-            if let Err(e) = store.backend.put(record.clone()).await {
+            let started = Instant::now();
+            let written = store.backend.put(record.clone()).await;
+            observe("write", started);
+            if let Err(e) = written {
                 warn!(id = %record.id, error = %e, "response not stored");
                 metrics().store_errors.with_label_values(&["write"]).inc();
             }
@@ -189,7 +192,10 @@ impl Store {
     async fn read(&self, id: &str) -> Result<Option<Record>, StoreError> {
         let mut backoff = Duration::from_millis(25);
         loop {
-            let found = self.backend.get(id).await?;
+            let started = Instant::now();
+            let found = self.backend.get(id).await;
+            observe("read", started);
+            let found = found?;
             if found.is_some() || !self.backend.shared() || backoff > Duration::from_millis(100) {
                 return Ok(found);
             }
@@ -220,6 +226,14 @@ impl Store {
 
 /// `store.path` when not set: beside the config file.
 pub const DEFAULT_SQLITE_PATH: &str = "agent-proxy.sqlite3";
+
+/// `agent_proxy_store_duration_seconds{op}`: a call from `started` on.
+fn observe(op: &str, started: Instant) {
+    metrics()
+        .store_seconds
+        .with_label_values(&[op])
+        .observe(started.elapsed().as_secs_f64());
+}
 
 pub fn unix_now() -> u64 {
     SystemTime::now()

@@ -1,66 +1,137 @@
 //! `store: { kind: sqlite, path }` (the default): one SQLite file, in WAL
-//! mode, no server to run. SQLite calls block, so each runs on tokio's
-//! blocking pool, on the one connection in turn (writes are serialized by
-//! SQLite anyway; each is one small statement).
+//! mode, no server to run. SQLite calls block, so one thread of its own owns
+//! the connection and serves the store's calls in order; the writes waiting
+//! when it wakes go in one transaction (a group commit), so a busy proxy
+//! pays one commit per batch rather than per answer.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{unix_now, Backend, Record, StoreError};
+use std::sync::Arc;
 
 /// Expired rows are deleted at most this often (on a write).
 const PURGE_EVERY_SECONDS: u64 = 600;
+/// Calls waiting for the thread; a caller beyond it waits its turn.
+const QUEUE: usize = 1024;
+/// Calls served in one transaction at most.
+const BATCH: usize = 256;
 
 pub struct Sqlite {
-    path: PathBuf,
-    /// Opened on first use, and again after a failure to open.
-    state: Arc<Mutex<State>>,
+    calls: mpsc::Sender<Call>,
 }
 
-struct State {
-    connection: Option<Connection>,
-    last_purge: u64,
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+enum Call {
+    Put(Arc<Record>, Reply<()>),
+    Get(String, Reply<Option<Record>>),
+    Delete(String, Reply<()>),
 }
 
 impl Sqlite {
+    /// Starts the thread; the file is opened on first use (and again after a
+    /// failure to open). The thread ends when the store is dropped.
     pub fn new(path: PathBuf) -> Self {
-        Sqlite {
-            path,
-            state: Arc::new(Mutex::new(State {
-                connection: None,
-                last_purge: 0,
-            })),
+        let (calls, queue) = mpsc::channel(QUEUE);
+        let spawned = std::thread::Builder::new()
+            .name("sqlite-store".into())
+            .spawn(move || serve(path, queue));
+        if let Err(e) = spawned {
+            // Every call then fails as a store outage (the channel is closed).
+            tracing::error!("cannot start the SQLite store's thread: {e}");
         }
+        Sqlite { calls }
     }
 
-    /// Runs `work` on the connection, on the blocking pool.
-    async fn with<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&Connection, &mut u64) -> rusqlite::Result<T> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let state = self.state.clone();
-        let path = self.path.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
-            let State {
-                connection,
-                last_purge,
-            } = &mut *state;
-            let connection = match connection {
-                Some(connection) => connection,
-                None => connection.insert(
-                    open(&path)
-                        .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?,
-                ),
-            };
-            work(connection, last_purge).map_err(|e| StoreError(format!("sqlite: {e}")))
-        })
-        .await;
-        done.map_err(|e| StoreError(format!("sqlite task: {e}")))?
+    async fn call<T>(&self, call: impl FnOnce(Reply<T>) -> Call) -> Result<T, StoreError> {
+        let gone = || StoreError("sqlite: the store's thread is gone".into());
+        let (reply, answer) = oneshot::channel();
+        self.calls.send(call(reply)).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
+}
+
+/// The store's thread: each wake-up serves every call waiting (up to
+/// [`BATCH`]) in one transaction.
+fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>) {
+    let mut connection: Option<Connection> = None;
+    let mut last_purge = 0;
+    let mut batch = Vec::with_capacity(BATCH);
+    while let Some(first) = queue.blocking_recv() {
+        batch.push(first);
+        while batch.len() < BATCH {
+            match queue.try_recv() {
+                Ok(call) => batch.push(call),
+                Err(_) => break,
+            }
+        }
+        let db = match connection.as_mut() {
+            Some(db) => db,
+            None => match open(&path) {
+                Ok(db) => connection.insert(db),
+                Err(e) => {
+                    let error = StoreError(format!("cannot open {}: {e}", path.display()));
+                    batch.drain(..).for_each(|call| call.fail(error.clone()));
+                    continue;
+                }
+            },
+        };
+        serve_batch(db, &mut batch, &mut last_purge);
+    }
+}
+
+/// One transaction: each call's own statement result, unless the commit
+/// fails, which fails every write of the batch.
+fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64) {
+    let transaction = match db.transaction() {
+        Ok(transaction) => transaction,
+        Err(e) => {
+            let error = StoreError(format!("sqlite: {e}"));
+            batch.drain(..).for_each(|call| call.fail(error.clone()));
+            return;
+        }
+    };
+    let mut writes = Vec::new();
+    for call in batch.drain(..) {
+        match call {
+            Call::Put(record, reply) => writes.push((put(&transaction, &record), reply)),
+            Call::Delete(id, reply) => writes.push((delete(&transaction, &id), reply)),
+            Call::Get(id, reply) => {
+                let _ = reply.send(get(&transaction, &id).map_err(sql_error));
+            }
+        }
+    }
+    let now = unix_now();
+    if !writes.is_empty() && now >= *last_purge + PURGE_EVERY_SECONDS {
+        *last_purge = now;
+        if let Err(e) = transaction
+            .prepare_cached("DELETE FROM responses WHERE expires_at <= ?1")
+            .and_then(|mut purge| purge.execute(params![to_sql(now)]))
+        {
+            tracing::warn!("sqlite store: purging expired responses: {e}");
+        }
+    }
+    let committed = transaction.commit().map_err(sql_error);
+    for (result, reply) in writes {
+        let _ = reply.send(committed.clone().and(result.map_err(sql_error)));
+    }
+}
+
+impl Call {
+    fn fail(self, error: StoreError) {
+        match self {
+            Call::Put(_, reply) | Call::Delete(_, reply) => drop(reply.send(Err(error))),
+            Call::Get(_, reply) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+fn sql_error(e: rusqlite::Error) -> StoreError {
+    StoreError(format!("sqlite: {e}"))
 }
 
 fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
@@ -92,71 +163,66 @@ fn to_sql(seconds: u64) -> i64 {
     i64::try_from(seconds).unwrap_or(i64::MAX)
 }
 
+fn put(db: &Connection, record: &Record) -> rusqlite::Result<()> {
+    db.prepare_cached(
+        "INSERT OR REPLACE INTO responses
+         (id, tenant, agent, previous, status, created_at, expires_at, input, response)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?
+    .execute(params![
+        record.id,
+        record.tenant,
+        record.agent,
+        record.previous,
+        record.status,
+        to_sql(record.created_at),
+        to_sql(record.expires_at),
+        record.input,
+        record.response,
+    ])?;
+    Ok(())
+}
+
+fn get(db: &Connection, id: &str) -> rusqlite::Result<Option<Record>> {
+    db.prepare_cached(
+        "SELECT id, tenant, agent, previous, status, created_at, expires_at, input, response
+         FROM responses WHERE id = ?1",
+    )?
+    .query_row(params![id], |row| {
+        Ok(Record {
+            id: row.get(0)?,
+            tenant: row.get(1)?,
+            agent: row.get(2)?,
+            previous: row.get(3)?,
+            status: row.get(4)?,
+            created_at: row.get::<_, i64>(5)?.max(0) as u64,
+            expires_at: row.get::<_, i64>(6)?.max(0) as u64,
+            input: row.get(7)?,
+            response: row.get(8)?,
+        })
+    })
+    .optional()
+}
+
+fn delete(db: &Connection, id: &str) -> rusqlite::Result<()> {
+    db.prepare_cached("DELETE FROM responses WHERE id = ?1")?
+        .execute(params![id])?;
+    Ok(())
+}
+
 #[async_trait]
 impl Backend for Sqlite {
     async fn put(&self, record: Arc<Record>) -> Result<(), StoreError> {
-        self.with(move |db, last_purge| {
-            db.execute(
-                "INSERT OR REPLACE INTO responses
-                 (id, tenant, agent, previous, status, created_at, expires_at, input, response)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
-                    record.id,
-                    record.tenant,
-                    record.agent,
-                    record.previous,
-                    record.status,
-                    to_sql(record.created_at),
-                    to_sql(record.expires_at),
-                    record.input,
-                    record.response,
-                ],
-            )?;
-            let now = unix_now();
-            if now >= *last_purge + PURGE_EVERY_SECONDS {
-                *last_purge = now;
-                db.execute(
-                    "DELETE FROM responses WHERE expires_at <= ?1",
-                    params![to_sql(now)],
-                )?;
-            }
-            Ok(())
-        })
-        .await
+        self.call(|reply| Call::Put(record, reply)).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
         let id = id.to_owned();
-        self.with(move |db, _| {
-            db.query_row(
-                "SELECT id, tenant, agent, previous, status, created_at, expires_at, input, response
-                 FROM responses WHERE id = ?1",
-                params![id],
-                |row| {
-                    Ok(Record {
-                        id: row.get(0)?,
-                        tenant: row.get(1)?,
-                        agent: row.get(2)?,
-                        previous: row.get(3)?,
-                        status: row.get(4)?,
-                        created_at: row.get::<_, i64>(5)?.max(0) as u64,
-                        expires_at: row.get::<_, i64>(6)?.max(0) as u64,
-                        input: row.get(7)?,
-                        response: row.get(8)?,
-                    })
-                },
-            )
-            .optional()
-        })
-        .await
+        self.call(|reply| Call::Get(id, reply)).await
     }
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         let id = id.to_owned();
-        self.with(move |db, _| {
-            db.execute("DELETE FROM responses WHERE id = ?1", params![id])?;
-            Ok(())
-        })
-        .await
+        self.call(|reply| Call::Delete(id, reply)).await
     }
 }
