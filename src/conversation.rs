@@ -46,6 +46,17 @@ pub struct Conversation {
     pub session: Option<String>,
 }
 
+impl Conversation {
+    /// The text of the first user message: how a conversation begins, the
+    /// same in every later turn of it.
+    pub fn first_user_text(&self) -> Option<String> {
+        self.items.iter().find_map(|item| match item {
+            Item::Message(m) if m.role == Role::User => Some(m.text_content()),
+            _ => None,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Item {
     Message(Message),

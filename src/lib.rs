@@ -22,6 +22,7 @@ pub mod reload;
 pub mod request_id;
 pub mod round;
 pub mod service;
+pub mod session;
 pub mod shutdown;
 pub mod sse;
 pub mod store;

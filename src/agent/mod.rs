@@ -3,6 +3,7 @@
 //! request; `tool_loop` runs the conversation with the model until it answers.
 
 pub mod assemble;
+pub mod memory;
 pub mod reasoning;
 mod reply;
 pub mod rewrite;
@@ -36,6 +37,8 @@ pub struct Agent {
     pub tool_events: ToolEvents,
     pub reasoning: ReasoningMode,
     pub reasoning_field: ReasoningField,
+    /// Notes kept across requests (`memory:`).
+    pub memory: Option<Arc<memory::Memory>>,
 }
 
 /// A tool an agent lists: resolved into functions per request, because an

@@ -64,6 +64,9 @@ pub async fn run(
 ) -> Summary {
     let toolset = ToolSet::of(agent, &ctx.config);
     let mut conversation = rewrite(agent, &toolset, conversation);
+    if let Some(memory) = &agent.memory {
+        super::memory::inject(&agent.id, memory, ctx, &mut conversation).await;
+    }
     let show_reasoning =
         agent.reasoning == ReasoningMode::Pass && conversation.options.thinking != Some(false);
     let mut reply = Reply::new(encoder, show_reasoning);
@@ -118,6 +121,9 @@ pub fn run_nested(
         // Streamed: the callee's text is the caller's progress as it comes.
         conversation.options.stream = true;
         let mut conversation = rewrite(&agent, &toolset, conversation);
+        if let Some(memory) = &agent.memory {
+            super::memory::inject(&agent.id, memory, &ctx, &mut conversation).await;
+        }
         let mut client = Headless::new(ctx.request_id.clone());
         let mut reply = Reply::nested(ctx.progress.clone(), show_reasoning);
         let mut summary = Summary::default();
@@ -168,10 +174,7 @@ impl Turn<'_> {
         let affinity = match &conversation.session {
             Some(session) => affinity_key(None, Some(session)),
             None => {
-                let first_user = conversation.items.iter().find_map(|item| match item {
-                    Item::Message(m) if m.role == Role::User => Some(m.text_content()),
-                    _ => None,
-                });
+                let first_user = conversation.first_user_text();
                 affinity_key(conversation.system.as_deref(), first_user.as_deref())
             }
         };

@@ -66,6 +66,11 @@ impl ToolSet {
                 }
             }
         }
+        if let Some(memory) = &agent.memory {
+            for (definition, target) in super::memory::tools(&agent.id, memory) {
+                set.add(definition, target);
+            }
+        }
         set
     }
 

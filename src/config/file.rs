@@ -86,6 +86,13 @@ fn yes() -> bool {
 pub struct AuthFile {
     #[serde(default)]
     pub api_keys: Vec<ApiKeyFile>,
+    /// Keys for `/admin/*` (memories); without one those routes are off.
+    #[serde(default)]
+    pub admin_keys: Vec<String>,
+    /// Whether the request's `user` field names the user (within the key's
+    /// tenant) for memory. Off by default: a client could claim anyone.
+    #[serde(default)]
+    pub trust_user_field: bool,
 }
 
 /// A client key: the key alone, or with a name that `inject` can pass to
@@ -273,6 +280,72 @@ pub struct AgentFile {
     /// Overrides the top-level `reasoning_field` for this agent.
     #[serde(default)]
     pub reasoning_field: Option<ReasoningField>,
+    /// Memory kept across requests: `remember`/`recall`/`forget` tools and
+    /// the stored notes injected before the conversation.
+    #[serde(default)]
+    pub memory: Option<MemoryFile>,
+}
+
+/// `agents.<id>.memory`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryFile {
+    /// Whose notes: one scope or several (`[user, agent]`), each kept and
+    /// injected apart.
+    pub scope: OneOrMany<MemoryScope>,
+    /// Notes kept per scope (and user or session); the oldest go first.
+    #[serde(default = "default_memory_items")]
+    pub max_items: usize,
+    /// Whether the notes are put in the system prompt of every request.
+    #[serde(default = "yes")]
+    pub inject: bool,
+    /// The injected notes' budget, estimated at 4 bytes a token; the
+    /// newest notes are kept.
+    #[serde(default = "default_memory_tokens")]
+    pub max_inject_tokens: usize,
+    /// The longest note `remember` keeps, in characters.
+    #[serde(default = "default_memory_chars")]
+    pub max_item_chars: usize,
+}
+
+fn default_memory_items() -> usize {
+    100
+}
+
+fn default_memory_tokens() -> usize {
+    1000
+}
+
+fn default_memory_chars() -> usize {
+    1000
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryScope {
+    /// The request's user (the key's identity): every session of theirs.
+    User,
+    /// One conversation of one user.
+    Session,
+    /// The agent's own notes, shared by every user.
+    Agent,
+}
+
+/// A value or a list of them (`scope: user` or `scope: [user, agent]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T: Clone> OneOrMany<T> {
+    pub fn to_vec(&self) -> Vec<T> {
+        match self {
+            OneOrMany::One(one) => vec![one.clone()],
+            OneOrMany::Many(many) => many.clone(),
+        }
+    }
 }
 
 fn default_rounds() -> u32 {
@@ -308,7 +381,8 @@ pub struct ToolFile {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InjectFile {
-    /// A field of the chat request: `user`.
+    /// Of the request: `user` (the client's field) or `session` (its
+    /// session id).
     pub request: Option<String>,
     /// A header of the client's request.
     pub header: Option<String>,

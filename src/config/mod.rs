@@ -37,6 +37,10 @@ pub struct Config {
     pub listen: String,
     pub admin_listen: Option<String>,
     pub api_keys: Vec<ApiKey>,
+    /// Bearer keys for `/admin/*`; none: those routes are off.
+    pub admin_keys: Vec<String>,
+    /// The request's `user` field names the user for memory.
+    pub trust_user_field: bool,
     pub default_upstream: Arc<Upstream>,
     /// Every upstream, for health checks.
     pub upstreams: BTreeMap<String, Arc<Upstream>>,
@@ -440,6 +444,19 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             skill_tools.iter().cloned().for_each(&mut add_tool);
         }
         let instructions = Some(prompt_parts.join("\n\n")).filter(|p| !p.is_empty());
+        let memory = match &agent.memory {
+            None => None,
+            Some(_) if file.store.kind == StoreKind::None => {
+                return Err(error(
+                    key("memory"),
+                    "memory needs a store: `store.kind` is none",
+                ))
+            }
+            Some(spec) => Some(Arc::new(
+                crate::agent::memory::Memory::from_file(spec)
+                    .map_err(|m| error(key("memory"), m))?,
+            )),
+        };
         agents.insert(
             id.clone(),
             Arc::new(Agent {
@@ -456,6 +473,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
                 tool_events: agent.tool_events,
                 reasoning: agent.reasoning,
                 reasoning_field: agent.reasoning_field.unwrap_or(file.reasoning_field),
+                memory,
             }),
         );
     }
@@ -516,6 +534,13 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         ));
     }
     Ok(Config {
+        admin_keys: file
+            .auth
+            .admin_keys
+            .into_iter()
+            .filter(|k| !k.is_empty())
+            .collect(),
+        trust_user_field: file.auth.trust_user_field,
         runtime: file.runtime,
         listen: file.listen,
         admin_listen: file.admin_listen,

@@ -55,6 +55,16 @@ pub fn authenticate<'c>(
     matched.map(Some).ok_or(Refused)
 }
 
+/// Whether the request carries one of `auth.admin_keys` (there are some).
+pub fn is_admin(config: &Config, req: &RequestHeader) -> bool {
+    let Some(presented) = presented_key(req) else {
+        return false;
+    };
+    config.admin_keys.iter().fold(false, |found, key| {
+        constant_time_eq(key.as_bytes(), presented) | found
+    })
+}
+
 /// Compares without an early exit on the first differing byte.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();

@@ -132,10 +132,14 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     // The client's own conversation key, where it gives one, keeps its
     // turns on one replica (`prefix_affinity`).
     conversation.session = ctx.session.clone().or(conversation.session);
+    let user = conversation.options.user.clone();
     let ctx_call = CallContext {
         config: config.clone(),
         request_id: ctx.request_id.clone(),
-        user: conversation.options.user.clone(),
+        identity: crate::session::identity(&ctx.tenant, user.as_deref(), config.trust_user_field),
+        // Set once the agent is known (a derived id is the agent's own).
+        session: String::new(),
+        user,
         key_name: ctx.key_name.clone(),
         headers: Arc::new(session.req_header().headers.clone()),
         stack: Vec::new(),
@@ -173,7 +177,17 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     };
     ctx.agent = Some(agent.id.clone());
     ctx.route = "agent";
-    let call = ctx_call.nested(&agent.id);
+    // The session: the client's id for it, else one derived from how the
+    // conversation begins (so every turn of it has the same).
+    let session_id = conversation.session.clone().unwrap_or_else(|| {
+        let first_user = conversation.first_user_text().unwrap_or_default();
+        crate::session::derive(&agent.id, &ctx_call.identity, &first_user)
+    });
+    ctx.session = Some(session_id.clone());
+    let call = CallContext {
+        session: session_id,
+        ..ctx_call.nested(&agent.id)
+    };
     // An alias answers under the name the client asked for.
     let named = match model {
         Some(m) if m != agent.id && m != AUTO => m.to_owned(),

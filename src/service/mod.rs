@@ -20,6 +20,7 @@ mod edge;
 mod forward;
 mod front_door;
 mod health;
+mod memories;
 mod models;
 mod stored;
 
@@ -70,8 +71,8 @@ pub struct RequestCtx {
     /// Counts a passed-through event stream while it lasts.
     stream: Option<StreamGuard>,
     _in_flight: InFlight,
-    /// The client's own conversation or session id (`session-id`,
-    /// `x-session-id`, Claude Code's, `thread-id` headers), for the log line.
+    /// The session id for the log line: the client's own (`session::HEADERS`)
+    /// or, for an agent request, its conversation's by the cascade.
     session: Option<String>,
     /// The proxy path's attempts, by the one retry policy of the upstream
     /// layer; from the first `upstream_peer` on.
@@ -130,17 +131,7 @@ impl ProxyHttp for AgentProxy {
         let config = ctx.config.clone();
         ctx.request_id = request_id::ensure(session.req_header_mut());
         let req = session.req_header();
-        ctx.session = [
-            "x-session-id",
-            "session-id",
-            "x-claude-code-session-id",
-            "thread-id",
-            "x-client-request-id",
-        ]
-        .iter()
-        .find_map(|name| req.headers.get(*name))
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.chars().take(128).collect());
+        ctx.session = crate::session::from_headers(&req.headers);
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
         ctx.route = match (method.as_str(), path.as_str()) {
@@ -158,6 +149,7 @@ impl ProxyHttp for AgentProxy {
             ("POST", "/v1/messages") => "messages",
             ("POST", "/v1/messages/count_tokens") => "count_tokens",
             (m, p) if stored::is_route(m, p) => "stored_response",
+            (_, p) if memories::is_route(p) => "admin",
             // Claude Code probes the base URL before it starts.
             ("GET" | "HEAD", "/") => "root",
             _ => "proxy",
@@ -188,6 +180,10 @@ impl ProxyHttp for AgentProxy {
         }
         if ctx.route == "root" {
             return health::live(session).await;
+        }
+        // Behind an admin key, not a client's.
+        if ctx.route == "admin" {
+            return memories::handle(session, &config).await;
         }
         match auth::authenticate(&config, session.req_header()) {
             Ok(key) => {

@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 
-use super::{unix_now, Backend, Record, StoreError};
+use super::{unix_now, Backend, Note, Record, StoreError};
 
 #[derive(Default)]
 pub struct Memory {
     records: Mutex<HashMap<String, Arc<Record>>>,
+    /// By owner.
+    notes: Mutex<HashMap<String, Vec<Note>>>,
 }
 
 impl Memory {
@@ -39,6 +41,25 @@ impl Backend for Memory {
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         self.records().remove(id);
+        Ok(())
+    }
+
+    async fn put_note(&self, note: Note) -> Result<(), StoreError> {
+        let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
+        notes.entry(note.owner.clone()).or_default().push(note);
+        Ok(())
+    }
+
+    async fn notes(&self, owner: &str) -> Result<Vec<Note>, StoreError> {
+        let notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(notes.get(owner).cloned().unwrap_or_default())
+    }
+
+    async fn delete_notes(&self, owner: &str, ids: &[String]) -> Result<(), StoreError> {
+        let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(own) = notes.get_mut(owner) {
+            own.retain(|n| !ids.contains(&n.id));
+        }
         Ok(())
     }
 }

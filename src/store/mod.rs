@@ -16,6 +16,9 @@
 //!
 //! Records are isolated by tenant (the client key's name, or a digest of
 //! the key): another tenant's id reads as unknown.
+//!
+//! The same backends keep agents' memory: [`Note`]s, each owned by one
+//! identity (or by no one, for an agent's own notes), never expiring.
 
 mod memory;
 mod redis;
@@ -61,6 +64,24 @@ impl Record {
     }
 }
 
+/// One note an agent's memory keeps (`remember`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Note {
+    /// `mem_…`, random.
+    pub id: String,
+    /// Whose it is: an identity (see `session::identity`); empty for the
+    /// agent's own notes, shared by every user.
+    pub owner: String,
+    pub agent: String,
+    /// `user`, `session` or `agent`.
+    pub scope: String,
+    /// The session it belongs to, for `session` notes; empty otherwise.
+    pub session: String,
+    pub text: String,
+    /// Unix milliseconds.
+    pub created_at: u64,
+}
+
 /// The store could not be asked (down, unreachable, broken file).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreError(pub String);
@@ -78,6 +99,11 @@ trait Backend: Send + Sync {
     async fn put(&self, record: Arc<Record>) -> Result<(), StoreError>;
     async fn get(&self, id: &str) -> Result<Option<Record>, StoreError>;
     async fn delete(&self, id: &str) -> Result<(), StoreError>;
+    async fn put_note(&self, note: Note) -> Result<(), StoreError>;
+    /// Every note of `owner`.
+    async fn notes(&self, owner: &str) -> Result<Vec<Note>, StoreError>;
+    /// Deletes `ids`, notes of `owner`.
+    async fn delete_notes(&self, owner: &str, ids: &[String]) -> Result<(), StoreError>;
     /// Whether other processes write to it too.
     fn shared(&self) -> bool {
         false
@@ -216,11 +242,67 @@ impl Store {
         Ok(true)
     }
 
+    /// Keeps `note`; then, past `keep` notes of the same agent, scope and
+    /// session, the oldest go.
+    pub async fn add_note(&self, note: Note, keep: usize) -> Result<(), StoreError> {
+        let owner = note.owner.clone();
+        let started = Instant::now();
+        let result = async {
+            let same = |n: &Note| {
+                n.agent == note.agent && n.scope == note.scope && n.session == note.session
+            };
+            let mut kept: Vec<Note> = self.backend.notes(&owner).await?;
+            kept.retain(same);
+            self.backend.put_note(note).await?;
+            if kept.len() >= keep {
+                sort_notes(&mut kept);
+                let over = kept.len() + 1 - keep.max(1);
+                let ids: Vec<String> = kept.into_iter().take(over).map(|n| n.id).collect();
+                self.backend.delete_notes(&owner, &ids).await?;
+            }
+            Ok(())
+        }
+        .await;
+        observe("note_write", started);
+        count_failure(&result, "write");
+        result
+    }
+
+    /// The notes of `owner`, oldest first.
+    pub async fn notes(&self, owner: &str) -> Result<Vec<Note>, StoreError> {
+        let started = Instant::now();
+        let result = self.backend.notes(owner).await.map(|mut notes| {
+            sort_notes(&mut notes);
+            notes
+        });
+        observe("note_read", started);
+        count_failure(&result, "read");
+        result
+    }
+
+    /// Deletes the notes `ids` of `owner`.
+    pub async fn delete_notes(&self, owner: &str, ids: &[String]) -> Result<(), StoreError> {
+        let result = self.backend.delete_notes(owner, ids).await;
+        count_failure(&result, "write");
+        result
+    }
+
     fn pending_set(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Record>>> {
         // A panic while holding it left a map, still valid.
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn sort_notes(notes: &mut [Note]) {
+    notes.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+}
+
+fn count_failure<T>(result: &Result<T, StoreError>, kind: &str) {
+    if let Err(e) = result {
+        warn!(error = %e, "memory store {kind} failed");
+        metrics().store_errors.with_label_values(&[kind]).inc();
     }
 }
 
@@ -233,6 +315,12 @@ fn observe(op: &str, started: Instant) {
         .store_seconds
         .with_label_values(&[op])
         .observe(started.elapsed().as_secs_f64());
+}
+
+pub fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 pub fn unix_now() -> u64 {
@@ -305,6 +393,57 @@ mod tests {
             assert!(!store.delete("name:bob", "resp_a").await.unwrap());
             assert!(store.delete("name:alice", "resp_a").await.unwrap());
             assert_eq!(store.load("name:alice", "resp_a").await.unwrap(), None);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn note(id: &str, owner: &str, scope: &str, created_at: u64) -> Note {
+        Note {
+            id: id.into(),
+            owner: owner.into(),
+            agent: "helper".into(),
+            scope: scope.into(),
+            session: String::new(),
+            text: format!("note {id}"),
+            created_at,
+        }
+    }
+
+    /// Each embedded backend keeps notes per owner, drops the oldest past
+    /// the cap of their own scope only, and deletes by id.
+    #[tokio::test]
+    async fn backends_keep_notes_per_owner_and_cap_them() {
+        let dir = std::env::temp_dir().join(format!("agent-proxy-notes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for kind in [StoreKind::Memory, StoreKind::Sqlite] {
+            let store = Store::from_file(&spec(kind), &dir).unwrap();
+            for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+                let n = note(id, "name:alice", "user", i as u64);
+                store.add_note(n, 2).await.unwrap();
+            }
+            store
+                .add_note(note("s", "name:alice", "session", 9), 2)
+                .await
+                .unwrap();
+            store
+                .add_note(note("x", "name:bob", "user", 1), 2)
+                .await
+                .unwrap();
+            let ids = |notes: Vec<Note>| notes.into_iter().map(|n| n.id).collect::<Vec<_>>();
+            let alice = store.notes("name:alice").await.unwrap();
+            assert_eq!(ids(alice), ["b", "c", "s"], "{kind:?}");
+            assert_eq!(ids(store.notes("name:bob").await.unwrap()), ["x"]);
+            store.delete_notes("name:bob", &["b".into()]).await.unwrap();
+            assert_eq!(
+                store.notes("name:alice").await.unwrap().len(),
+                3,
+                "not bob's to delete"
+            );
+            store
+                .delete_notes("name:alice", &["b".into(), "s".into()])
+                .await
+                .unwrap();
+            assert_eq!(ids(store.notes("name:alice").await.unwrap()), ["c"]);
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -1,6 +1,8 @@
 //! `store: { kind: redis, url }`: records in Redis, so every replica behind
 //! a load balancer continues any conversation. Each record is one key
 //! (`agent-proxy:response:<id>`, its JSON) that Redis expires itself.
+//! An owner's memory notes are one hash (`agent-proxy:notes:<owner>`, a
+//! field per note id), kept until deleted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands;
 use tokio::sync::OnceCell;
 
-use super::{unix_now, Backend, Record, StoreError};
+use super::{unix_now, Backend, Note, Record, StoreError};
 
 /// A request waits no longer than this on Redis: a store that is down must
 /// cost the one request needing it a quick 503, not its whole timeout.
@@ -58,6 +60,14 @@ fn key(id: &str) -> String {
     format!("agent-proxy:response:{id}")
 }
 
+fn notes_key(owner: &str) -> String {
+    format!("agent-proxy:notes:{owner}")
+}
+
+fn json_error(e: serde_json::Error) -> StoreError {
+    StoreError(format!("redis: {e}"))
+}
+
 #[async_trait]
 impl Backend for Redis {
     async fn put(&self, record: Arc<Record>) -> Result<(), StoreError> {
@@ -73,13 +83,41 @@ impl Backend for Redis {
     async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
         let mut connection = self.connection().await?;
         let json: Option<String> = connection.get(key(id)).await.map_err(error)?;
-        json.map(|json| serde_json::from_str(&json).map_err(|e| StoreError(format!("redis: {e}"))))
+        json.map(|json| serde_json::from_str(&json).map_err(json_error))
             .transpose()
     }
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         let mut connection = self.connection().await?;
         connection.del::<_, ()>(key(id)).await.map_err(error)
+    }
+
+    async fn put_note(&self, note: Note) -> Result<(), StoreError> {
+        let json = serde_json::to_string(&note).map_err(json_error)?;
+        let mut connection = self.connection().await?;
+        connection
+            .hset::<_, _, _, ()>(notes_key(&note.owner), &note.id, json)
+            .await
+            .map_err(error)
+    }
+
+    async fn notes(&self, owner: &str) -> Result<Vec<Note>, StoreError> {
+        let mut connection = self.connection().await?;
+        let all: Vec<String> = connection.hvals(notes_key(owner)).await.map_err(error)?;
+        all.iter()
+            .map(|json| serde_json::from_str(json).map_err(json_error))
+            .collect()
+    }
+
+    async fn delete_notes(&self, owner: &str, ids: &[String]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut connection = self.connection().await?;
+        connection
+            .hdel::<_, _, ()>(notes_key(owner), ids)
+            .await
+            .map_err(error)
     }
 
     fn shared(&self) -> bool {

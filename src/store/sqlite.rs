@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{unix_now, Backend, Record, StoreError};
+use super::{unix_now, Backend, Note, Record, StoreError};
 use std::sync::Arc;
 
 /// Expired rows are deleted at most this often (on a write).
@@ -30,6 +30,9 @@ enum Call {
     Put(Arc<Record>, Reply<()>),
     Get(String, Reply<Option<Record>>),
     Delete(String, Reply<()>),
+    PutNote(Note, Reply<()>),
+    Notes(String, Reply<Vec<Note>>),
+    DeleteNotes(String, Vec<String>, Reply<()>),
 }
 
 impl Sqlite {
@@ -103,6 +106,13 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
             Call::Get(id, reply) => {
                 let _ = reply.send(get(&transaction, &id).map_err(sql_error));
             }
+            Call::PutNote(note, reply) => writes.push((put_note(&transaction, &note), reply)),
+            Call::DeleteNotes(owner, ids, reply) => {
+                writes.push((delete_notes(&transaction, &owner, &ids), reply))
+            }
+            Call::Notes(owner, reply) => {
+                let _ = reply.send(notes(&transaction, &owner).map_err(sql_error));
+            }
         }
     }
     let now = unix_now();
@@ -124,8 +134,12 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
 impl Call {
     fn fail(self, error: StoreError) {
         match self {
-            Call::Put(_, reply) | Call::Delete(_, reply) => drop(reply.send(Err(error))),
+            Call::Put(_, reply)
+            | Call::Delete(_, reply)
+            | Call::PutNote(_, reply)
+            | Call::DeleteNotes(_, _, reply) => drop(reply.send(Err(error))),
             Call::Get(_, reply) => drop(reply.send(Err(error))),
+            Call::Notes(_, reply) => drop(reply.send(Err(error))),
         }
     }
 }
@@ -153,7 +167,17 @@ fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
             input TEXT NOT NULL,
             response TEXT NOT NULL
         );
-        CREATE INDEX IF NOT EXISTS responses_expires_at ON responses (expires_at);",
+        CREATE INDEX IF NOT EXISTS responses_expires_at ON responses (expires_at);
+        CREATE TABLE IF NOT EXISTS notes (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            session TEXT NOT NULL,
+            text TEXT NOT NULL,
+            created_at INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS notes_owner ON notes (owner);",
     )?;
     Ok(connection)
 }
@@ -210,6 +234,49 @@ fn delete(db: &Connection, id: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
+fn put_note(db: &Connection, note: &Note) -> rusqlite::Result<()> {
+    db.prepare_cached(
+        "INSERT OR REPLACE INTO notes (id, owner, agent, scope, session, text, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        note.id,
+        note.owner,
+        note.agent,
+        note.scope,
+        note.session,
+        note.text,
+        to_sql(note.created_at),
+    ])?;
+    Ok(())
+}
+
+fn notes(db: &Connection, owner: &str) -> rusqlite::Result<Vec<Note>> {
+    db.prepare_cached(
+        "SELECT id, owner, agent, scope, session, text, created_at FROM notes WHERE owner = ?1",
+    )?
+    .query_map(params![owner], |row| {
+        Ok(Note {
+            id: row.get(0)?,
+            owner: row.get(1)?,
+            agent: row.get(2)?,
+            scope: row.get(3)?,
+            session: row.get(4)?,
+            text: row.get(5)?,
+            created_at: row.get::<_, i64>(6)?.max(0) as u64,
+        })
+    })?
+    .collect()
+}
+
+fn delete_notes(db: &Connection, owner: &str, ids: &[String]) -> rusqlite::Result<()> {
+    let mut statement = db.prepare_cached("DELETE FROM notes WHERE owner = ?1 AND id = ?2")?;
+    for id in ids {
+        statement.execute(params![owner, id])?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Backend for Sqlite {
     async fn put(&self, record: Arc<Record>) -> Result<(), StoreError> {
@@ -224,5 +291,20 @@ impl Backend for Sqlite {
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         let id = id.to_owned();
         self.call(|reply| Call::Delete(id, reply)).await
+    }
+
+    async fn put_note(&self, note: Note) -> Result<(), StoreError> {
+        self.call(|reply| Call::PutNote(note, reply)).await
+    }
+
+    async fn notes(&self, owner: &str) -> Result<Vec<Note>, StoreError> {
+        let owner = owner.to_owned();
+        self.call(|reply| Call::Notes(owner, reply)).await
+    }
+
+    async fn delete_notes(&self, owner: &str, ids: &[String]) -> Result<(), StoreError> {
+        let (owner, ids) = (owner.to_owned(), ids.to_vec());
+        self.call(|reply| Call::DeleteNotes(owner, ids, reply))
+            .await
     }
 }

@@ -17,6 +17,10 @@ pub struct CallContext {
     pub user: Option<String>,
     /// The name of the client key the request matched (the operator's word).
     pub key_name: Option<String>,
+    /// Whom the request is for (`session::identity`): memory's owner.
+    pub identity: String,
+    /// The conversation it belongs to (`session`'s cascade).
+    pub session: String,
     pub headers: Arc<http::HeaderMap>,
     /// The agents whose loops are running, outermost first.
     pub stack: Vec<String>,

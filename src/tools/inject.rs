@@ -19,6 +19,8 @@ pub struct Injection {
 enum Source {
     /// Client-controlled: the request's `user`.
     RequestUser,
+    /// The request's session id (`session`'s cascade).
+    Session,
     /// The matched client key's name: set by the operator, unforgeable.
     KeyName,
     Header(http::HeaderName),
@@ -40,12 +42,13 @@ impl Injection {
                         Source::KeyName
                     }
                     InjectFile { request: Some(field), header: None, value: None, env: None, api_key: None } => {
-                        if field != "user" {
-                            return Err(format!(
-                                "inject.{param}: the request field `{field}` is not supported (only `user`)"
-                            ));
+                        match field.as_str() {
+                            "user" => Source::RequestUser,
+                            "session" => Source::Session,
+                            _ => return Err(format!(
+                                "inject.{param}: the request field `{field}` is not supported (`user` or `session`)"
+                            )),
                         }
-                        Source::RequestUser
                     }
                     InjectFile { request: None, header: Some(name), value: None, env: None, api_key: None } => Source::Header(
                         http::HeaderName::try_from(name.as_str())
@@ -111,6 +114,7 @@ impl Injection {
         for (param, source) in &self.params {
             let value = match source {
                 Source::RequestUser => ctx.user.clone().map(Value::String),
+                Source::Session => Some(Value::String(ctx.session.clone())),
                 Source::KeyName => ctx.key_name.clone().map(Value::String),
                 Source::Header(name) => ctx
                     .headers

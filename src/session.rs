@@ -1,0 +1,103 @@
+//! Who a request is for and which conversation it belongs to: the keys an
+//! agent's memory is kept under, what tools get by `inject`, what the
+//! request log shows.
+
+use sha2::{Digest, Sha256};
+
+/// Headers clients carry a conversation id in, the explicit one first:
+/// `X-Session-Id`, Codex's, Claude Code's, the Agents SDK's, LibreChat's and
+/// Open WebUI's (`ENABLE_FORWARD_USER_INFO_HEADERS`), then a request id some
+/// clients reuse for a conversation.
+pub const HEADERS: &[&str] = &[
+    "x-session-id",
+    "session-id",
+    "x-claude-code-session-id",
+    "thread-id",
+    "x-librechat-conversation-id",
+    "x-openwebui-chat-id",
+    "x-client-request-id",
+];
+
+/// The longest session id kept from a client.
+pub const MAX_LEN: usize = 128;
+
+/// The client's session id from `headers` (by [`HEADERS`]), cut to
+/// [`MAX_LEN`] characters.
+pub fn from_headers(headers: &http::HeaderMap) -> Option<String> {
+    HEADERS
+        .iter()
+        .find_map(|name| headers.get(*name))
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(|v| v.chars().take(MAX_LEN).collect())
+}
+
+/// Whom a request is for: the client key's tenant (`store::tenant_of`, set
+/// by the operator, unforgeable) or, where the operator trusts it
+/// (`auth.trust_user_field`), the request's `user` within that tenant. With
+/// auth off and no trusted user, everyone is `anonymous`.
+pub fn identity(tenant: &str, user: Option<&str>, trust_user_field: bool) -> String {
+    let tenant = if tenant.is_empty() {
+        "anonymous"
+    } else {
+        tenant
+    };
+    match user.filter(|u| trust_user_field && !u.is_empty()) {
+        Some(user) => {
+            let user: String = user.chars().take(MAX_LEN).collect();
+            format!("{tenant}/user:{user}")
+        }
+        None => tenant.to_owned(),
+    }
+}
+
+/// A session id for a conversation whose client names none: the same for
+/// every turn of it (each re-sends its beginning), apart for other agents,
+/// users and conversations.
+pub fn derive(agent: &str, identity: &str, first_user_message: &str) -> String {
+    let mut hash = Sha256::new();
+    for part in [agent, identity, first_user_message] {
+        // Length-prefixed, so no two splits of the same bytes collide.
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+    format!("sess_{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_explicit_header_wins_and_ids_are_bounded() {
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(from_headers(&headers), None);
+        headers.insert("session-id", "codex-1".parse().unwrap());
+        assert_eq!(from_headers(&headers).as_deref(), Some("codex-1"));
+        headers.insert("x-session-id", "x".repeat(500).parse().unwrap());
+        assert_eq!(from_headers(&headers).map(|s| s.len()), Some(MAX_LEN));
+    }
+
+    #[test]
+    fn a_user_field_counts_only_where_trusted_and_within_the_tenant() {
+        assert_eq!(identity("name:acme", Some("bob"), false), "name:acme");
+        assert_eq!(
+            identity("name:acme", Some("bob"), true),
+            "name:acme/user:bob"
+        );
+        assert_eq!(identity("", None, true), "anonymous");
+        assert_eq!(identity("", Some(""), true), "anonymous");
+    }
+
+    #[test]
+    fn derived_sessions_are_stable_and_apart() {
+        let one = derive("helper", "name:a", "hello");
+        assert_eq!(one, derive("helper", "name:a", "hello"));
+        assert!(one.starts_with("sess_") && one.len() == 29);
+        assert_ne!(one, derive("helper", "name:b", "hello"));
+        assert_ne!(one, derive("other", "name:a", "hello"));
+        assert_ne!(derive("ab", "c", ""), derive("a", "bc", ""));
+    }
+}
