@@ -24,7 +24,9 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     /// Response store failures by operation (`read`, `write`, `too_large`).
     pub store_errors: IntCounterVec,
-    /// Response store calls by operation (`read`, `write`), as the store answered.
+    /// Agent requests by where their session id came from (`client`, `derived`).
+    pub sessions: IntCounterVec,
+    /// Store calls by operation (`read`, `write`, `note_read`, `note_write`), as the store answered.
     pub store_seconds: HistogramVec,
     pub streams_in_flight: IntGauge,
 }
@@ -116,8 +118,13 @@ impl Metrics {
             )?,
             store_errors: counter(
                 "agent_proxy_store_errors_total",
-                "Response store operations that failed, by operation",
+                "Store operations that failed (responses and memory notes), by operation",
                 &["op"],
+            )?,
+            sessions: counter(
+                "agent_proxy_sessions_total",
+                "Agent requests by the source of their session id (client: a header or body field; derived: from how the conversation begins)",
+                &["source"],
             )?,
             store_seconds: histogram(
                 "agent_proxy_store_duration_seconds",

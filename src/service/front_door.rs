@@ -179,10 +179,15 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     ctx.route = "agent";
     // The session: the client's id for it, else one derived from how the
     // conversation begins (so every turn of it has the same).
-    let session_id = conversation.session.clone().unwrap_or_else(|| {
-        let first_user = conversation.first_user_text().unwrap_or_default();
-        crate::session::derive(&agent.id, &ctx_call.identity, &first_user)
-    });
+    let (session_id, source) = match conversation.session.clone() {
+        Some(id) => (id, "client"),
+        None => {
+            let first_user = conversation.first_user_text().unwrap_or_default();
+            let id = crate::session::derive(&agent.id, &ctx_call.identity, &first_user);
+            (id, "derived")
+        }
+    };
+    crate::metrics::metrics().sessions.with_label_values(&[source]).inc();
     ctx.session = Some(session_id.clone());
     let call = CallContext {
         session: session_id,

@@ -1,0 +1,105 @@
+"""What memory injection adds to an agent request: the same chat request to an
+agent without memory and to one with `memory: { scope: user }` holding NOTES
+notes (the store's read, the block's rendering, a longer upstream body),
+interleaved on one connection, with the store's note read time from the
+proxy's own `agent_proxy_store_duration_seconds{op="note_read"}`.
+
+usage: memory.py TARGET_DIR (after `cargo build --release --workspace`)
+"""
+
+import argparse
+import http.client
+import json
+import os
+import sqlite3
+import subprocess
+import tempfile
+import time
+
+from store import free_port, histogram_quantile, percentile, wait_port
+
+NOTES, REQUESTS = 20, 2000
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("target_dir")
+    args = parser.parse_args()
+
+    work = tempfile.mkdtemp()
+    # The notes the proxy will find: written as `remember` writes them, for
+    # the one identity of a proxy without auth.
+    db = sqlite3.connect(os.path.join(work, "agent-proxy.sqlite3"))
+    db.execute("""CREATE TABLE notes (id TEXT PRIMARY KEY, owner TEXT NOT NULL,
+        agent TEXT NOT NULL, scope TEXT NOT NULL, session TEXT NOT NULL,
+        text TEXT NOT NULL, created_at INTEGER NOT NULL)""")
+    db.execute("CREATE INDEX notes_owner ON notes (owner)")
+    for i in range(NOTES):
+        db.execute("INSERT INTO notes VALUES (?, 'anonymous', 'remembering', 'user', '', ?, ?)",
+                   (f"mem_{i:016d}", f"Note {i}: the user prefers answers in metric units.", i))
+    db.commit()
+    db.close()
+
+    up, port = free_port(), free_port()
+    upstream = subprocess.Popen([f"{args.target_dir}/agent-proxy-bench", "upstream", "--listen",
+                                 f"127.0.0.1:{up}"])
+    config = os.path.join(work, "proxy.yaml")
+    with open(config, "w") as f:
+        f.write(f"""listen: "127.0.0.1:{port}"
+default_upstream: fake
+upstreams: {{ fake: {{ url: "http://127.0.0.1:{up}/v1" }} }}
+agents:
+  plain: {{ system_prompt: "You are terse." }}
+  remembering: {{ system_prompt: "You are terse.", memory: {{ scope: user }} }}
+""")
+    proxy = subprocess.Popen([f"{args.target_dir}/agent-proxy", config],
+                             env=dict(os.environ, RUST_LOG="warn"))
+    try:
+        wait_port(up)
+        wait_port(port)
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+
+        def post(model):
+            body = {"model": model, "max_tokens": 64,
+                    "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
+            start = time.perf_counter()
+            conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                         {"content-type": "application/json"})
+            response = conn.getresponse()
+            data = response.read()
+            took = time.perf_counter() - start
+            if response.status != 200:
+                raise SystemExit(f"{response.status}: {data[:300]!r}")
+            return took
+
+        for _ in range(50):
+            post("plain")
+            post("remembering")
+        timings = {"plain": [], "remembering": []}
+        for _ in range(REQUESTS):
+            for model in timings:
+                timings[model].append(post(model))
+        conn.request("GET", "/metrics")
+        metrics = conn.getresponse().read().decode()
+
+        print(f"{REQUESTS} requests per agent, interleaved, one connection; {NOTES} notes injected")
+        print()
+        print("| agent | p50 µs | p99 µs |")
+        print("|---|---|---|")
+        for model, values in timings.items():
+            print(f"| {model} | {percentile(values, 50) * 1e6:.0f} | {percentile(values, 99) * 1e6:.0f} |")
+        added = [(percentile(timings["remembering"], p) - percentile(timings["plain"], p)) * 1e6
+                 for p in (50, 99)]
+        print(f"| added by memory | {added[0]:.0f} | {added[1]:.0f} |")
+        p50, p99 = (histogram_quantile(metrics, "note_read", q) for q in (0.5, 0.99))
+        print()
+        print(f"store note read: p50 {p50 * 1e6:.0f} µs, p99 {p99 * 1e6:.0f} µs")
+    finally:
+        proxy.terminate()
+        proxy.wait()
+        upstream.terminate()
+        upstream.wait()
+
+
+if __name__ == "__main__":
+    main()
