@@ -309,7 +309,10 @@ impl Run for MemoryTool {
                 let Some((_, note)) = notes.iter().find(|(_, n)| n.id == id) else {
                     return Outcome::error(format!("no note [{id}] to forget"));
                 };
-                match store.delete_notes(&note.owner, &[note.id.clone()]).await {
+                match store
+                    .delete_notes(&note.owner, std::slice::from_ref(&note.id))
+                    .await
+                {
                     Ok(()) => Outcome::success(format!("forgot [{id}]")),
                     Err(_) => {
                         Outcome::error("the note was not deleted: the memory store is unavailable")
@@ -337,7 +340,7 @@ fn recall(query: &str, notes: Vec<(MemoryScope, Note)>) -> String {
         .collect();
     // Newest first, then best first: the sort is stable.
     scored.reverse();
-    scored.sort_by(|a, b| b.0.cmp(&a.0));
+    scored.sort_by_key(|(score, _)| std::cmp::Reverse(*score));
     if scored.is_empty() {
         return "no saved notes match".into();
     }

@@ -187,7 +187,10 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
             (id, "derived")
         }
     };
-    crate::metrics::metrics().sessions.with_label_values(&[source]).inc();
+    crate::metrics::metrics()
+        .sessions
+        .with_label_values(&[source])
+        .inc();
     ctx.session = Some(session_id.clone());
     let call = CallContext {
         session: session_id,
