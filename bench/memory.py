@@ -12,11 +12,10 @@ import http.client
 import json
 import os
 import sqlite3
-import subprocess
 import tempfile
 import time
 
-from store import free_port, histogram_quantile, percentile, wait_port
+from store import histogram_quantile, percentile, proxy_on_fake_model
 
 NOTES, REQUESTS = 20, 2000
 
@@ -40,23 +39,11 @@ def main():
     db.commit()
     db.close()
 
-    up, port = free_port(), free_port()
-    upstream = subprocess.Popen([f"{args.target_dir}/agent-proxy-bench", "upstream", "--listen",
-                                 f"127.0.0.1:{up}"])
-    config = os.path.join(work, "proxy.yaml")
-    with open(config, "w") as f:
-        f.write(f"""listen: "127.0.0.1:{port}"
-default_upstream: fake
-upstreams: {{ fake: {{ url: "http://127.0.0.1:{up}/v1" }} }}
-agents:
-  plain: {{ system_prompt: "You are terse." }}
-  remembering: {{ system_prompt: "You are terse.", memory: {{ scope: user }} }}
-""")
-    proxy = subprocess.Popen([f"{args.target_dir}/agent-proxy", config],
-                             env=dict(os.environ, RUST_LOG="warn"))
-    try:
-        wait_port(up)
-        wait_port(port)
+    config = """agents:
+  plain: { system_prompt: "You are terse." }
+  remembering: { system_prompt: "You are terse.", memory: { scope: user } }
+"""
+    with proxy_on_fake_model(args.target_dir, work, config) as (port, _):
         conn = http.client.HTTPConnection("127.0.0.1", port)
 
         def post(model):
@@ -94,11 +81,6 @@ agents:
         p50, p99 = (histogram_quantile(metrics, "note_read", q) for q in (0.5, 0.99))
         print()
         print(f"store note read: p50 {p50 * 1e6:.0f} µs, p99 {p99 * 1e6:.0f} µs")
-    finally:
-        proxy.terminate()
-        proxy.wait()
-        upstream.terminate()
-        upstream.wait()
 
 
 if __name__ == "__main__":

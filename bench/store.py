@@ -12,6 +12,7 @@ usage: store.py TARGET_DIR [--store 'YAML'] (run by bench/store.sh)
 """
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -70,6 +71,33 @@ def histogram_quantile(metrics, op, q):
     return lower
 
 
+@contextlib.contextmanager
+def proxy_on_fake_model(target_dir, work, config):
+    """The bench's fake model and agent-proxy on it, with `config` (agents,
+    store) after the listener and upstream lines, written into `work`:
+    yields the proxy's port and process."""
+    up, port = free_port(), free_port()
+    upstream = subprocess.Popen([f"{target_dir}/agent-proxy-bench", "upstream", "--listen",
+                                 f"127.0.0.1:{up}"])
+    path = os.path.join(work, "proxy.yaml")
+    with open(path, "w") as f:
+        f.write(f"""listen: "127.0.0.1:{port}"
+default_upstream: fake
+upstreams: {{ fake: {{ url: "http://127.0.0.1:{up}/v1" }} }}
+{config}""")
+    proxy = subprocess.Popen([f"{target_dir}/agent-proxy", path],
+                             env=dict(os.environ, RUST_LOG="warn"))
+    try:
+        wait_port(up)
+        wait_port(port)
+        yield port, proxy
+    finally:
+        proxy.terminate()
+        proxy.wait()
+        upstream.terminate()
+        upstream.wait()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("target_dir")
@@ -77,22 +105,10 @@ def main():
     args = parser.parse_args()
 
     work = tempfile.mkdtemp()
-    up, port = free_port(), free_port()
-    upstream = subprocess.Popen([f"{args.target_dir}/agent-proxy-bench", "upstream", "--listen",
-                                 f"127.0.0.1:{up}"])
-    config = os.path.join(work, "proxy.yaml")
-    with open(config, "w") as f:
-        f.write(f"""listen: "127.0.0.1:{port}"
-default_upstream: fake
-upstreams: {{ fake: {{ url: "http://127.0.0.1:{up}/v1" }} }}
-agents: {{ plain: {{ system_prompt: "You are terse." }} }}
+    config = f"""agents: {{ plain: {{ system_prompt: "You are terse." }} }}
 store: {args.store}
-""")
-    proxy = subprocess.Popen([f"{args.target_dir}/agent-proxy", config],
-                             env=dict(os.environ, RUST_LOG="warn"))
-    try:
-        wait_port(up)
-        wait_port(port)
+"""
+    with proxy_on_fake_model(args.target_dir, work, config) as (port, proxy):
         conn = http.client.HTTPConnection("127.0.0.1", port)
 
         def post(body):
@@ -157,11 +173,6 @@ store: {args.store}
             size = sum(os.path.getsize(sqlite + s) for s in ("", "-wal", "-shm")
                        if os.path.exists(sqlite + s))
             print(f"SQLite file: {size // 1024} KiB ({size // stored} bytes per response)")
-    finally:
-        proxy.terminate()
-        proxy.wait()
-        upstream.terminate()
-        upstream.wait()
 
 
 if __name__ == "__main__":
