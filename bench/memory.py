@@ -9,13 +9,11 @@ usage: memory.py TARGET_DIR (after `cargo build --release --workspace`)
 
 import argparse
 import http.client
-import json
 import os
 import sqlite3
 import tempfile
-import time
 
-from store import histogram_quantile, percentile, proxy_on_fake_model
+from store import histogram_quantile, percentile, proxy_on_fake_model, timed_post
 
 NOTES, REQUESTS = 20, 2000
 
@@ -49,15 +47,7 @@ def main():
         def post(model):
             body = {"model": model, "max_tokens": 64,
                     "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
-            start = time.perf_counter()
-            conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                         {"content-type": "application/json"})
-            response = conn.getresponse()
-            data = response.read()
-            took = time.perf_counter() - start
-            if response.status != 200:
-                raise SystemExit(f"{response.status}: {data[:300]!r}")
-            return took
+            return timed_post(conn, "/v1/chat/completions", body)[1]
 
         for _ in range(50):
             post("plain")

@@ -98,6 +98,18 @@ upstreams: {{ fake: {{ url: "http://127.0.0.1:{up}/v1" }} }}
         upstream.wait()
 
 
+def timed_post(conn, path, body):
+    """POSTs `body` on `conn`: the answer's JSON and the seconds it took."""
+    start = time.perf_counter()
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    took = time.perf_counter() - start
+    if response.status != 200:
+        raise SystemExit(f"{response.status}: {data[:300]!r}")
+    return json.loads(data), took
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("target_dir")
@@ -112,15 +124,7 @@ store: {args.store}
         conn = http.client.HTTPConnection("127.0.0.1", port)
 
         def post(body):
-            start = time.perf_counter()
-            conn.request("POST", "/v1/responses", json.dumps(body),
-                         {"content-type": "application/json"})
-            response = conn.getresponse()
-            data = response.read()
-            took = time.perf_counter() - start
-            if response.status != 200:
-                raise SystemExit(f"{response.status}: {data[:300]!r}")
-            return json.loads(data), took
+            return timed_post(conn, "/v1/responses", body)
 
         def ask(turn):
             return f"Question {turn}: " + "tell me more about the previous answer. " * 5
