@@ -16,7 +16,7 @@ mod upstream;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -228,6 +228,15 @@ struct Bench {
 }
 
 impl Bench {
+    /// CPU time of every process of the benchmark's so far.
+    fn own_cpu(&self) -> Duration {
+        [Host::Upstream, Host::Nginx, Host::Proxy]
+            .into_iter()
+            .map(|host| self.process(host).cpu())
+            .sum::<Duration>()
+            + procs::own_cpu()
+    }
+
     fn process(&self, host: Host) -> &Process {
         match host {
             Host::Upstream => &self.upstream,
@@ -312,9 +321,17 @@ impl Bench {
                 let mut load = self.load(*target, shape, connections);
                 tune(&mut load);
                 let process = self.process(target.host);
-                let cpu = process.cpu();
+                let (cpu, ours, busy, started) = (
+                    process.cpu(),
+                    self.own_cpu(),
+                    procs::machine_busy(),
+                    Instant::now(),
+                );
                 let stats = load::run(&load).await;
                 run.cpu += process.cpu() - cpu;
+                let ours = self.own_cpu() - ours;
+                run.foreign_cpu += (procs::machine_busy() - busy).saturating_sub(ours);
+                run.wall += started.elapsed();
                 run.stats.merge(&stats);
             }
         }

@@ -61,11 +61,45 @@ impl Process {
 
     /// CPU time (user + system) of the process and its children so far.
     pub fn cpu(&self) -> Duration {
-        // SAFETY: sysconf has no preconditions.
-        let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
         let ticks: u64 = tree(self.pid()).iter().map(|pid| cpu_ticks(*pid)).sum();
-        Duration::from_secs_f64(ticks as f64 / ticks_per_second)
+        from_ticks(ticks)
     }
+}
+
+/// CPU time (user + system) of this process, the load generator, so far.
+pub fn own_cpu() -> Duration {
+    from_ticks(cpu_ticks(std::process::id()))
+}
+
+/// CPU time the whole machine has been busy so far, all cores: everything
+/// in /proc/stat's `cpu` line but idle and iowait.
+pub fn machine_busy() -> Duration {
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("cpu "))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|f| f.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let busy: u64 = fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| !matches!(i, 3 | 4))
+        .map(|(_, ticks)| ticks)
+        .sum();
+    from_ticks(busy)
+}
+
+fn from_ticks(ticks: u64) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
 }
 
 impl Process {

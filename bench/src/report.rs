@@ -16,6 +16,11 @@ pub struct Run {
     pub stats: Stats,
     /// CPU time the target's process spent over the runs, warm-up included.
     pub cpu: Duration,
+    /// CPU time of processes other than the benchmark's own (load
+    /// generator, fake model, nginx, agent-proxy) over the same runs, and
+    /// the runs' wall time: what else ran on the machine meanwhile.
+    pub foreign_cpu: Duration,
+    pub wall: Duration,
 }
 
 impl Run {
@@ -25,6 +30,8 @@ impl Run {
             connections,
             stats: Stats::new(),
             cpu: Duration::ZERO,
+            foreign_cpu: Duration::ZERO,
+            wall: Duration::ZERO,
         }
     }
 
@@ -42,6 +49,11 @@ impl Run {
 
     fn cpu_ms_per_1k(&self) -> f64 {
         self.cpu.as_secs_f64() * 1e6 / self.stats.completed.max(1) as f64
+    }
+
+    /// Other processes' CPU over the runs, in % of one core.
+    fn foreign_percent(&self) -> f64 {
+        100.0 * self.foreign_cpu.as_secs_f64() / self.wall.as_secs_f64().max(1e-9)
     }
 }
 
@@ -244,6 +256,12 @@ impl Report {
             "Machine: {}. Commit `{}`. Everything (load generator, fake upstream, nginx, agent-proxy) shares the machine; each figure is {} rounds of {:.1} s per target, the targets interleaved, so compare the ratios. Reproduce with `bash bench/run.sh`.\n",
             self.machine, self.commit, self.rounds, self.seconds / self.rounds as f64
         );
+        let runs = self.plain.iter().chain(&self.streaming);
+        let foreign = runs.map(Run::foreign_percent).fold(0.0, f64::max);
+        let _ = writeln!(
+            md,
+            "Foreign CPU (processes other than the benchmark's own, during any run): at most {foreign:.1}% of one core.\n"
+        );
         let _ = writeln!(md, "![chart](chart.svg)\n");
 
         let _ = writeln!(
@@ -261,7 +279,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers).\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req |\n|---|---|---|---|---|---|---|---|---|"
+            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers); foreign CPU is what every other process on the machine used meanwhile, in % of one core (the benchmark's own processes excluded): high values mean the figures of that row are disturbed.\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req | foreign CPU % |\n|---|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.plain {
             let c = run.connections;
@@ -278,7 +296,7 @@ impl Report {
             };
             let _ = writeln!(
                 md,
-                "| {} | {c} | {:.0} | {:.2} | {:.0} | {:.0} | {:+.0} | {:+.0} | {cpu} |",
+                "| {} | {c} | {:.0} | {:.2} | {:.0} | {:.0} | {:+.0} | {:+.0} | {cpu} | {:.1} |",
                 run.target,
                 run.stats.throughput(),
                 run.stats.throughput() / nginx.stats.throughput(),
@@ -286,6 +304,7 @@ impl Report {
                 run.p(0.99),
                 run.p(0.5) - direct.p(0.5),
                 run.p(0.99) - direct.p(0.99),
+                run.foreign_percent(),
             );
         }
 
