@@ -14,6 +14,7 @@ pub mod downstream;
 pub mod error;
 pub mod front;
 pub mod http_client;
+pub mod knowledge;
 pub mod limits;
 pub mod mcp;
 pub mod metrics;

@@ -18,6 +18,7 @@ use pingora::services::listening::Service;
 use tracing::{info, warn};
 
 use agent_proxy::config::Config;
+use agent_proxy::knowledge::KnowledgeBuilder;
 use agent_proxy::mcp::McpSupervisor;
 use agent_proxy::reload::Reloader;
 use agent_proxy::service::{Admin, AgentProxy, Edge};
@@ -150,6 +151,10 @@ fn main() -> ExitCode {
     server.add_service(background_service(
         "mcp",
         McpSupervisor::new(config.clone()),
+    ));
+    server.add_service(background_service(
+        "knowledge",
+        KnowledgeBuilder::new(config.clone()),
     ));
     let poll = Duration::from_millis(args.reload_poll_ms.max(10));
     server.add_service(background_service(

@@ -39,6 +39,10 @@ pub struct Agent {
     pub reasoning_field: ReasoningField,
     /// Notes kept across requests (`memory:`).
     pub memory: Option<Arc<memory::Memory>>,
+    /// Bases it searches (`search_knowledge`).
+    pub knowledge: Vec<Arc<crate::knowledge::KnowledgeBase>>,
+    /// Whether each request's last user message gets the best chunks first.
+    pub knowledge_auto: bool,
 }
 
 /// A tool an agent lists: resolved into functions per request, because an

@@ -67,6 +67,9 @@ pub async fn run(
     if let Some(memory) = &agent.memory {
         super::memory::inject(&agent.id, memory, ctx, &mut conversation).await;
     }
+    if agent.knowledge_auto {
+        crate::knowledge::retrieve_into(&agent.knowledge, &mut conversation).await;
+    }
     let show_reasoning =
         agent.reasoning == ReasoningMode::Pass && conversation.options.thinking != Some(false);
     let mut reply = Reply::new(encoder, show_reasoning);

@@ -66,6 +66,10 @@ impl ToolSet {
                 }
             }
         }
+        if !agent.knowledge.is_empty() {
+            let (definition, target) = crate::knowledge::SearchTool::definition(&agent.knowledge);
+            set.add(definition, target);
+        }
         if let Some(memory) = &agent.memory {
             for (definition, target) in super::memory::tools(&agent.id, memory) {
                 set.add(definition, target);

@@ -29,6 +29,9 @@ pub struct ConfigFile {
     /// MCP servers whose tools agents can list as `server/*` or `server/tool`.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, McpServerFile>,
+    /// Documents agents search (`search_knowledge`), embedded on an upstream.
+    #[serde(default)]
+    pub knowledge_bases: BTreeMap<String, KnowledgeBaseFile>,
     /// With a router, the model `auto` picks an agent per request.
     #[serde(default)]
     pub router: Option<RouterFile>,
@@ -284,6 +287,68 @@ pub struct AgentFile {
     /// the stored notes injected before the conversation.
     #[serde(default)]
     pub memory: Option<MemoryFile>,
+    /// Knowledge bases it searches with `search_knowledge`.
+    #[serde(default)]
+    pub knowledge: Vec<String>,
+    /// Whether the best chunks for the last user message are put before it
+    /// on every request, without the model asking.
+    #[serde(default)]
+    pub knowledge_auto: bool,
+}
+
+/// `knowledge_bases.<name>`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KnowledgeBaseFile {
+    /// Files or globs (`docs/**/*.md`), relative to the config file's
+    /// directory: text and Markdown.
+    pub sources: Vec<String>,
+    #[serde(default)]
+    pub embedding: EmbeddingFile,
+    #[serde(default)]
+    pub chunk: ChunkFile,
+    /// Chunks a search returns unless the model asks for fewer or more.
+    #[serde(default = "default_top_k")]
+    pub top_k: usize,
+    /// The embeddings cache (SQLite), relative to the config file's
+    /// directory; bases may share one.
+    #[serde(default = "default_knowledge_path")]
+    pub path: String,
+}
+
+fn default_top_k() -> usize {
+    5
+}
+
+fn default_knowledge_path() -> String {
+    "knowledge.sqlite3".into()
+}
+
+/// Where chunks are embedded: `POST /v1/embeddings` on an upstream.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingFile {
+    /// Default: `default_upstream`.
+    pub upstream: Option<String>,
+    /// The `model` field sent; omitted when unset (llama-server serves one).
+    pub model: Option<String>,
+}
+
+/// Chunking, in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChunkFile {
+    pub size: usize,
+    pub overlap: usize,
+}
+
+impl Default for ChunkFile {
+    fn default() -> Self {
+        ChunkFile {
+            size: 1000,
+            overlap: 200,
+        }
+    }
 }
 
 /// `agents.<id>.memory`.

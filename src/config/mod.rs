@@ -23,6 +23,7 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::agent::router::Router;
 use crate::agent::{Agent, AgentTool};
+use crate::knowledge::KnowledgeBase;
 use crate::mcp::{self, McpServer};
 use crate::store::Store;
 use crate::tools::Tool;
@@ -48,6 +49,8 @@ pub struct Config {
     /// `model_aliases`: names clients hard-code, mapped to agents.
     pub aliases: Vec<ModelAlias>,
     pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
+    /// Built in the background (`knowledge::KnowledgeBuilder`).
+    pub knowledge_bases: BTreeMap<String, Arc<KnowledgeBase>>,
     /// Present when the model `auto` routes requests to agents.
     pub router: Option<Router>,
     pub passthrough: bool,
@@ -246,6 +249,10 @@ impl Previous<'_> {
         kept.is_built_from(spec).then(|| kept.clone())
     }
 
+    fn knowledge_base(&self, name: &str) -> Option<&KnowledgeBase> {
+        self.0?.knowledge_bases.get(name).map(|base| &**base)
+    }
+
     /// `Some(store)` when the previous config had this very store spec:
     /// its connection (and pending writes) carry over.
     fn store(&self, spec: &StoreFile) -> Option<Option<Arc<Store>>> {
@@ -370,6 +377,29 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         };
         mcp_servers.insert(name.clone(), server);
     }
+    let mut knowledge_bases = BTreeMap::new();
+    for (name, spec) in file.knowledge_bases {
+        let key = |field: &str| KeyPath::of(&["knowledge_bases", &name, field]);
+        if spec.sources.is_empty() {
+            return Err(error(key("sources"), "needs at least one file or glob"));
+        }
+        if spec.chunk.size == 0 || spec.chunk.overlap >= spec.chunk.size {
+            return Err(error(
+                key("chunk"),
+                "`size` must be greater than 0 and `overlap` smaller than `size`",
+            ));
+        }
+        if spec.top_k == 0 {
+            return Err(error(key("top_k"), "must be greater than 0"));
+        }
+        let upstream = match &spec.embedding.upstream {
+            None => default_upstream.clone(),
+            Some(upstream) => find_upstream(key("embedding").key("upstream"), upstream)?,
+        };
+        let previous = previous.knowledge_base(&name);
+        let base = KnowledgeBase::from_file(&name, spec, upstream, base, previous);
+        knowledge_bases.insert(name, Arc::new(base));
+    }
     let agent_ids: Vec<String> = file.agents.keys().cloned().collect();
     // `tool`, `server/*`, `server/tool` or `agent:<id>`.
     let find_tool = |key: KeyPath, name: &str| -> Result<AgentTool, Invalid> {
@@ -444,6 +474,25 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             skill_tools.iter().cloned().for_each(&mut add_tool);
         }
         let instructions = Some(prompt_parts.join("\n\n")).filter(|p| !p.is_empty());
+        let knowledge = agent
+            .knowledge
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                knowledge_bases.get(name).cloned().ok_or_else(|| {
+                    error(
+                        key("knowledge").index(i),
+                        no_such("knowledge base", name, knowledge_bases.keys()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if agent.knowledge_auto && knowledge.is_empty() {
+            return Err(error(
+                key("knowledge_auto"),
+                "needs `knowledge` (the bases to search)",
+            ));
+        }
         let memory = match &agent.memory {
             None => None,
             Some(_) if file.store.kind == StoreKind::None => {
@@ -474,6 +523,8 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
                 reasoning: agent.reasoning,
                 reasoning_field: agent.reasoning_field.unwrap_or(file.reasoning_field),
                 memory,
+                knowledge,
+                knowledge_auto: agent.knowledge_auto,
             }),
         );
     }
@@ -562,6 +613,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         agents,
         aliases,
         mcp_servers,
+        knowledge_bases,
         router,
         passthrough: file.passthrough,
         store,

@@ -42,19 +42,25 @@ pub async fn readiness(config: &Config) -> (u16, Value) {
         .iter()
         .map(|(name, server)| (name.clone(), Value::String(server.status())))
         .collect();
+    // Knowledge bases too: an agent answers without a base still building.
+    let knowledge: serde_json::Map<String, Value> = config
+        .knowledge_bases
+        .iter()
+        .map(|(name, base)| (name.clone(), base.status()))
+        .collect();
     match readiness {
         Readiness::Ready => (
             200,
-            json!({"status": "ready", "upstream": upstream.name, "mcp": mcp}),
+            json!({"status": "ready", "upstream": upstream.name, "mcp": mcp, "knowledge": knowledge}),
         ),
         // Nothing known against it yet: starting unready would only delay traffic.
         Readiness::Unchecked => (
             200,
-            json!({"status": "ready", "upstream": upstream.name, "note": "the upstream has not been checked yet", "mcp": mcp}),
+            json!({"status": "ready", "upstream": upstream.name, "note": "the upstream has not been checked yet", "mcp": mcp, "knowledge": knowledge}),
         ),
         Readiness::Down(reason) => (
             503,
-            json!({"status": "not ready", "upstream": upstream.name, "reason": reason, "mcp": mcp}),
+            json!({"status": "not ready", "upstream": upstream.name, "reason": reason, "mcp": mcp, "knowledge": knowledge}),
         ),
     }
 }

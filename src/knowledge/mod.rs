@@ -1,0 +1,503 @@
+//! Knowledge bases (`knowledge_bases:`): documents an agent searches with
+//! its `search_knowledge` tool, or that are searched for it before each
+//! request (`knowledge_auto`).
+//!
+//! A base is built in the background once its config is loaded: its
+//! sources are read and cut into chunks (`chunk`), each chunk is embedded on
+//! an upstream (`embed`) unless the embeddings cache beside the config
+//! already holds it (`index::Cache`: by model and a hash of the text), and
+//! the chunks and unit vectors become the searchable `Index`. A reload
+//! builds every base again from its sources: only new or changed chunks
+//! cost an embedding call, and the previous index keeps answering until the
+//! new one is ready. Progress is logged and shown on `/readyz`; a base that
+//! is not ready yet is left out of a search, and the model is told so.
+
+mod chunk;
+mod embed;
+pub mod index;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use crate::config::file::KnowledgeBaseFile;
+use crate::config::Config;
+use crate::conversation::{Conversation, Item, Part, Role};
+use crate::openai::ToolDef;
+use crate::tools::{capped_text, parse_arguments, CallContext, Outcome, Run};
+use crate::upstream::Upstream;
+use index::{Cache, Chunk, Index};
+
+/// A source file larger than this is skipped (logged).
+const MAX_FILE_BYTES: u64 = 32 << 20;
+/// Chunks one search returns at most.
+const MAX_TOP_K: usize = 20;
+/// The largest search result handed to the model.
+const MAX_RESULT_BYTES: usize = 32 * 1024;
+/// How often a build logs its progress.
+const LOG_EVERY: Duration = Duration::from_secs(2);
+
+/// Where a base's build is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    Pending,
+    Building { embedded: usize, total: usize },
+    Ready,
+    Failed(String),
+}
+
+pub struct KnowledgeBase {
+    pub name: String,
+    spec: KnowledgeBaseFile,
+    /// The config file's directory: sources and the cache are relative to it.
+    base_dir: PathBuf,
+    upstream: Arc<Upstream>,
+    /// What searches use: the last index built (a previous config's while
+    /// this one's first build runs).
+    serving: ArcSwapOption<Index>,
+    progress: Mutex<Progress>,
+    started: AtomicBool,
+}
+
+impl KnowledgeBase {
+    /// The base `spec` describes; `previous` (the same name in the config a
+    /// reload replaces) lends its index until this one's is built, if its
+    /// vectors are of the same embedding model.
+    pub fn from_file(
+        name: &str,
+        spec: KnowledgeBaseFile,
+        upstream: Arc<Upstream>,
+        base_dir: &Path,
+        previous: Option<&KnowledgeBase>,
+    ) -> KnowledgeBase {
+        let serving = previous
+            .filter(|p| p.spec.embedding == spec.embedding && p.upstream.name == upstream.name)
+            .and_then(|p| p.serving.load_full());
+        KnowledgeBase {
+            name: name.to_owned(),
+            spec,
+            base_dir: base_dir.to_owned(),
+            upstream,
+            serving: ArcSwapOption::new(serving),
+            progress: Mutex::new(Progress::Pending),
+            started: AtomicBool::new(false),
+        }
+    }
+
+    pub fn progress(&self) -> Progress {
+        self.progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_progress(&self, progress: Progress) {
+        *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = progress;
+    }
+
+    /// What `/readyz` shows of it.
+    pub fn status(&self) -> Value {
+        let chunks = self.serving.load().as_ref().map_or(0, |index| index.len());
+        match self.progress() {
+            Progress::Pending => json!({"status": "pending", "chunks": chunks}),
+            Progress::Building { embedded, total } => {
+                json!({"status": "building", "embedded": embedded, "total": total, "serving_chunks": chunks})
+            }
+            Progress::Ready => json!({"status": "ready", "chunks": chunks}),
+            Progress::Failed(reason) => {
+                json!({"status": "failed", "reason": reason, "serving_chunks": chunks})
+            }
+        }
+    }
+
+    /// The cache's key for this base's vectors: another model (or another
+    /// server's) makes other vectors.
+    fn model_key(&self) -> String {
+        format!(
+            "{}@{}",
+            self.spec.embedding.model.as_deref().unwrap_or(""),
+            self.upstream.name
+        )
+    }
+
+    /// Builds the index (once per base object; a reload makes new ones).
+    pub async fn build(self: Arc<Self>) {
+        if self.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let started = Instant::now();
+        match self.try_build().await {
+            Ok(index) => {
+                info!(base = %self.name, chunks = index.len(), mib = index.bytes() >> 20, seconds = started.elapsed().as_secs_f64(), "knowledge base ready");
+                self.serving.store(Some(Arc::new(index)));
+                self.set_progress(Progress::Ready);
+            }
+            Err(reason) => {
+                warn!(base = %self.name, %reason, "knowledge base not built");
+                self.set_progress(Progress::Failed(reason));
+            }
+        }
+    }
+
+    async fn try_build(&self) -> Result<Index, String> {
+        let (sources, base_dir, size, overlap) = (
+            self.spec.sources.clone(),
+            self.base_dir.clone(),
+            self.spec.chunk.size,
+            self.spec.chunk.overlap,
+        );
+        let cache_path = self.base_dir.join(&self.spec.path);
+        let name = self.name.clone();
+        let key = self.model_key();
+        // Reading, chunking and the cache lookups block: off the runtime.
+        let (chunks, mut vectors, mut cache) = tokio::task::spawn_blocking(move || {
+            let chunks = read_sources(&name, &base_dir, &sources, size, overlap);
+            let cache = Cache::open(&cache_path)
+                .map_err(|e| format!("embeddings cache {}: {e}", cache_path.display()))?;
+            let vectors = chunks
+                .iter()
+                .map(|c| cache.get(&key, &index::text_hash(&c.text)))
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(|e| format!("embeddings cache: {e}"))?;
+            Ok::<_, String>((chunks, vectors, cache))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let missing: Vec<usize> = (0..chunks.len())
+            .filter(|&i| vectors[i].is_none())
+            .collect();
+        let total = missing.len();
+        info!(base = %self.name, chunks = chunks.len(), cached = chunks.len() - total, to_embed = total, "building knowledge base");
+        self.set_progress(Progress::Building { embedded: 0, total });
+        let started = Instant::now();
+        let mut logged = Instant::now();
+        let mut embedded = 0;
+        for batch in missing.chunks(embed::BATCH) {
+            let inputs: Vec<String> = batch.iter().map(|&i| chunks[i].text.clone()).collect();
+            let got = embed::embed(
+                &self.upstream,
+                self.spec.embedding.model.as_deref(),
+                &inputs,
+            )
+            .await?;
+            let rows: Vec<(String, Vec<f32>)> = inputs
+                .iter()
+                .zip(&got)
+                .map(|(text, vector)| (index::text_hash(text), vector.clone()))
+                .collect();
+            let key = self.model_key();
+            let kept;
+            (cache, kept) = tokio::task::spawn_blocking(move || {
+                let kept = cache.put(&key, &rows);
+                (cache, kept)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            if let Err(e) = kept {
+                // A cache that cannot be written costs the next build time, not this one.
+                warn!(base = %self.name, error = %e, "embeddings not cached");
+            }
+            for (&i, vector) in batch.iter().zip(got) {
+                vectors[i] = Some(vector);
+            }
+            embedded += batch.len();
+            self.set_progress(Progress::Building { embedded, total });
+            if logged.elapsed() >= LOG_EVERY {
+                logged = Instant::now();
+                let rate = embedded as f64 / started.elapsed().as_secs_f64().max(1e-3);
+                info!(base = %self.name, embedded, total, per_second = rate.round(), "embedding knowledge base");
+            }
+        }
+        let vectors: Vec<Vec<f32>> = vectors.into_iter().flatten().collect();
+        let dims = vectors.first().map_or(0, Vec::len);
+        if vectors.iter().any(|v| v.len() != dims) {
+            return Err(
+                "the embeddings have different sizes: was the model changed? Set `embedding.model`"
+                    .into(),
+            );
+        }
+        Ok(Index::new(chunks, vectors))
+    }
+
+    /// The `k` best chunks for `query`, or why there are none.
+    async fn search(&self, query: &str, k: usize) -> Result<Vec<Hit>, String> {
+        let Some(index) = self.serving.load_full() else {
+            return Err(match self.progress() {
+                Progress::Building { embedded, total } => format!(
+                    "knowledge base `{}` is still being built ({embedded}/{total} chunks embedded)",
+                    self.name
+                ),
+                Progress::Failed(reason) => {
+                    format!("knowledge base `{}` is unavailable: {reason}", self.name)
+                }
+                _ => format!("knowledge base `{}` is still being built", self.name),
+            });
+        };
+        let query = embed::embed(
+            &self.upstream,
+            self.spec.embedding.model.as_deref(),
+            &[query.to_owned()],
+        )
+        .await?
+        .pop()
+        .unwrap_or_default();
+        let base = self.name.clone();
+        tokio::task::spawn_blocking(move || {
+            index
+                .search(&query, k)
+                .into_iter()
+                .map(|(chunk, score)| Hit {
+                    base: base.clone(),
+                    chunk: chunk.clone(),
+                    score,
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// The chunks of every source file, in the order the sources list them.
+fn read_sources(
+    base: &str,
+    dir: &Path,
+    sources: &[String],
+    size: usize,
+    overlap: usize,
+) -> Vec<Chunk> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for source in sources {
+        let pattern = dir.join(source);
+        let found: Vec<PathBuf> = match glob::glob(&pattern.to_string_lossy()) {
+            Ok(paths) => paths.flatten().filter(|p| p.is_file()).collect(),
+            Err(e) => {
+                warn!(base, source, error = %e, "not a valid glob");
+                continue;
+            }
+        };
+        if found.is_empty() {
+            warn!(base, source, "knowledge source matches no file");
+        }
+        for file in found {
+            if !files.contains(&file) {
+                files.push(file);
+            }
+        }
+    }
+    let mut chunks = Vec::new();
+    for file in files {
+        let label = file
+            .strip_prefix(dir)
+            .unwrap_or(&file)
+            .to_string_lossy()
+            .into_owned();
+        match std::fs::metadata(&file) {
+            Ok(meta) if meta.len() > MAX_FILE_BYTES => {
+                warn!(base, file = %label, bytes = meta.len(), "knowledge source skipped: larger than 32 MiB");
+                continue;
+            }
+            Err(e) => {
+                warn!(base, file = %label, error = %e, "knowledge source unreadable");
+                continue;
+            }
+            Ok(_) => {}
+        }
+        let text = match std::fs::read(&file) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(e) => {
+                warn!(base, file = %label, error = %e, "knowledge source unreadable");
+                continue;
+            }
+        };
+        chunks.extend(
+            chunk::chunks(&text, size, overlap)
+                .into_iter()
+                .map(|text| Chunk {
+                    source: label.clone(),
+                    text,
+                }),
+        );
+    }
+    chunks
+}
+
+/// A chunk found for a query.
+struct Hit {
+    base: String,
+    chunk: Chunk,
+    score: f32,
+}
+
+/// The best `k` chunks across `bases`, and a note for each base that could
+/// not be searched.
+async fn search_all(
+    bases: &[Arc<KnowledgeBase>],
+    query: &str,
+    k: usize,
+) -> (Vec<Hit>, Vec<String>) {
+    let searches = bases.iter().map(|base| base.search(query, k));
+    let mut hits = Vec::new();
+    let mut notes = Vec::new();
+    for result in futures::future::join_all(searches).await {
+        match result {
+            Ok(found) => hits.extend(found),
+            Err(note) => notes.push(note),
+        }
+    }
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+    hits.truncate(k);
+    (hits, notes)
+}
+
+fn render(hits: &[Hit]) -> String {
+    hits.iter()
+        .enumerate()
+        .map(|(i, hit)| {
+            format!(
+                "[{}] {} / {} (score {:.3})\n{}",
+                i + 1,
+                hit.base,
+                hit.chunk.source,
+                hit.score,
+                hit.chunk.text
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+/// `search_knowledge` over an agent's bases.
+pub struct SearchTool {
+    bases: Vec<Arc<KnowledgeBase>>,
+}
+
+impl SearchTool {
+    pub fn definition(bases: &[Arc<KnowledgeBase>]) -> (ToolDef, Arc<dyn Run>) {
+        let names: Vec<&str> = bases.iter().map(|b| b.name.as_str()).collect();
+        let definition = ToolDef::function(
+            "search_knowledge",
+            &format!(
+                "Search the knowledge base ({}) for passages relevant to a question; returns the best passages with their source and score.",
+                names.join(", ")
+            ),
+            json!({"type": "object", "properties": {
+                "query": {"type": "string", "description": "What to look for, as a question or keywords"},
+                "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": "How many passages"}
+            }, "required": ["query"]}),
+        );
+        let tool = SearchTool {
+            bases: bases.to_vec(),
+        };
+        (definition, Arc::new(tool))
+    }
+}
+
+#[async_trait]
+impl Run for SearchTool {
+    async fn run(&self, arguments: &str, _ctx: &CallContext) -> Outcome {
+        let arguments = match parse_arguments(arguments) {
+            Ok(arguments) => arguments,
+            Err(outcome) => return outcome,
+        };
+        let Some(query) = arguments
+            .get("query")
+            .and_then(Value::as_str)
+            .filter(|q| !q.trim().is_empty())
+        else {
+            return Outcome::error("`query` (a non-empty string) is required");
+        };
+        let k = arguments
+            .get("top_k")
+            .and_then(Value::as_u64)
+            .map_or_else(|| default_k(&self.bases), |k| k as usize)
+            .clamp(1, MAX_TOP_K);
+        let (hits, notes) = search_all(&self.bases, query, k).await;
+        if hits.is_empty() && !notes.is_empty() {
+            return Outcome::error(notes.join("; "));
+        }
+        let mut text = if hits.is_empty() {
+            "nothing found".to_owned()
+        } else {
+            render(&hits)
+        };
+        if !notes.is_empty() {
+            text.push_str(&format!("\n\n(incomplete: {})", notes.join("; ")));
+        }
+        Outcome::success(capped_text(text.as_bytes(), MAX_RESULT_BYTES, false))
+    }
+}
+
+fn default_k(bases: &[Arc<KnowledgeBase>]) -> usize {
+    bases.iter().map(|b| b.spec.top_k).max().unwrap_or(5)
+}
+
+/// `knowledge_auto`: the best chunks for the last user message go in front
+/// of it, delimited. In the user message rather than the system prompt, so
+/// the prompt before it (the cache's) stays the same from turn to turn.
+pub async fn retrieve_into(bases: &[Arc<KnowledgeBase>], conversation: &mut Conversation) {
+    let Some(message) = conversation
+        .items
+        .iter_mut()
+        .rev()
+        .find_map(|item| match item {
+            Item::Message(m) if m.role == Role::User => Some(m),
+            _ => None,
+        })
+    else {
+        return;
+    };
+    let question = message.text_content();
+    if question.trim().is_empty() {
+        return;
+    }
+    let (hits, notes) = search_all(bases, &question, default_k(bases)).await;
+    for note in &notes {
+        warn!(note = %note, "knowledge not retrieved");
+    }
+    if hits.is_empty() {
+        return;
+    }
+    let block = format!(
+        "<knowledge>\nPassages from the knowledge base that may help answer the message after this block:\n\n{}\n</knowledge>\n\n",
+        render(&hits)
+    );
+    message.content.insert(0, Part::Text(block));
+}
+
+/// Starts the build of every base of the current config that has not
+/// started (at start, and after each reload).
+pub struct KnowledgeBuilder {
+    config: Arc<ArcSwap<Config>>,
+}
+
+impl KnowledgeBuilder {
+    pub fn new(config: Arc<ArcSwap<Config>>) -> Self {
+        KnowledgeBuilder { config }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for KnowledgeBuilder {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            for base in self.config.load().knowledge_bases.values() {
+                if !base.started.load(Ordering::SeqCst) {
+                    tokio::spawn(base.clone().build());
+                }
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+}
