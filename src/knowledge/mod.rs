@@ -274,9 +274,15 @@ fn read_sources(
     size: usize,
     overlap: usize,
 ) -> Vec<Chunk> {
-    let mut files: Vec<PathBuf> = Vec::new();
+    // Each file with its label: its path from the config's directory, or
+    // for a file outside it, from the glob's fixed part.
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
     for source in sources {
         let pattern = dir.join(source);
+        let fixed: PathBuf = pattern
+            .components()
+            .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+            .collect();
         let found: Vec<PathBuf> = match glob::glob(&pattern.to_string_lossy()) {
             Ok(paths) => paths.flatten().filter(|p| p.is_file()).collect(),
             Err(e) => {
@@ -288,18 +294,23 @@ fn read_sources(
             warn!(base, source, "knowledge source matches no file");
         }
         for file in found {
-            if !files.contains(&file) {
-                files.push(file);
+            if files.iter().all(|(f, _)| *f != file) {
+                let from = if file.starts_with(dir) {
+                    dir
+                } else {
+                    fixed.as_path()
+                };
+                let label = file
+                    .strip_prefix(from)
+                    .unwrap_or(&file)
+                    .to_string_lossy()
+                    .into_owned();
+                files.push((file, label));
             }
         }
     }
     let mut chunks = Vec::new();
-    for file in files {
-        let label = file
-            .strip_prefix(dir)
-            .unwrap_or(&file)
-            .to_string_lossy()
-            .into_owned();
+    for (file, label) in files {
         match std::fs::metadata(&file) {
             Ok(meta) if meta.len() > MAX_FILE_BYTES => {
                 warn!(base, file = %label, bytes = meta.len(), "knowledge source skipped: larger than 32 MiB");
