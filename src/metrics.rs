@@ -28,6 +28,9 @@ pub struct Metrics {
     pub sessions: IntCounterVec,
     /// Store calls by operation (`read`, `write`, `note_read`, `note_write`), as the store answered.
     pub store_seconds: HistogramVec,
+    /// Knowledge searches by base and phase (`embed`: the query's
+    /// embedding on the upstream; `search`: the index's scan).
+    pub knowledge_seconds: HistogramVec,
     pub streams_in_flight: IntGauge,
 }
 
@@ -130,6 +133,12 @@ impl Metrics {
                 "agent_proxy_store_duration_seconds",
                 "Time a response store call took, by operation (a write: from the answer's end until it landed)",
                 &["op"],
+                STORE_BUCKETS,
+            )?,
+            knowledge_seconds: histogram(
+                "agent_proxy_knowledge_search_duration_seconds",
+                "Time a knowledge base search took, by base and phase (embed: the query's embedding; search: the index scan)",
+                &["base", "phase"],
                 STORE_BUCKETS,
             )?,
             streams_in_flight,

@@ -827,6 +827,58 @@ agents:
     }
 
     #[test]
+    fn knowledge_bases_and_memory_are_checked() {
+        let message = |extra: &str| {
+            Config::parse(&format!("{BASE}{extra}"), no_env)
+                .err()
+                .map(|e| e.message)
+                .unwrap_or_default()
+        };
+        let base = "knowledge_bases:\n  docs: { sources: [docs/*.md] }\n";
+        assert!(Config::parse(&format!("{BASE}{base}"), no_env).is_ok());
+        assert!(message("knowledge_bases:\n  docs: { sources: [] }\n")
+            .contains("knowledge_bases.docs.sources: needs at least one"));
+        assert!(message(
+            "knowledge_bases:\n  docs: { sources: [a], chunk: { size: 10, overlap: 10 } }\n"
+        )
+        .contains(
+            "knowledge_bases.docs.chunk: `size` must be greater than 0 and `overlap` smaller"
+        ));
+        assert!(message(
+            "knowledge_bases:\n  docs: { sources: [a], embedding: { upstream: nope } }\n"
+        )
+        .contains("knowledge_bases.docs.embedding.upstream: no upstream named `nope`"));
+        let with_agent =
+            |agent: &str| BASE.replace("  minimal:\n", &format!("  minimal: {agent}\n")) + base;
+        assert!(Config::parse(
+            &with_agent("{ knowledge: [docs], knowledge_auto: true }"),
+            no_env
+        )
+        .is_ok());
+        let e = Config::parse(&with_agent("{ knowledge: [wiki] }"), no_env)
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "agents.minimal.knowledge[0]");
+        assert!(
+            e.message
+                .contains("no knowledge base named `wiki` (defined knowledge bases: docs)"),
+            "{e}"
+        );
+        let e = Config::parse(&with_agent("{ knowledge_auto: true }"), no_env)
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "agents.minimal.knowledge_auto");
+        let e = Config::parse(&with_agent("{ memory: { scope: [] } }"), no_env)
+            .err()
+            .unwrap();
+        assert_eq!(e.key, "agents.minimal.memory");
+        let e = Config::parse(&with_agent("{ memory: { scope: everyone } }"), no_env)
+            .err()
+            .unwrap();
+        assert!(e.key.starts_with("agents.minimal.memory"), "{e}");
+    }
+
+    #[test]
     fn runtime_threads_and_scheduler() {
         let with = |runtime: &str| Config::parse(&format!("{BASE}\nruntime: {runtime}"), no_env);
         let default = Config::parse(BASE, no_env).unwrap().runtime;

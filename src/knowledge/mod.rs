@@ -241,16 +241,22 @@ impl KnowledgeBase {
                 _ => format!("knowledge base `{}` is still being built", self.name),
             });
         };
-        let query = embed::embed(
-            &self.upstream,
-            self.spec.embedding.model.as_deref(),
-            &[query.to_owned()],
-        )
-        .await?
-        .pop()
-        .unwrap_or_default();
+        let seconds = |phase: &str, started: Instant| {
+            crate::metrics::metrics()
+                .knowledge_seconds
+                .with_label_values(&[self.name.as_str(), phase])
+                .observe(started.elapsed().as_secs_f64());
+        };
+        let started = Instant::now();
+        let model = self.spec.embedding.model.as_deref();
+        let query = embed::embed(&self.upstream, model, &[query.to_owned()])
+            .await?
+            .pop()
+            .unwrap_or_default();
+        seconds("embed", started);
         let base = self.name.clone();
-        tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let hits = tokio::task::spawn_blocking(move || {
             index
                 .search(&query, k)
                 .into_iter()
@@ -262,7 +268,9 @@ impl KnowledgeBase {
                 .collect()
         })
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string());
+        seconds("search", started);
+        hits
     }
 }
 
