@@ -51,11 +51,13 @@ def percentile(values, p):
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-def histogram_quantile(metrics, op, q):
-    """Prometheus's histogram_quantile over one `op` series."""
+def histogram_quantile(metrics, op, q, family="agent_proxy_store_duration_seconds",
+                       label="op"):
+    """Prometheus's histogram_quantile over the series of `family` whose
+    `label` is `op`."""
     buckets = []
     for line in metrics.splitlines():
-        if not line.startswith("agent_proxy_store_duration_seconds_bucket{") or f'op="{op}"' not in line:
+        if not line.startswith(family + "_bucket{") or f'{label}="{op}"' not in line:
             continue
         le = re.search(r'le="([^"]+)"', line).group(1)
         buckets.append((float("inf") if le == "+Inf" else float(le), int(line.split()[-1])))
