@@ -126,11 +126,8 @@ pub struct Cache(Connection);
 
 impl Cache {
     pub fn open(path: &Path) -> rusqlite::Result<Cache> {
-        let db = Connection::open(path)?;
-        db.busy_timeout(std::time::Duration::from_secs(5))?;
-        db.pragma_update(None, "journal_mode", "WAL")?;
-        db.pragma_update(None, "synchronous", "NORMAL")?;
-        db.execute_batch(
+        let db = crate::store::open_sqlite(
+            path,
             "CREATE TABLE IF NOT EXISTS embeddings (
                 model TEXT NOT NULL,
                 hash TEXT NOT NULL,

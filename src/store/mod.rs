@@ -24,6 +24,8 @@ mod memory;
 mod redis;
 mod sqlite;
 
+pub use sqlite::open_with as open_sqlite;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -149,13 +149,8 @@ fn sql_error(e: rusqlite::Error) -> StoreError {
 }
 
 fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
-    let connection = Connection::open(path)?;
-    connection.busy_timeout(std::time::Duration::from_secs(5))?;
-    connection.pragma_update(None, "journal_mode", "WAL")?;
-    // WAL with NORMAL survives a crash of the process (not of the machine)
-    // without an fsync per write.
-    connection.pragma_update(None, "synchronous", "NORMAL")?;
-    connection.execute_batch(
+    open_with(
+        path,
         "CREATE TABLE IF NOT EXISTS responses (
             id TEXT PRIMARY KEY,
             tenant TEXT NOT NULL,
@@ -178,7 +173,19 @@ fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
             created_at INTEGER NOT NULL
         );
         CREATE INDEX IF NOT EXISTS notes_owner ON notes (owner);",
-    )?;
+    )
+}
+
+/// An SQLite file in WAL mode with `schema` applied: the response store's,
+/// and the knowledge bases' embeddings cache.
+pub fn open_with(path: &std::path::Path, schema: &str) -> rusqlite::Result<Connection> {
+    let connection = Connection::open(path)?;
+    connection.busy_timeout(std::time::Duration::from_secs(5))?;
+    connection.pragma_update(None, "journal_mode", "WAL")?;
+    // WAL with NORMAL survives a crash of the process (not of the machine)
+    // without an fsync per write.
+    connection.pragma_update(None, "synchronous", "NORMAL")?;
+    connection.execute_batch(schema)?;
     Ok(connection)
 }
 
