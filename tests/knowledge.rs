@@ -236,3 +236,116 @@ async fn a_base_still_building_is_reported_and_the_agent_still_answers() {
         .await
         .contains("install.md"));
 }
+
+/// A one-page PDF whose page shows `text` (Helvetica): offsets computed,
+/// as a real writer's.
+fn pdf(text: &str) -> Vec<u8> {
+    let content = format!("BT /F1 12 Tf 72 720 Td ({text}) Tj ET");
+    let objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>".to_owned(),
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_owned(),
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>".to_owned(),
+        format!("<< /Length {} >>\nstream\n{content}\nendstream", content.len()),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>".to_owned(),
+    ];
+    let mut out = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend_from_slice(format!("{} 0 obj\n{object}\nendobj\n", i + 1).as_bytes());
+    }
+    let xref = out.len();
+    out.extend_from_slice(
+        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+    );
+    for offset in offsets {
+        out.extend_from_slice(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    out.extend_from_slice(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objects.len() + 1
+        )
+        .as_bytes(),
+    );
+    out
+}
+
+/// A PDF file, and a Markdown page and a PDF fetched by URL when the base
+/// is built, are searched like any file; a URL that fails is left out.
+#[tokio::test]
+async fn pdf_files_and_urls_are_sources_too() {
+    let model = model(None).await;
+    let pages = FakeServer::start(|req, _| match req.path.as_str() {
+        "/remote.md" => Reply::Json {
+            status: 200,
+            body: b"The lighthouse keeper lights the lamp at dusk.".to_vec(),
+            headers: vec![("content-type".into(), "text/markdown".into())],
+        },
+        "/manual.pdf" => Reply::Json {
+            status: 200,
+            body: pdf("Descale the espresso machine every month."),
+            headers: vec![("content-type".into(), "application/pdf".into())],
+        },
+        _ => Reply::json(404, json!({"error": "no such page"})),
+    })
+    .await;
+    let docs = scratch_dir();
+    std::fs::write(
+        docs.join("guide.pdf"),
+        pdf("Water the orchids twice a week."),
+    )
+    .unwrap();
+    std::fs::write(docs.join("broken.pdf"), b"%PDF-1.4 not really").unwrap();
+    let yaml = one_upstream(
+        &model.url(),
+        &format!(
+            "knowledge_bases:
+  docs:
+    sources: [\"{}/*.pdf\", \"{url}/remote.md\", \"{url}/manual.pdf\", \"{url}/missing.md\"]
+    top_k: 1
+agents:
+  librarian: {{ knowledge: [docs] }}
+",
+            docs.display(),
+            url = pages.url()
+        ),
+    );
+    let proxy = Proxy::start(&yaml).await;
+    wait_ready(&proxy, 1).await;
+    assert_eq!(
+        knowledge_status(proxy.port).await,
+        json!({"status": "ready", "chunks": 3})
+    );
+    let orchids = ask(proxy.port, "librarian", "How often do I water the orchids?").await;
+    assert!(orchids.starts_with("[1] docs / guide.pdf"), "{orchids}");
+    assert!(
+        orchids.contains("Water the orchids twice a week."),
+        "{orchids}"
+    );
+    let lamp = ask(
+        proxy.port,
+        "librarian",
+        "When does the lighthouse keeper light the lamp?",
+    )
+    .await;
+    assert!(
+        lamp.starts_with(&format!("[1] docs / {}/remote.md", pages.url())),
+        "{lamp}"
+    );
+    let espresso = ask(proxy.port, "librarian", "descale espresso machine").await;
+    assert!(
+        espresso.contains("manual.pdf")
+            && espresso.contains("Descale the espresso machine every month."),
+        "{espresso}"
+    );
+    let logs = proxy.logs();
+    assert!(
+        logs.contains("knowledge source not fetched") && logs.contains("missing.md"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("knowledge source skipped") && logs.contains("broken.pdf"),
+        "{logs}"
+    );
+}

@@ -301,7 +301,8 @@ pub struct AgentFile {
 #[serde(deny_unknown_fields)]
 pub struct KnowledgeBaseFile {
     /// Files or globs (`docs/**/*.md`), relative to the config file's
-    /// directory: text and Markdown.
+    /// directory, or `http(s)://` URLs fetched when the base is built:
+    /// text, Markdown or PDF.
     pub sources: Vec<String>,
     #[serde(default)]
     pub embedding: EmbeddingFile,

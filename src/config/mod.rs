@@ -383,6 +383,20 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         if spec.sources.is_empty() {
             return Err(error(key("sources"), "needs at least one file or glob"));
         }
+        for (i, source) in spec.sources.iter().enumerate() {
+            let url = crate::knowledge::is_url(source).then(|| {
+                source
+                    .parse::<http::Uri>()
+                    .ok()
+                    .filter(|u| u.authority().is_some())
+            });
+            if url == Some(None) {
+                return Err(error(
+                    key("sources").index(i),
+                    format!("not a valid URL: `{source}`"),
+                ));
+            }
+        }
         if spec.chunk.size == 0 || spec.chunk.overlap >= spec.chunk.size {
             return Err(error(
                 key("chunk"),
@@ -844,6 +858,10 @@ agents:
         .contains(
             "knowledge_bases.docs.chunk: `size` must be greater than 0 and `overlap` smaller"
         ));
+        assert!(
+            message("knowledge_bases:\n  docs: { sources: [a, 'https://'] }\n")
+                .contains("knowledge_bases.docs.sources[1]: not a valid URL")
+        );
         assert!(message(
             "knowledge_bases:\n  docs: { sources: [a], embedding: { upstream: nope } }\n"
         )

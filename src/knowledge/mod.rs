@@ -15,6 +15,7 @@
 mod chunk;
 mod embed;
 pub mod index;
+mod source;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,9 +36,8 @@ use crate::openai::ToolDef;
 use crate::tools::{capped_text, parse_arguments, CallContext, Outcome, Run};
 use crate::upstream::Upstream;
 use index::{Cache, Chunk, Index};
+pub use source::is_url;
 
-/// A source file larger than this is skipped (logged).
-const MAX_FILE_BYTES: u64 = 32 << 20;
 /// Chunks one search returns at most.
 const MAX_TOP_K: usize = 20;
 /// The largest search result handed to the model.
@@ -157,9 +157,23 @@ impl KnowledgeBase {
         let cache_path = self.base_dir.join(&self.spec.path);
         let name = self.name.clone();
         let key = self.model_key();
+        let fetched = source::fetch_urls(&self.name, &self.spec.sources).await;
         // Reading, chunking and the cache lookups block: off the runtime.
         let (chunks, mut vectors, mut cache) = tokio::task::spawn_blocking(move || {
-            let chunks = read_sources(&name, &base_dir, &sources, size, overlap);
+            let mut documents = source::read_files(&name, &base_dir, &sources);
+            documents.extend(fetched);
+            let chunks: Vec<Chunk> = documents
+                .into_iter()
+                .flat_map(|document| {
+                    let label = document.label;
+                    chunk::chunks(&document.text, size, overlap)
+                        .into_iter()
+                        .map(move |text| Chunk {
+                            source: label.clone(),
+                            text,
+                        })
+                })
+                .collect();
             let cache = Cache::open(&cache_path)
                 .map_err(|e| format!("embeddings cache {}: {e}", cache_path.display()))?;
             let vectors = chunks
@@ -272,81 +286,6 @@ impl KnowledgeBase {
         seconds("search", started);
         hits
     }
-}
-
-/// The chunks of every source file, in the order the sources list them.
-fn read_sources(
-    base: &str,
-    dir: &Path,
-    sources: &[String],
-    size: usize,
-    overlap: usize,
-) -> Vec<Chunk> {
-    // Each file with its label: its path from the config's directory, or
-    // for a file outside it, from the glob's fixed part.
-    let mut files: Vec<(PathBuf, String)> = Vec::new();
-    for source in sources {
-        let pattern = dir.join(source);
-        let fixed: PathBuf = pattern
-            .components()
-            .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
-            .collect();
-        let found: Vec<PathBuf> = match glob::glob(&pattern.to_string_lossy()) {
-            Ok(paths) => paths.flatten().filter(|p| p.is_file()).collect(),
-            Err(e) => {
-                warn!(base, source, error = %e, "not a valid glob");
-                continue;
-            }
-        };
-        if found.is_empty() {
-            warn!(base, source, "knowledge source matches no file");
-        }
-        for file in found {
-            if files.iter().all(|(f, _)| *f != file) {
-                let from = if file.starts_with(dir) {
-                    dir
-                } else {
-                    fixed.as_path()
-                };
-                let label = file
-                    .strip_prefix(from)
-                    .unwrap_or(&file)
-                    .to_string_lossy()
-                    .into_owned();
-                files.push((file, label));
-            }
-        }
-    }
-    let mut chunks = Vec::new();
-    for (file, label) in files {
-        match std::fs::metadata(&file) {
-            Ok(meta) if meta.len() > MAX_FILE_BYTES => {
-                warn!(base, file = %label, bytes = meta.len(), "knowledge source skipped: larger than 32 MiB");
-                continue;
-            }
-            Err(e) => {
-                warn!(base, file = %label, error = %e, "knowledge source unreadable");
-                continue;
-            }
-            Ok(_) => {}
-        }
-        let text = match std::fs::read(&file) {
-            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-            Err(e) => {
-                warn!(base, file = %label, error = %e, "knowledge source unreadable");
-                continue;
-            }
-        };
-        chunks.extend(
-            chunk::chunks(&text, size, overlap)
-                .into_iter()
-                .map(|text| Chunk {
-                    source: label.clone(),
-                    text,
-                }),
-        );
-    }
-    chunks
 }
 
 /// A chunk found for a query.
