@@ -1,12 +1,7 @@
-//! The config loader on any text: an error naming a key, never a panic.
+//! `checks/config.rs` under libFuzzer.
 #![no_main]
 
-use agent_proxy::config::Config;
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/config.rs"]
+mod checks;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    let _ = Config::parse(text, |name| (name == "SET").then(|| "value".to_owned()));
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::check(data));

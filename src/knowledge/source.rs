@@ -159,6 +159,11 @@ fn text_of(base: &str, label: &str, bytes: &[u8], pdf: bool) -> Option<String> {
     if !pdf {
         return Some(String::from_utf8_lossy(bytes).into_owned());
     }
+    pdf_text(base, label, bytes)
+}
+
+#[cfg(feature = "pdf")]
+fn pdf_text(base: &str, label: &str, bytes: &[u8]) -> Option<String> {
     // pdf-extract panics on some malformed files: a bad file is skipped,
     // the build goes on.
     let extracted = std::panic::catch_unwind(|| pdf_extract::extract_text_from_mem(bytes));
@@ -185,4 +190,10 @@ fn text_of(base: &str, label: &str, bytes: &[u8], pdf: bool) -> Option<String> {
             None
         }
     }
+}
+
+#[cfg(not(feature = "pdf"))]
+fn pdf_text(base: &str, label: &str, _bytes: &[u8]) -> Option<String> {
+    warn!(base, source = label, "knowledge source skipped: a PDF, and this build has no PDF support (build with the `pdf` feature)");
+    None
 }

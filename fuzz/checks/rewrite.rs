@@ -1,0 +1,62 @@
+//! A client's request through each front decoder (chat, Responses,
+//! Messages), the agent rewrite and each upstream encoder: whatever decodes
+//! is rewritten without panicking into a valid request that carries the
+//! agent's instructions first and streams as the client asked.
+//!
+//! Shared by the fuzz target and by `tests/fuzz_seeds.rs`, which replays
+//! the seed corpus on every test run.
+
+use std::sync::LazyLock;
+
+use agent_proxy::agent::rewrite::rewrite;
+use agent_proxy::agent::toolset::ToolSet;
+use agent_proxy::config::Config;
+use agent_proxy::conversation::Conversation;
+use agent_proxy::front;
+use agent_proxy::openai::ChatRequest;
+use agent_proxy::round;
+use serde_json::Value;
+
+static CONFIG: LazyLock<Config> = LazyLock::new(|| {
+    Config::parse(
+        r#"
+default_upstream: up
+upstreams: { up: { url: "http://127.0.0.1:1/v1" } }
+tools:
+  get_weather: { http: { url: "http://127.0.0.1:2/w" }, inject: { user_id: { request: user } } }
+agents:
+  a: { system_prompt: AGENT, system_prompt_mode: prepend, tools: [get_weather], params: { temperature: 0.2 } }
+"#,
+        |_| None,
+    )
+    .expect("the fuzz config is valid")
+});
+
+fn decoded(data: &[u8]) -> Vec<Conversation> {
+    let chat = serde_json::from_slice::<ChatRequest>(data)
+        .ok()
+        .and_then(|r| front::chat::decode(r).ok());
+    let responses = front::responses::decode(data).ok().map(|(c, _)| c);
+    let messages = front::messages::decode(data).ok().map(|(c, _)| c);
+    [chat, responses, messages].into_iter().flatten().collect()
+}
+
+pub fn check(data: &[u8]) {
+    let agent = CONFIG.agent("a").expect("agent a");
+    let toolset = ToolSet::of(agent, &CONFIG);
+    for conversation in decoded(data) {
+        let stream = conversation.options.stream;
+        let out = rewrite(agent, &toolset, conversation);
+        assert!(out
+            .system
+            .as_deref()
+            .is_some_and(|s| s.starts_with("AGENT")));
+        let chat: Value = serde_json::from_slice(&round::chat::encode(&out, stream))
+            .expect("a chat request is valid JSON");
+        assert_eq!(chat["stream"], stream);
+        assert_eq!(chat["messages"][0]["role"], "system");
+        let responses: Value = serde_json::from_slice(&round::responses::encode(&out, stream))
+            .expect("a Responses request is valid JSON");
+        assert_eq!(responses["store"], false);
+    }
+}
