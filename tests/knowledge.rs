@@ -361,3 +361,126 @@ agents:
         );
     }
 }
+
+/// `config` with the base's index in Postgres.
+fn shared_config(upstream: &str, docs: &Path, postgres: &str) -> String {
+    config(upstream, docs).replace(
+        "    top_k: 2\n",
+        &format!("    top_k: 2\n    index: {{ kind: postgres, url: \"{postgres}\" }}\n"),
+    )
+}
+
+/// Replicas with `index: { kind: postgres }` share one pgvector table: the
+/// first builds it, the second embeds nothing, a reload of either re-embeds
+/// only what changed and every replica finds the new text at once.
+#[tokio::test]
+async fn replicas_share_one_postgres_index_and_embed_each_chunk_once() {
+    let postgres = PostgresServer::start().await;
+    let model = model(None).await;
+    let docs = docs();
+    let yaml = shared_config(&model.url(), &docs, &postgres.url());
+    let first = Reloadable::start(&yaml).await;
+    wait_ready(&first.proxy, 1).await;
+    assert_eq!(
+        knowledge_status(first.port()).await,
+        json!({"status": "ready", "chunks": 3})
+    );
+    assert_eq!(embedded_documents(&model, &[]).len(), 3);
+
+    let second = Proxy::start(&yaml).await;
+    wait_ready(&second, 1).await;
+    assert_eq!(
+        knowledge_status(second.port).await,
+        json!({"status": "ready", "chunks": 3})
+    );
+    assert_eq!(
+        embedded_documents(&model, &[]).len(),
+        3,
+        "the second replica embedded again"
+    );
+    let question = "How do I install the frobnicator?";
+    for port in [first.port(), second.port] {
+        let found = ask(port, "librarian", question).await;
+        assert!(
+            found.starts_with("[1] docs / install.md (score "),
+            "{found}"
+        );
+        assert!(
+            found.contains("Run make install to install the frobnicator"),
+            "{found}"
+        );
+        assert!(!found.contains("[3]"), "top_k: 2");
+    }
+
+    std::fs::write(
+        docs.join("cats.md"),
+        "Cats hunt mice at night and nap by the fire.",
+    )
+    .unwrap();
+    first.reload(&format!("{yaml}# reloaded\n")).await;
+    wait_ready(&first.proxy, 2).await;
+    let embedded = embedded_documents(&model, &[question]);
+    assert_eq!(embedded.len(), 4, "{embedded:?}");
+    assert_eq!(embedded[3], "Cats hunt mice at night and nap by the fire.");
+    let found = ask(second.port, "librarian", "Where do cats nap?").await;
+    assert!(
+        found.starts_with("[1] docs / cats.md") && found.contains("nap by the fire"),
+        "{found}"
+    );
+    let texts = table_texts(&postgres);
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert!(!texts.iter().any(|t| t.contains("purrs")), "{texts:?}");
+
+    // `sslmode=require` is kept: this server has no TLS, so no connection.
+    let tls_only = format!("{}?sslmode=require", postgres.url());
+    let strict = Proxy::start(&shared_config(&model.url(), &docs, &tls_only)).await;
+    let failed = wait_until(Duration::from_secs(20), || async {
+        knowledge_status(strict.port).await["status"] == "failed"
+    })
+    .await;
+    let status = knowledge_status(strict.port).await;
+    assert!(
+        failed && status["reason"].as_str().is_some_and(|r| r.contains("TLS")),
+        "{status}"
+    );
+}
+
+/// The texts in the base's table (there is one), a line each.
+fn table_texts(postgres: &PostgresServer) -> Vec<String> {
+    let table = postgres
+        .psql("SELECT tablename FROM pg_tables WHERE tablename LIKE 'agent_proxy_kb_docs_%'");
+    assert_eq!(table.lines().count(), 1, "{table}");
+    postgres
+        .psql(&format!(
+            "SELECT replace(text, E'\\n', ' ') FROM \"{table}\" ORDER BY source"
+        ))
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A Postgres that cannot be reached fails the base, said on `/readyz` and
+/// to the model; the agent still answers. The URL's password is never shown.
+#[tokio::test]
+async fn an_unreachable_postgres_fails_the_base_not_the_request() {
+    let model = model(None).await;
+    let docs = docs();
+    let url = format!("postgres://kb:s3cret-pw@127.0.0.1:{}/kb", free_port());
+    let proxy = Proxy::start(&shared_config(&model.url(), &docs, &url)).await;
+    let failed = wait_until(Duration::from_secs(20), || async {
+        knowledge_status(proxy.port).await["status"] == "failed"
+    })
+    .await;
+    let status = knowledge_status(proxy.port).await;
+    assert!(failed, "{status}");
+    let reason = status["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("postgres: "), "{status}");
+    let answer = ask(proxy.port, "librarian", "How do I install it?").await;
+    assert!(
+        answer.starts_with("error: knowledge base `docs` is unavailable: postgres: "),
+        "{answer}"
+    );
+    for text in [status.to_string(), answer, proxy.logs()] {
+        assert!(!text.contains("s3cret-pw"), "{text}");
+    }
+}

@@ -315,6 +315,29 @@ pub struct KnowledgeBaseFile {
     /// directory; bases may share one.
     #[serde(default = "default_knowledge_path")]
     pub path: String,
+    /// Where the chunks and vectors are searched.
+    #[serde(default)]
+    pub index: KnowledgeIndexFile,
+}
+
+/// `knowledge_bases.<name>.index`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KnowledgeIndexFile {
+    #[serde(default)]
+    pub kind: IndexKind,
+    /// Postgres's URL (`postgres://user:password@host:5432/db`).
+    pub url: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexKind {
+    /// In this process's memory, its vectors cached in `path`: no server.
+    #[default]
+    Embedded,
+    /// A table in Postgres with pgvector, shared by every replica.
+    Postgres,
 }
 
 fn default_top_k() -> usize {

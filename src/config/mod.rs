@@ -29,7 +29,7 @@ use crate::store::Store;
 use crate::tools::Tool;
 use crate::upstream::Upstream;
 pub use file::RuntimeFile as Runtime;
-use file::{ApiKeyFile, ConfigFile, McpServerFile, StoreFile, StoreKind, UpstreamFile};
+use file::{ApiKeyFile, ConfigFile, IndexKind, McpServerFile, StoreFile, StoreKind, UpstreamFile};
 use locate::{locate, KeyPath, Location};
 
 /// A loaded, validated configuration. Requests hold an `Arc` of the one they
@@ -406,12 +406,27 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         if spec.top_k == 0 {
             return Err(error(key("top_k"), "must be greater than 0"));
         }
+        if spec.index.kind == IndexKind::Postgres {
+            let url = spec.index.url.as_deref().unwrap_or_default();
+            // The URL holds a password: the error does not repeat it.
+            let why = if url.is_empty() {
+                Some("a postgres index needs `url` (postgres://user:password@host:5432/db)".into())
+            } else {
+                url.parse::<tokio_postgres::Config>()
+                    .err()
+                    .map(|e| format!("not a valid Postgres URL ({e})"))
+            };
+            if let Some(why) = why {
+                return Err(error(key("index").key("url"), why));
+            }
+        }
         let upstream = match &spec.embedding.upstream {
             None => default_upstream.clone(),
             Some(upstream) => find_upstream(key("embedding").key("upstream"), upstream)?,
         };
         let previous = previous.knowledge_base(&name);
-        let base = KnowledgeBase::from_file(&name, spec, upstream, base, previous);
+        let base = KnowledgeBase::from_file(&name, spec, upstream, base, previous)
+            .map_err(|m| error(key("index"), m))?;
         knowledge_bases.insert(name, Arc::new(base));
     }
     let agent_ids: Vec<String> = file.agents.keys().cloned().collect();
@@ -866,6 +881,23 @@ agents:
             "knowledge_bases:\n  docs: { sources: [a], embedding: { upstream: nope } }\n"
         )
         .contains("knowledge_bases.docs.embedding.upstream: no upstream named `nope`"));
+        assert!(
+            message("knowledge_bases:\n  docs: { sources: [a], index: { kind: postgres } }\n")
+                .contains("knowledge_bases.docs.index.url: a postgres index needs `url`")
+        );
+        let bad = message(
+            "knowledge_bases:\n  docs: { sources: [a], index: { kind: postgres, url: 'postgres://u:pw-77@h:notaport/db' } }\n",
+        );
+        assert!(
+            bad.contains("knowledge_bases.docs.index.url: not a valid Postgres URL")
+                && !bad.contains("pw-77"),
+            "{bad}"
+        );
+        assert!(Config::parse(
+            &format!("{BASE}knowledge_bases:\n  docs: {{ sources: [a], index: {{ kind: postgres, url: 'postgres://u:p@db:5432/kb' }} }}\n"),
+            no_env
+        )
+        .is_ok());
         let with_agent =
             |agent: &str| BASE.replace("  minimal:\n", &format!("  minimal: {agent}\n")) + base;
         assert!(Config::parse(

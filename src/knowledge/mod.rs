@@ -3,22 +3,26 @@
 //! request (`knowledge_auto`).
 //!
 //! A base is built in the background once its config is loaded: its
-//! sources are read and cut into chunks (`chunk`), each chunk is embedded on
-//! an upstream (`embed`) unless the embeddings cache beside the config
-//! already holds it (`index::Cache`: by model and a hash of the text), and
-//! the chunks and unit vectors become the searchable `Index`. A reload
-//! builds every base again from its sources: only new or changed chunks
-//! cost an embedding call, and the previous index keeps answering until the
-//! new one is ready. Progress is logged and shown on `/readyz`; a base that
-//! is not ready yet is left out of a search, and the model is told so.
+//! sources are read and cut into chunks (`chunk`), and each chunk is
+//! embedded on an upstream (`embed`) unless it already was. Embedded (the
+//! default), the embeddings cache beside the config remembers vectors (by
+//! model and a hash of the text: `index::Cache`), and the chunks and unit
+//! vectors become an in-memory `Index` searched exactly. Shared (`index:
+//! { kind: postgres }`), a pgvector table every replica reads is brought to
+//! the sources (`postgres`). A reload builds every base again from its
+//! sources: only new or changed chunks cost an embedding call, and the
+//! previous index keeps answering until the new one is ready. Progress is
+//! logged and shown on `/readyz`; a base that is not ready yet is left out
+//! of a search, and the model is told so.
 
 mod chunk;
 mod embed;
 pub mod index;
+mod postgres;
 mod source;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,7 +33,7 @@ use pingora::services::background::BackgroundService;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use crate::config::file::KnowledgeBaseFile;
+use crate::config::file::{IndexKind, KnowledgeBaseFile};
 use crate::config::Config;
 use crate::conversation::{Conversation, Item, Part, Role};
 use crate::openai::ToolDef;
@@ -60,36 +64,65 @@ pub struct KnowledgeBase {
     /// The config file's directory: sources and the cache are relative to it.
     base_dir: PathBuf,
     upstream: Arc<Upstream>,
-    /// What searches use: the last index built (a previous config's while
-    /// this one's first build runs).
-    serving: ArcSwapOption<Index>,
+    store: Store,
     progress: Mutex<Progress>,
     started: AtomicBool,
 }
 
+/// Where a base's vectors are searched.
+enum Store {
+    /// In this process: the last index built (a previous config's while
+    /// this one's first build runs).
+    Embedded(ArcSwapOption<Index>),
+    /// A Postgres table every replica shares, and how many chunks it held
+    /// when last seen (searched once it holds any).
+    Shared(postgres::Shared, AtomicUsize),
+}
+
 impl KnowledgeBase {
     /// The base `spec` describes; `previous` (the same name in the config a
-    /// reload replaces) lends its index until this one's is built, if its
-    /// vectors are of the same embedding model.
+    /// reload replaces) lends its index (or its connections) until this
+    /// one's is built, if its vectors are of the same embedding model.
     pub fn from_file(
         name: &str,
         spec: KnowledgeBaseFile,
         upstream: Arc<Upstream>,
         base_dir: &Path,
         previous: Option<&KnowledgeBase>,
-    ) -> KnowledgeBase {
-        let serving = previous
-            .filter(|p| p.spec.embedding == spec.embedding && p.upstream.name == upstream.name)
-            .and_then(|p| p.serving.load_full());
-        KnowledgeBase {
+    ) -> Result<KnowledgeBase, String> {
+        let key = model_key(&spec, &upstream);
+        let same_model = previous
+            .filter(|p| p.spec.embedding == spec.embedding && p.upstream.name == upstream.name);
+        let store = match (spec.index.kind, spec.index.url.as_deref()) {
+            (IndexKind::Postgres, Some(url)) => {
+                let kept = same_model.and_then(|p| match &p.store {
+                    Store::Shared(shared, rows) if shared.same_as(url, name, &key) => {
+                        Some((shared.clone(), rows.load(Ordering::Relaxed)))
+                    }
+                    _ => None,
+                });
+                let (shared, rows) = match kept {
+                    Some(kept) => kept,
+                    None => (postgres::Shared::new(url, name, &key)?, 0),
+                };
+                Store::Shared(shared, AtomicUsize::new(rows))
+            }
+            _ => Store::Embedded(ArcSwapOption::new(same_model.and_then(
+                |p| match &p.store {
+                    Store::Embedded(serving) => serving.load_full(),
+                    Store::Shared(..) => None,
+                },
+            ))),
+        };
+        Ok(KnowledgeBase {
             name: name.to_owned(),
             spec,
             base_dir: base_dir.to_owned(),
             upstream,
-            serving: ArcSwapOption::new(serving),
+            store,
             progress: Mutex::new(Progress::Pending),
             started: AtomicBool::new(false),
-        }
+        })
     }
 
     pub fn progress(&self) -> Progress {
@@ -103,9 +136,17 @@ impl KnowledgeBase {
         *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = progress;
     }
 
+    /// Chunks searches see now.
+    fn serving_chunks(&self) -> usize {
+        match &self.store {
+            Store::Embedded(serving) => serving.load().as_ref().map_or(0, |index| index.len()),
+            Store::Shared(_, rows) => rows.load(Ordering::Relaxed),
+        }
+    }
+
     /// What `/readyz` shows of it.
     pub fn status(&self) -> Value {
-        let chunks = self.serving.load().as_ref().map_or(0, |index| index.len());
+        let chunks = self.serving_chunks();
         match self.progress() {
             Progress::Pending => json!({"status": "pending", "chunks": chunks}),
             Progress::Building { embedded, total } => {
@@ -118,26 +159,22 @@ impl KnowledgeBase {
         }
     }
 
-    /// The cache's key for this base's vectors: another model (or another
-    /// server's) makes other vectors.
-    fn model_key(&self) -> String {
-        format!(
-            "{}@{}",
-            self.spec.embedding.model.as_deref().unwrap_or(""),
-            self.upstream.name
-        )
-    }
-
     /// Builds the index (once per base object; a reload makes new ones).
     pub async fn build(self: Arc<Self>) {
         if self.started.swap(true, Ordering::SeqCst) {
             return;
         }
         let started = Instant::now();
-        match self.try_build().await {
-            Ok(index) => {
-                info!(base = %self.name, chunks = index.len(), mib = index.bytes() >> 20, seconds = started.elapsed().as_secs_f64(), "knowledge base ready");
-                self.serving.store(Some(Arc::new(index)));
+        let built = match self.read_chunks().await {
+            Ok(chunks) => match &self.store {
+                Store::Embedded(serving) => self.build_embedded(chunks, serving).await,
+                Store::Shared(shared, rows) => self.build_shared(chunks, shared, rows).await,
+            },
+            Err(reason) => Err(reason),
+        };
+        match built {
+            Ok(chunks) => {
+                info!(base = %self.name, chunks, seconds = started.elapsed().as_secs_f64(), "knowledge base ready");
                 self.set_progress(Progress::Ready);
             }
             Err(reason) => {
@@ -147,22 +184,21 @@ impl KnowledgeBase {
         }
     }
 
-    async fn try_build(&self) -> Result<Index, String> {
+    /// The chunks of the current sources. Reading and chunking block: off
+    /// the runtime.
+    async fn read_chunks(&self) -> Result<Vec<Chunk>, String> {
         let (sources, base_dir, size, overlap) = (
             self.spec.sources.clone(),
             self.base_dir.clone(),
             self.spec.chunk.size,
             self.spec.chunk.overlap,
         );
-        let cache_path = self.base_dir.join(&self.spec.path);
         let name = self.name.clone();
-        let key = self.model_key();
         let fetched = source::fetch_urls(&self.name, &self.spec.sources).await;
-        // Reading, chunking and the cache lookups block: off the runtime.
-        let (chunks, mut vectors, mut cache) = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let mut documents = source::read_files(&name, &base_dir, &sources);
             documents.extend(fetched);
-            let chunks: Vec<Chunk> = documents
+            documents
                 .into_iter()
                 .flat_map(|document| {
                     let label = document.label;
@@ -173,7 +209,32 @@ impl KnowledgeBase {
                             text,
                         })
                 })
-                .collect();
+                .collect()
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    /// Embeds the chunks at `batch` (indexes into `chunks`).
+    async fn embed(&self, chunks: &[Chunk], batch: &[usize]) -> Result<Vec<Vec<f32>>, String> {
+        let inputs: Vec<String> = batch.iter().map(|&i| chunks[i].text.clone()).collect();
+        embed::embed(
+            &self.upstream,
+            self.spec.embedding.model.as_deref(),
+            &inputs,
+        )
+        .await
+    }
+
+    /// In memory, with the embeddings cache: returns the chunks indexed.
+    async fn build_embedded(
+        &self,
+        chunks: Vec<Chunk>,
+        serving: &ArcSwapOption<Index>,
+    ) -> Result<usize, String> {
+        let cache_path = self.base_dir.join(&self.spec.path);
+        let key = model_key(&self.spec, &self.upstream);
+        let (chunks, mut vectors, mut cache) = tokio::task::spawn_blocking(move || {
             let cache = Cache::open(&cache_path)
                 .map_err(|e| format!("embeddings cache {}: {e}", cache_path.display()))?;
             let vectors = chunks
@@ -188,26 +249,15 @@ impl KnowledgeBase {
         let missing: Vec<usize> = (0..chunks.len())
             .filter(|&i| vectors[i].is_none())
             .collect();
-        let total = missing.len();
-        info!(base = %self.name, chunks = chunks.len(), cached = chunks.len() - total, to_embed = total, "building knowledge base");
-        self.set_progress(Progress::Building { embedded: 0, total });
-        let started = Instant::now();
-        let mut logged = Instant::now();
-        let mut embedded = 0;
+        let mut tally = Tally::start(self, chunks.len(), missing.len());
         for batch in missing.chunks(embed::BATCH) {
-            let inputs: Vec<String> = batch.iter().map(|&i| chunks[i].text.clone()).collect();
-            let got = embed::embed(
-                &self.upstream,
-                self.spec.embedding.model.as_deref(),
-                &inputs,
-            )
-            .await?;
-            let rows: Vec<(String, Vec<f32>)> = inputs
+            let got = self.embed(&chunks, batch).await?;
+            let rows: Vec<(String, Vec<f32>)> = batch
                 .iter()
                 .zip(&got)
-                .map(|(text, vector)| (index::text_hash(text), vector.clone()))
+                .map(|(&i, vector)| (index::text_hash(&chunks[i].text), vector.clone()))
                 .collect();
-            let key = self.model_key();
+            let key = model_key(&self.spec, &self.upstream);
             let kept;
             (cache, kept) = tokio::task::spawn_blocking(move || {
                 let kept = cache.put(&key, &rows);
@@ -222,13 +272,7 @@ impl KnowledgeBase {
             for (&i, vector) in batch.iter().zip(got) {
                 vectors[i] = Some(vector);
             }
-            embedded += batch.len();
-            self.set_progress(Progress::Building { embedded, total });
-            if logged.elapsed() >= LOG_EVERY {
-                logged = Instant::now();
-                let rate = embedded as f64 / started.elapsed().as_secs_f64().max(1e-3);
-                info!(base = %self.name, embedded, total, per_second = rate.round(), "embedding knowledge base");
-            }
+            tally.add(self, batch.len());
         }
         let vectors: Vec<Vec<f32>> = vectors.into_iter().flatten().collect();
         let dims = vectors.first().map_or(0, Vec::len);
@@ -238,12 +282,45 @@ impl KnowledgeBase {
                     .into(),
             );
         }
-        Ok(Index::new(chunks, vectors))
+        let index = Index::new(chunks, vectors);
+        info!(base = %self.name, mib = index.bytes() >> 20, "knowledge index in memory");
+        let len = index.len();
+        serving.store(Some(Arc::new(index)));
+        Ok(len)
+    }
+
+    /// In the shared table: what it lacks is embedded and inserted, what
+    /// the sources no longer have is deleted. Returns the rows left.
+    async fn build_shared(
+        &self,
+        chunks: Vec<Chunk>,
+        shared: &postgres::Shared,
+        rows: &AtomicUsize,
+    ) -> Result<usize, String> {
+        let (present, held) = shared.present(&chunks).await?;
+        // What another replica (or an earlier run) built is searched meanwhile.
+        rows.store(held, Ordering::Relaxed);
+        let missing: Vec<usize> = (0..chunks.len()).filter(|&i| !present[i]).collect();
+        let mut tally = Tally::start(self, chunks.len(), missing.len());
+        for batch in missing.chunks(embed::BATCH) {
+            let got = self.embed(&chunks, batch).await?;
+            let batch_chunks: Vec<&Chunk> = batch.iter().map(|&i| &chunks[i]).collect();
+            shared.insert(&batch_chunks, &got).await?;
+            rows.fetch_add(batch.len(), Ordering::Relaxed);
+            tally.add(self, batch.len());
+        }
+        let left = shared.retain(&chunks).await?;
+        rows.store(left, Ordering::Relaxed);
+        Ok(left)
     }
 
     /// The `k` best chunks for `query`, or why there are none.
     async fn search(&self, query: &str, k: usize) -> Result<Vec<Hit>, String> {
-        let Some(index) = self.serving.load_full() else {
+        let embedded = match &self.store {
+            Store::Embedded(serving) => serving.load_full(),
+            Store::Shared(..) => None,
+        };
+        if embedded.is_none() && self.serving_chunks() == 0 {
             return Err(match self.progress() {
                 Progress::Building { embedded, total } => format!(
                     "knowledge base `{}` is still being built ({embedded}/{total} chunks embedded)",
@@ -252,9 +329,10 @@ impl KnowledgeBase {
                 Progress::Failed(reason) => {
                     format!("knowledge base `{}` is unavailable: {reason}", self.name)
                 }
-                _ => format!("knowledge base `{}` is still being built", self.name),
+                Progress::Ready => format!("knowledge base `{}` is empty", self.name),
+                Progress::Pending => format!("knowledge base `{}` is still being built", self.name),
             });
-        };
+        }
         let seconds = |phase: &str, started: Instant| {
             crate::metrics::metrics()
                 .knowledge_seconds
@@ -268,23 +346,71 @@ impl KnowledgeBase {
             .pop()
             .unwrap_or_default();
         seconds("embed", started);
-        let base = self.name.clone();
         let started = Instant::now();
-        let hits = tokio::task::spawn_blocking(move || {
-            index
-                .search(&query, k)
-                .into_iter()
-                .map(|(chunk, score)| Hit {
-                    base: base.clone(),
-                    chunk: chunk.clone(),
-                    score,
-                })
-                .collect()
-        })
-        .await
-        .map_err(|e| e.to_string());
+        let found = match (&self.store, embedded) {
+            (Store::Shared(shared, _), _) => shared.search(&query, k).await?,
+            (Store::Embedded(_), Some(index)) => tokio::task::spawn_blocking(move || {
+                index
+                    .search(&query, k)
+                    .into_iter()
+                    .map(|(chunk, score)| (chunk.clone(), score))
+                    .collect()
+            })
+            .await
+            .map_err(|e| e.to_string())?,
+            (Store::Embedded(_), None) => Vec::new(),
+        };
         seconds("search", started);
-        hits
+        Ok(found
+            .into_iter()
+            .map(|(chunk, score)| Hit {
+                base: self.name.clone(),
+                chunk,
+                score,
+            })
+            .collect())
+    }
+}
+
+/// The embeddings' key: another model (or another server's) makes other
+/// vectors.
+fn model_key(spec: &KnowledgeBaseFile, upstream: &Upstream) -> String {
+    format!(
+        "{}@{}",
+        spec.embedding.model.as_deref().unwrap_or(""),
+        upstream.name
+    )
+}
+
+/// A build's embedding progress, on `/readyz` and in the log.
+struct Tally {
+    total: usize,
+    embedded: usize,
+    started: Instant,
+    logged: Instant,
+}
+
+impl Tally {
+    fn start(base: &KnowledgeBase, chunks: usize, total: usize) -> Tally {
+        info!(base = %base.name, chunks, cached = chunks - total, to_embed = total, "building knowledge base");
+        base.set_progress(Progress::Building { embedded: 0, total });
+        Tally {
+            total,
+            embedded: 0,
+            started: Instant::now(),
+            logged: Instant::now(),
+        }
+    }
+
+    fn add(&mut self, base: &KnowledgeBase, embedded: usize) {
+        self.embedded += embedded;
+        let (embedded, total) = (self.embedded, self.total);
+        base.set_progress(Progress::Building { embedded, total });
+        if self.logged.elapsed() >= LOG_EVERY {
+            self.logged = Instant::now();
+            let rate = embedded as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+            info!(base = %base.name, embedded, total, per_second = rate.round(), "embedding knowledge base");
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod client;
 pub mod fake;
 pub mod mcp;
+pub mod postgres;
 pub mod proxy;
 pub mod redis;
 pub mod reload;
@@ -15,6 +16,7 @@ pub mod weather;
 pub use client::*;
 pub use fake::*;
 pub use mcp::*;
+pub use postgres::*;
 pub use proxy::*;
 pub use redis::*;
 pub use reload::*;

@@ -1,0 +1,303 @@
+//! A knowledge base's index in Postgres with pgvector, shared by every
+//! replica (`index: { kind: postgres, url }`).
+//!
+//! One table per base and embedding model, one row per chunk (its source,
+//! a hash of its text, the text, the vector), an HNSW index for cosine
+//! distance. A build brings the table to the chunks of the current sources:
+//! rows already there are kept (the table is its own embeddings cache, so a
+//! second replica building the same sources embeds nothing), missing ones
+//! are embedded and inserted, stale ones deleted. Every statement is
+//! idempotent, so replicas that build at once agree.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use pgvector::Vector;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::index::{text_hash, Chunk};
+
+/// pgvector's HNSW index takes vectors up to this size; larger ones are
+/// searched by a scan.
+const HNSW_MAX_DIMS: usize = 2000;
+/// Connections to Postgres per base and process.
+const POOL_SIZE: usize = 4;
+/// Connecting, and waiting for a pooled connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A base's table, through a small pool.
+#[derive(Clone)]
+pub struct Shared {
+    pool: Pool,
+    url: String,
+    /// Quoted: `"agent_proxy_kb_<base>_<model hash>"`.
+    table: String,
+}
+
+impl Shared {
+    /// No I/O: connections are made when first used. `url` was checked
+    /// with the config.
+    pub fn new(url: &str, base: &str, model_key: &str) -> Result<Shared, String> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| format!("not a valid Postgres URL ({e})"))?;
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name("agent-proxy");
+        let manager = Manager::from_config(
+            config,
+            tls()?,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Shared {
+            pool,
+            url: url.to_owned(),
+            table: table_name(base, model_key),
+        })
+    }
+
+    /// Whether this is the same table on the same server (a reload keeps
+    /// the pool).
+    pub fn same_as(&self, url: &str, base: &str, model_key: &str) -> bool {
+        self.url == url && self.table == table_name(base, model_key)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, String> {
+        self.pool.get().await.map_err(|e| format!("postgres: {e}"))
+    }
+
+    /// For each chunk, whether the table holds it; `None` for every chunk
+    /// when there is no table yet.
+    pub async fn present(&self, chunks: &[Chunk]) -> Result<(Vec<bool>, usize), String> {
+        let client = self.client().await?;
+        let exists: Option<String> = client
+            .query_one("SELECT to_regclass($1)::text", &[&self.table])
+            .await
+            .map_err(error)?
+            .get(0);
+        if exists.is_none() {
+            return Ok((vec![false; chunks.len()], 0));
+        }
+        let rows = client
+            .query(&format!("SELECT source, hash FROM {}", self.table), &[])
+            .await
+            .map_err(error)?;
+        let held: std::collections::HashSet<(String, String)> =
+            rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+        let present = chunks
+            .iter()
+            .map(|c| held.contains(&(c.source.clone(), text_hash(&c.text))))
+            .collect();
+        Ok((present, held.len()))
+    }
+
+    /// Inserts `chunks` with their `vectors`, making the table (sized by
+    /// the first vector) if it is not there.
+    pub async fn insert(&self, chunks: &[&Chunk], vectors: &[Vec<f32>]) -> Result<(), String> {
+        let dims = vectors.first().map_or(0, Vec::len);
+        if dims == 0 {
+            return Ok(());
+        }
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await.map_err(error)?;
+        // Replicas may make the table at once: one at a time.
+        transaction
+            .execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&self.table])
+            .await
+            .map_err(error)?;
+        transaction
+            .batch_execute(&self.schema(dims))
+            .await
+            .map_err(|e| match e.as_db_error() {
+                Some(db) if db.message().contains("vector") => format!(
+                    "postgres: {} (is the pgvector extension installed on the server?)",
+                    db.message()
+                ),
+                _ => error(e),
+            })?;
+        let insert = transaction
+            .prepare(&format!(
+                "INSERT INTO {} (source, hash, text, embedding) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (source, hash) DO NOTHING",
+                self.table
+            ))
+            .await
+            .map_err(error)?;
+        for (chunk, vector) in chunks.iter().zip(vectors) {
+            let vector = Vector::from(vector.clone());
+            transaction
+                .execute(
+                    &insert,
+                    &[&chunk.source, &text_hash(&chunk.text), &chunk.text, &vector],
+                )
+                .await
+                .map_err(error)?;
+        }
+        transaction.commit().await.map_err(error)
+    }
+
+    fn schema(&self, dims: usize) -> String {
+        let table = &self.table;
+        let mut sql = format!(
+            "CREATE EXTENSION IF NOT EXISTS vector;
+             CREATE TABLE IF NOT EXISTS {table} (
+                 source TEXT NOT NULL,
+                 hash TEXT NOT NULL,
+                 text TEXT NOT NULL,
+                 embedding vector({dims}) NOT NULL,
+                 PRIMARY KEY (source, hash)
+             );"
+        );
+        if dims <= HNSW_MAX_DIMS {
+            let index = quote(&format!("{}_hnsw", unquote(table)));
+            sql.push_str(&format!(
+                "CREATE INDEX IF NOT EXISTS {index} ON {table} USING hnsw (embedding vector_cosine_ops);"
+            ));
+        }
+        sql
+    }
+
+    /// Deletes the rows that are not among `chunks`; returns how many rows
+    /// are left.
+    pub async fn retain(&self, chunks: &[Chunk]) -> Result<usize, String> {
+        let client = self.client().await?;
+        let exists: Option<String> = client
+            .query_one("SELECT to_regclass($1)::text", &[&self.table])
+            .await
+            .map_err(error)?
+            .get(0);
+        if exists.is_none() {
+            return Ok(0);
+        }
+        let (sources, hashes): (Vec<&str>, Vec<String>) = chunks
+            .iter()
+            .map(|c| (c.source.as_str(), text_hash(&c.text)))
+            .unzip();
+        client
+            .execute(
+                &format!(
+                    "DELETE FROM {} t WHERE NOT EXISTS (
+                         SELECT 1 FROM unnest($1::text[], $2::text[]) AS k(source, hash)
+                         WHERE k.source = t.source AND k.hash = t.hash)",
+                    self.table
+                ),
+                &[&sources, &hashes],
+            )
+            .await
+            .map_err(error)?;
+        let left: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {}", self.table), &[])
+            .await
+            .map_err(error)?
+            .get(0);
+        Ok(usize::try_from(left).unwrap_or(0))
+    }
+
+    /// The `k` chunks nearest to `query` by cosine, with their similarity,
+    /// best first.
+    pub async fn search(&self, query: &[f32], k: usize) -> Result<Vec<(Chunk, f32)>, String> {
+        let client = self.client().await?;
+        let query = Vector::from(query.to_vec());
+        let limit = i64::try_from(k).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT source, text, (1 - (embedding <=> $1))::real FROM {}
+                     ORDER BY embedding <=> $1 LIMIT $2",
+                    self.table
+                ),
+                &[&query, &limit],
+            )
+            .await
+            .map_err(error)?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let chunk = Chunk {
+                    source: row.get(0),
+                    text: row.get(1),
+                };
+                (chunk, row.get::<_, f32>(2))
+            })
+            .collect())
+    }
+}
+
+/// TLS as the URL's `sslmode` asks (`prefer` by default, `require`), the
+/// server's certificate checked against the system's roots.
+fn tls() -> Result<MakeRustlsConnect, String> {
+    static ROOTS: OnceLock<Arc<rustls::RootCertStore>> = OnceLock::new();
+    let roots = ROOTS.get_or_init(|| {
+        let mut roots = rustls::RootCertStore::empty();
+        // Unreadable system certificates leave TLS to fail, not the config.
+        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        Arc::new(roots)
+    });
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots.clone())
+    .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}
+
+/// The server's message, without the connection's details.
+fn error(e: tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("postgres: {}", db.message()),
+        None => format!("postgres: {e}"),
+    }
+}
+
+/// `agent_proxy_kb_<base>_<8 hex of the model key>`, within Postgres's 63
+/// bytes, quoted.
+fn table_name(base: &str, model_key: &str) -> String {
+    let base: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .take(32)
+        .collect();
+    quote(&format!(
+        "agent_proxy_kb_{base}_{}",
+        &text_hash(model_key)[..8]
+    ))
+}
+
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn unquote(name: &str) -> &str {
+    name.trim_matches('"')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_safe_identifiers_per_base_and_model() {
+        let name = table_name("Hand-Book \"x\"; DROP", "m@local");
+        assert!(name.starts_with("\"agent_proxy_kb_hand_book__x___drop_"));
+        assert!(name.len() <= 63 + 2);
+        assert_ne!(name, table_name("Hand-Book \"x\"; DROP", "other@local"));
+        assert!(table_name(&"b".repeat(200), "m").len() <= 63 + 2);
+    }
+}
