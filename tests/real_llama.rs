@@ -42,8 +42,12 @@ impl LlamaServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("llama-server starts");
+        // Listening first, then healthy once the model is loaded.
         let up = wait_until(Duration::from_secs(60), || async {
-            get(port, "/health").await.status == 200
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+                && get(port, "/health").await.status == 200
         })
         .await;
         assert!(up, "llama-server did not become healthy on port {port}");

@@ -3,7 +3,7 @@
 //!
 //! One table per base and embedding model, one row per chunk (its source,
 //! a hash of its text, the text, the vector), an HNSW index for cosine
-//! distance. A build brings the table to the chunks of the current sources:
+//! distance made once the rows are in. A build brings the table to the chunks of the current sources:
 //! rows already there are kept (the table is its own embeddings cache, so a
 //! second replica building the same sources embeds nothing), missing ones
 //! are embedded and inserted, stale ones deleted. Every statement is
@@ -23,7 +23,7 @@ use super::index::{text_hash, Chunk};
 const HNSW_MAX_DIMS: usize = 2000;
 /// Candidates an HNSW search keeps (pgvector's default is 40). On
 /// `bench/knowledge.py`'s 10k chunks, recall@5 and the cost per request:
-/// 40: 0.80, 1.5 ms; 100: 0.92, 2.2 ms; 200: 0.98, 4.2 ms. Next to a model's
+/// 40: 0.80, 1.5 ms; 100: 0.92, 2.2 ms; 200: 0.98-1.00, 3.5-4.2 ms. Next to a model's
 /// seconds, recall is worth the milliseconds.
 const EF_SEARCH: usize = 200;
 /// Connections to Postgres per base and process.
@@ -88,16 +88,20 @@ impl Shared {
         self.pool.get().await.map_err(|e| format!("postgres: {e}"))
     }
 
-    /// For each chunk, whether the table holds it; `None` for every chunk
-    /// when there is no table yet.
-    pub async fn present(&self, chunks: &[Chunk]) -> Result<(Vec<bool>, usize), String> {
-        let client = self.client().await?;
-        let exists: Option<String> = client
+    async fn exists(&self, client: &deadpool_postgres::Object) -> Result<bool, String> {
+        let found: Option<String> = client
             .query_one("SELECT to_regclass($1)::text", &[&self.table])
             .await
             .map_err(error)?
             .get(0);
-        if exists.is_none() {
+        Ok(found.is_some())
+    }
+
+    /// For each chunk, whether the table holds it (none before the table is
+    /// made), and how many rows it holds.
+    pub async fn present(&self, chunks: &[Chunk]) -> Result<(Vec<bool>, usize), String> {
+        let client = self.client().await?;
+        if !self.exists(&client).await? {
             return Ok((vec![false; chunks.len()], 0));
         }
         let rows = client
@@ -175,12 +179,7 @@ impl Shared {
     /// returns how many rows are left.
     pub async fn retain(&self, chunks: &[Chunk]) -> Result<usize, String> {
         let client = self.client().await?;
-        let exists: Option<String> = client
-            .query_one("SELECT to_regclass($1)::text", &[&self.table])
-            .await
-            .map_err(error)?
-            .get(0);
-        if exists.is_none() {
+        if !self.exists(&client).await? {
             return Ok(0);
         }
         let (sources, hashes): (Vec<&str>, Vec<String>) = chunks
