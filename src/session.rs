@@ -6,8 +6,8 @@ use sha2::{Digest, Sha256};
 
 /// Headers clients carry a conversation id in, the explicit one first:
 /// `X-Session-Id`, Codex's, Claude Code's, the Agents SDK's, LibreChat's and
-/// Open WebUI's (`ENABLE_FORWARD_USER_INFO_HEADERS`), then a request id some
-/// clients reuse for a conversation.
+/// Open WebUI's (`ENABLE_FORWARD_USER_INFO_HEADERS`). Not `x-client-request-id`:
+/// OpenAI's clients make a new one per request.
 pub const HEADERS: &[&str] = &[
     "x-session-id",
     "session-id",
@@ -15,7 +15,6 @@ pub const HEADERS: &[&str] = &[
     "thread-id",
     "x-librechat-conversation-id",
     "x-openwebui-chat-id",
-    "x-client-request-id",
 ];
 
 /// The longest session id kept from a client.

@@ -431,6 +431,21 @@ async fn replicas_share_one_postgres_index_and_embed_each_chunk_once() {
     assert_eq!(texts.len(), 3, "{texts:?}");
     assert!(!texts.iter().any(|t| t.contains("purrs")), "{texts:?}");
 
+    // A replica whose documents are not there (a volume not mounted yet)
+    // leaves the table alone: the rows may be the other replicas'.
+    let blind = Proxy::start(&yaml.replace(&docs.display().to_string(), "/nonexistent/docs")).await;
+    wait_ready(&blind, 1).await;
+    assert_eq!(
+        knowledge_status(blind.port).await,
+        json!({"status": "ready", "chunks": 3})
+    );
+    assert_eq!(table_texts(&postgres).len(), 3);
+    assert!(
+        blind.logs().contains("as a source could not be read"),
+        "{}",
+        blind.logs()
+    );
+
     // `sslmode=require` is kept: this server has no TLS, so no connection.
     let tls_only = format!("{}?sslmode=require", postgres.url());
     let strict = Proxy::start(&shared_config(&model.url(), &docs, &tls_only)).await;

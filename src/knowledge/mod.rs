@@ -48,6 +48,11 @@ const MAX_TOP_K: usize = 20;
 const MAX_RESULT_BYTES: usize = 32 * 1024;
 /// How often a build logs its progress.
 const LOG_EVERY: Duration = Duration::from_secs(2);
+/// A failed build is tried again after this, then twice as long each time.
+const RETRY_FIRST: Duration = Duration::from_secs(10);
+const RETRY_MAX: Duration = Duration::from_secs(300);
+/// One base's search, the query's embedding included.
+const SEARCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a base's build is.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,34 +164,50 @@ impl KnowledgeBase {
         }
     }
 
-    /// Builds the index (once per base object; a reload makes new ones).
+    /// Builds the index (once per base object; a reload makes new ones),
+    /// trying again with backoff while it fails and the base is in use.
     pub async fn build(self: Arc<Self>) {
         if self.started.swap(true, Ordering::SeqCst) {
             return;
         }
-        let started = Instant::now();
-        let built = match self.read_chunks().await {
-            Ok(chunks) => match &self.store {
-                Store::Embedded(serving) => self.build_embedded(chunks, serving).await,
-                Store::Shared(shared, rows) => self.build_shared(chunks, shared, rows).await,
-            },
-            Err(reason) => Err(reason),
-        };
-        match built {
-            Ok(chunks) => {
-                info!(base = %self.name, chunks, seconds = started.elapsed().as_secs_f64(), "knowledge base ready");
-                self.set_progress(Progress::Ready);
+        let mut backoff = RETRY_FIRST;
+        loop {
+            let started = Instant::now();
+            match self.build_once().await {
+                Ok(chunks) => {
+                    info!(base = %self.name, chunks, seconds = started.elapsed().as_secs_f64(), "knowledge base ready");
+                    self.set_progress(Progress::Ready);
+                    return;
+                }
+                Err(BuildError::Superseded) => {
+                    info!(base = %self.name, "knowledge base build left to the newer config's");
+                    return;
+                }
+                Err(BuildError::Failed(reason)) => {
+                    warn!(base = %self.name, %reason, retry_in_seconds = backoff.as_secs(), "knowledge base not built");
+                    self.set_progress(Progress::Failed(reason));
+                }
             }
-            Err(reason) => {
-                warn!(base = %self.name, %reason, "knowledge base not built");
-                self.set_progress(Progress::Failed(reason));
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RETRY_MAX);
+            // Only this task holds it: a reload replaced it, the new one builds.
+            if Arc::strong_count(&self) == 1 {
+                return;
             }
         }
     }
 
-    /// The chunks of the current sources. Reading and chunking block: off
-    /// the runtime.
-    async fn read_chunks(&self) -> Result<Vec<Chunk>, String> {
+    async fn build_once(&self) -> Result<usize, BuildError> {
+        let (chunks, unread) = self.read_chunks().await?;
+        match &self.store {
+            Store::Embedded(serving) => Ok(self.build_embedded(chunks, serving).await?),
+            Store::Shared(shared, rows) => self.build_shared(chunks, unread, shared, rows).await,
+        }
+    }
+
+    /// The chunks of the current sources, and how many sources could not be
+    /// read. Reading and chunking block: off the runtime.
+    async fn read_chunks(&self) -> Result<(Vec<Chunk>, usize), String> {
         let (sources, base_dir, size, overlap) = (
             self.spec.sources.clone(),
             self.base_dir.clone(),
@@ -194,11 +215,11 @@ impl KnowledgeBase {
             self.spec.chunk.overlap,
         );
         let name = self.name.clone();
-        let fetched = source::fetch_urls(&self.name, &self.spec.sources).await;
+        let (fetched, not_fetched) = source::fetch_urls(&self.name, &self.spec.sources).await;
         tokio::task::spawn_blocking(move || {
-            let mut documents = source::read_files(&name, &base_dir, &sources);
+            let (mut documents, unread) = source::read_files(&name, &base_dir, &sources);
             documents.extend(fetched);
-            documents
+            let chunks = documents
                 .into_iter()
                 .flat_map(|document| {
                     let label = document.label;
@@ -209,7 +230,8 @@ impl KnowledgeBase {
                             text,
                         })
                 })
-                .collect()
+                .collect();
+            (chunks, unread + not_fetched)
         })
         .await
         .map_err(|e| e.to_string())
@@ -290,13 +312,18 @@ impl KnowledgeBase {
     }
 
     /// In the shared table: what it lacks is embedded and inserted, what
-    /// the sources no longer have is deleted. Returns the rows left.
+    /// the sources no longer have is deleted (unless a source could not be
+    /// read: its rows may be another replica's). Returns the rows left.
     async fn build_shared(
         &self,
         chunks: Vec<Chunk>,
+        unread: usize,
         shared: &postgres::Shared,
         rows: &AtomicUsize,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, BuildError> {
+        // A reload of this process starts another build on the same table:
+        // from then on, this one stops writing.
+        let generation = shared.begin();
         let (present, held) = shared.present(&chunks).await?;
         // What another replica (or an earlier run) built is searched meanwhile.
         rows.store(held, Ordering::Relaxed);
@@ -304,12 +331,21 @@ impl KnowledgeBase {
         let mut tally = Tally::start(self, chunks.len(), missing.len());
         for batch in missing.chunks(embed::BATCH) {
             let got = self.embed(&chunks, batch).await?;
+            if !shared.is_current(generation) {
+                return Err(BuildError::Superseded);
+            }
             let batch_chunks: Vec<&Chunk> = batch.iter().map(|&i| &chunks[i]).collect();
             shared.insert(&batch_chunks, &got).await?;
             rows.fetch_add(batch.len(), Ordering::Relaxed);
             tally.add(self, batch.len());
         }
-        let left = shared.retain(&chunks).await?;
+        if !shared.is_current(generation) {
+            return Err(BuildError::Superseded);
+        }
+        if unread > 0 {
+            warn!(base = %self.name, unread, "knowledge base: rows of sources no longer listed kept, as a source could not be read");
+        }
+        let left = shared.finish(&chunks, unread == 0).await?;
         rows.store(left, Ordering::Relaxed);
         Ok(left)
     }
@@ -382,6 +418,19 @@ fn model_key(spec: &KnowledgeBaseFile, upstream: &Upstream) -> String {
     )
 }
 
+/// Why a build stopped.
+enum BuildError {
+    /// A newer build of the same base (a reload) took over.
+    Superseded,
+    Failed(String),
+}
+
+impl From<String> for BuildError {
+    fn from(reason: String) -> Self {
+        BuildError::Failed(reason)
+    }
+}
+
 /// A build's embedding progress, on `/readyz` and in the log.
 struct Tally {
     total: usize,
@@ -428,7 +477,11 @@ async fn search_all(
     query: &str,
     k: usize,
 ) -> (Vec<Hit>, Vec<String>) {
-    let searches = bases.iter().map(|base| base.search(query, k));
+    let searches = bases.iter().map(|base| async move {
+        tokio::time::timeout(SEARCH_TIMEOUT, base.search(query, k))
+            .await
+            .unwrap_or_else(|_| Err(format!("knowledge base `{}` timed out", base.name)))
+    });
     let mut hits = Vec::new();
     let mut notes = Vec::new();
     for result in futures::future::join_all(searches).await {

@@ -9,6 +9,7 @@
 //! are embedded and inserted, stale ones deleted. Every statement is
 //! idempotent, so replicas that build at once agree.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -26,6 +27,8 @@ const HNSW_MAX_DIMS: usize = 2000;
 /// 40: 0.80, 1.5 ms; 100: 0.92, 2.2 ms; 200: 0.98-1.00, 3.5-4.2 ms. Next to a model's
 /// seconds, recall is worth the milliseconds.
 const EF_SEARCH: usize = 200;
+/// Taken around every schema change, by every replica and base.
+const DDL_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('agent-proxy knowledge schema'))";
 /// Connections to Postgres per base and process.
 const POOL_SIZE: usize = 4;
 /// Connecting, and waiting for a pooled connection.
@@ -35,6 +38,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct Shared {
     pool: Pool,
+    /// The latest build's number: shared with the same table's `Shared` in
+    /// the config a reload makes, so an older build can tell it is stale.
+    generation: Arc<AtomicU64>,
     url: String,
     /// Quoted: `"agent_proxy_kb_<base>_<model hash>"`.
     table: String,
@@ -73,6 +79,7 @@ impl Shared {
             .map_err(|e| e.to_string())?;
         Ok(Shared {
             pool,
+            generation: Arc::default(),
             url: url.to_owned(),
             table: table_name(base, model_key),
         })
@@ -82,6 +89,16 @@ impl Shared {
     /// the pool).
     pub fn same_as(&self, url: &str, base: &str, model_key: &str) -> bool {
         self.url == url && self.table == table_name(base, model_key)
+    }
+
+    /// A new build's number.
+    pub fn begin(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Whether no build began after `generation`.
+    pub fn is_current(&self, generation: u64) -> bool {
+        self.generation.load(Ordering::SeqCst) == generation
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, String> {
@@ -126,11 +143,9 @@ impl Shared {
         }
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(error)?;
-        // Replicas may make the table at once: one at a time.
-        transaction
-            .execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&self.table])
-            .await
-            .map_err(error)?;
+        // Replicas (and bases) may make the extension and tables at once:
+        // `IF NOT EXISTS` is not safe then, so one at a time.
+        transaction.batch_execute(DDL_LOCK).await.map_err(error)?;
         transaction
             .batch_execute(&self.schema(dims))
             .await
@@ -175,29 +190,31 @@ impl Shared {
         )
     }
 
-    /// Deletes the rows that are not among `chunks`, indexes the table;
-    /// returns how many rows are left.
-    pub async fn retain(&self, chunks: &[Chunk]) -> Result<usize, String> {
-        let client = self.client().await?;
+    /// Ends a build: with `prune`, deletes the rows that are not among
+    /// `chunks`; indexes the table; returns how many rows it holds.
+    pub async fn finish(&self, chunks: &[Chunk], prune: bool) -> Result<usize, String> {
+        let mut client = self.client().await?;
         if !self.exists(&client).await? {
             return Ok(0);
         }
-        let (sources, hashes): (Vec<&str>, Vec<String>) = chunks
-            .iter()
-            .map(|c| (c.source.as_str(), text_hash(&c.text)))
-            .unzip();
-        client
-            .execute(
-                &format!(
-                    "DELETE FROM {} t WHERE NOT EXISTS (
-                         SELECT 1 FROM unnest($1::text[], $2::text[]) AS k(source, hash)
-                         WHERE k.source = t.source AND k.hash = t.hash)",
-                    self.table
-                ),
-                &[&sources, &hashes],
-            )
-            .await
-            .map_err(error)?;
+        if prune {
+            let (sources, hashes): (Vec<&str>, Vec<String>) = chunks
+                .iter()
+                .map(|c| (c.source.as_str(), text_hash(&c.text)))
+                .unzip();
+            client
+                .execute(
+                    &format!(
+                        "DELETE FROM {} t WHERE NOT EXISTS (
+                             SELECT 1 FROM unnest($1::text[], $2::text[]) AS k(source, hash)
+                             WHERE k.source = t.source AND k.hash = t.hash)",
+                        self.table
+                    ),
+                    &[&sources, &hashes],
+                )
+                .await
+                .map_err(error)?;
+        }
         // The HNSW index is made once the rows are in: built in one pass,
         // much faster than kept up to date row by row.
         let dims: i32 = client
@@ -210,13 +227,16 @@ impl Shared {
             .get(0);
         if usize::try_from(dims).is_ok_and(|dims| dims <= HNSW_MAX_DIMS) {
             let index = quote(&format!("{}_hnsw", unquote(&self.table)));
-            client
+            let transaction = client.transaction().await.map_err(error)?;
+            transaction.batch_execute(DDL_LOCK).await.map_err(error)?;
+            transaction
                 .batch_execute(&format!(
                     "CREATE INDEX IF NOT EXISTS {index} ON {} USING hnsw (embedding vector_cosine_ops)",
                     self.table
                 ))
                 .await
                 .map_err(error)?;
+            transaction.commit().await.map_err(error)?;
         }
         let left: i64 = client
             .query_one(&format!("SELECT count(*) FROM {}", self.table), &[])
@@ -284,10 +304,11 @@ fn error(e: tokio_postgres::Error) -> String {
     }
 }
 
-/// `agent_proxy_kb_<base>_<8 hex of the model key>`, within Postgres's 63
-/// bytes, quoted.
+/// `agent_proxy_kb_<base>_<8 hex of the base's exact name and the model
+/// key>`, within Postgres's 63 bytes, quoted: bases whose names differ only
+/// in case or punctuation get tables of their own.
 fn table_name(base: &str, model_key: &str) -> String {
-    let base: String = base
+    let readable: String = base
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
@@ -298,10 +319,8 @@ fn table_name(base: &str, model_key: &str) -> String {
         })
         .take(32)
         .collect();
-    quote(&format!(
-        "agent_proxy_kb_{base}_{}",
-        &text_hash(model_key)[..8]
-    ))
+    let hash = text_hash(&format!("{base}\0{model_key}"));
+    quote(&format!("agent_proxy_kb_{readable}_{}", &hash[..8]))
 }
 
 fn quote(name: &str) -> String {
@@ -322,6 +341,8 @@ mod tests {
         assert!(name.starts_with("\"agent_proxy_kb_hand_book__x___drop_"));
         assert!(name.len() <= 63 + 2);
         assert_ne!(name, table_name("Hand-Book \"x\"; DROP", "other@local"));
+        assert_ne!(table_name("Docs", "m"), table_name("docs", "m"));
+        assert_ne!(table_name("docs-v2", "m"), table_name("docs_v2", "m"));
         assert!(table_name(&"b".repeat(200), "m").len() <= 63 + 2);
     }
 }

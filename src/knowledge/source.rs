@@ -24,8 +24,11 @@ pub fn is_url(source: &str) -> bool {
     source.starts_with("http://") || source.starts_with("https://")
 }
 
-/// The documents of the file and glob sources, each file once. Blocking.
-pub fn read_files(base: &str, dir: &Path, sources: &[String]) -> Vec<Document> {
+/// The documents of the file and glob sources, each file once, and how
+/// many sources could not be read (a glob matching nothing, an unreadable
+/// file: perhaps a volume not mounted yet). Blocking.
+pub fn read_files(base: &str, dir: &Path, sources: &[String]) -> (Vec<Document>, usize) {
+    let mut failed = 0;
     // Each file with its label: its path from the config's directory, or
     // for a file outside it, from the glob's fixed part.
     let mut files: Vec<(PathBuf, String)> = Vec::new();
@@ -39,11 +42,13 @@ pub fn read_files(base: &str, dir: &Path, sources: &[String]) -> Vec<Document> {
             Ok(paths) => paths.flatten().filter(|p| p.is_file()).collect(),
             Err(e) => {
                 warn!(base, source, error = %e, "not a valid glob");
+                failed += 1;
                 continue;
             }
         };
         if found.is_empty() {
             warn!(base, source, "knowledge source matches no file");
+            failed += 1;
         }
         for file in found {
             if files.iter().all(|(f, _)| *f != file) {
@@ -61,7 +66,7 @@ pub fn read_files(base: &str, dir: &Path, sources: &[String]) -> Vec<Document> {
             }
         }
     }
-    files
+    let documents = files
         .into_iter()
         .filter_map(|(file, label)| {
             let bytes = match std::fs::metadata(&file) {
@@ -73,19 +78,24 @@ pub fn read_files(base: &str, dir: &Path, sources: &[String]) -> Vec<Document> {
                 Err(e) => Err(e),
             };
             let bytes = bytes
-                .inspect_err(|e| warn!(base, file = %label, error = %e, "knowledge source unreadable"))
+                .inspect_err(|e| {
+                    warn!(base, file = %label, error = %e, "knowledge source unreadable");
+                    failed += 1;
+                })
                 .ok()?;
             let pdf = file.extension().is_some_and(|e| e.eq_ignore_ascii_case("pdf"));
             let text = text_of(base, &label, &bytes, pdf)?;
             Some(Document { label, text })
         })
-        .collect()
+        .collect();
+    (documents, failed)
 }
 
-/// The documents of the URL sources; one that cannot be fetched is left
-/// out (logged), as a missing file is.
-pub async fn fetch_urls(base: &str, sources: &[String]) -> Vec<Document> {
+/// The documents of the URL sources, and how many could not be fetched
+/// (left out and logged, as a missing file is).
+pub async fn fetch_urls(base: &str, sources: &[String]) -> (Vec<Document>, usize) {
     let mut documents = Vec::new();
+    let mut failed = 0;
     for url in sources.iter().filter(|s| is_url(s)) {
         match tokio::time::timeout(FETCH_WAIT, fetch(url)).await {
             Ok(Ok((bytes, content_type))) => {
@@ -108,11 +118,17 @@ pub async fn fetch_urls(base: &str, sources: &[String]) -> Vec<Document> {
                     });
                 }
             }
-            Ok(Err(reason)) => warn!(base, url, %reason, "knowledge source not fetched"),
-            Err(_) => warn!(base, url, "knowledge source not fetched: timed out"),
+            Ok(Err(reason)) => {
+                warn!(base, url, %reason, "knowledge source not fetched");
+                failed += 1;
+            }
+            Err(_) => {
+                warn!(base, url, "knowledge source not fetched: timed out");
+                failed += 1;
+            }
         }
     }
-    documents
+    (documents, failed)
 }
 
 /// `GET url`: the body and its content type (lowercase, possibly empty).
@@ -156,10 +172,18 @@ async fn fetch(url: &str) -> Result<(Vec<u8>, String), String> {
 /// A document's text: a PDF's extracted, anything else read as UTF-8
 /// (lossy). `None` for a PDF that yields none (logged).
 fn text_of(base: &str, label: &str, bytes: &[u8], pdf: bool) -> Option<String> {
-    if !pdf {
-        return Some(String::from_utf8_lossy(bytes).into_owned());
-    }
-    pdf_text(base, label, bytes)
+    let text = if pdf {
+        pdf_text(base, label, bytes)?
+    } else {
+        String::from_utf8_lossy(bytes).into_owned()
+    };
+    // NUL bytes (a binary or UTF-16 file) mean nothing to a model, and
+    // Postgres's text cannot hold them.
+    Some(if text.contains('\0') {
+        text.replace('\0', "")
+    } else {
+        text
+    })
 }
 
 #[cfg(feature = "pdf")]
