@@ -26,7 +26,7 @@ mod sqlite;
 
 pub use sqlite::open_with as open_sqlite;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -253,13 +253,26 @@ impl Store {
             let same = |n: &Note| {
                 n.agent == note.agent && n.scope == note.scope && n.session == note.session
             };
-            let mut kept: Vec<Note> = self.backend.notes(&owner).await?;
-            kept.retain(same);
+            let mut all: Vec<Note> = self.backend.notes(&owner).await?;
+            sort_notes(&mut all);
+            // The oldest of the same place beyond `keep`, then the oldest
+            // of the owner's beyond the cap (sessions come and go; their
+            // notes would pile up).
+            let mut doomed: BTreeSet<&str> = BTreeSet::new();
+            let alike: Vec<&Note> = all.iter().filter(|n| same(n)).collect();
+            let over = (alike.len() + 1).saturating_sub(keep.max(1));
+            doomed.extend(alike.iter().take(over).map(|n| n.id.as_str()));
+            let over = (all.len() + 1 - doomed.len()).saturating_sub(MAX_NOTES_PER_OWNER);
+            let oldest: Vec<&str> = all
+                .iter()
+                .map(|n| n.id.as_str())
+                .filter(|id| !doomed.contains(id))
+                .take(over)
+                .collect();
+            doomed.extend(oldest);
             self.backend.put_note(note).await?;
-            if kept.len() >= keep {
-                sort_notes(&mut kept);
-                let over = kept.len() + 1 - keep.max(1);
-                let ids: Vec<String> = kept.into_iter().take(over).map(|n| n.id).collect();
+            if !doomed.is_empty() {
+                let ids: Vec<String> = doomed.into_iter().map(str::to_owned).collect();
                 self.backend.delete_notes(&owner, &ids).await?;
             }
             Ok(())
@@ -310,6 +323,10 @@ fn count_failure<T>(result: &Result<T, StoreError>, kind: &str) {
 
 /// `store.path` when not set: beside the config file.
 pub const DEFAULT_SQLITE_PATH: &str = "agent-proxy.sqlite3";
+
+/// Notes one identity keeps across its agents, scopes and sessions: what a
+/// request reads stays bounded.
+pub const MAX_NOTES_PER_OWNER: usize = 1000;
 
 /// `agent_proxy_store_duration_seconds{op}`: a call from `started` on.
 fn observe(op: &str, started: Instant) {
@@ -448,6 +465,21 @@ mod tests {
             assert_eq!(ids(store.notes("name:alice").await.unwrap()), ["c"]);
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Notes of many sessions do not pile up: an owner keeps the newest
+    /// `MAX_NOTES_PER_OWNER`.
+    #[tokio::test]
+    async fn an_owner_keeps_a_bounded_number_of_notes() {
+        let store = Store::from_file(&spec(StoreKind::Memory), Path::new(".")).unwrap();
+        for i in 0..MAX_NOTES_PER_OWNER + 5 {
+            let mut n = note(&format!("n{i:04}"), "name:alice", "session", i as u64);
+            n.session = format!("sess_{i}");
+            store.add_note(n, 20).await.unwrap();
+        }
+        let notes = store.notes("name:alice").await.unwrap();
+        assert_eq!(notes.len(), MAX_NOTES_PER_OWNER);
+        assert_eq!(notes[0].id, "n0005");
     }
 
     #[test]
