@@ -499,3 +499,56 @@ async fn an_unreachable_postgres_fails_the_base_not_the_request() {
         assert!(!text.contains("s3cret-pw"), "{text}");
     }
 }
+
+/// An agent another agent calls (`agent:<id>`) gets its `knowledge_auto`
+/// passages as it would from a client.
+#[tokio::test]
+async fn an_agent_called_by_another_retrieves_its_knowledge_too() {
+    let model = FakeServer::start(|req, _| {
+        if req.method == "GET" {
+            return Reply::json(200, json!({"object": "list", "data": []}));
+        }
+        if req.path.ends_with("/embeddings") {
+            let data: Vec<Value> = inputs(req)
+                .iter()
+                .enumerate()
+                .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": embedding(text)}))
+                .collect();
+            return Reply::json(200, json!({"object": "list", "data": data}));
+        }
+        let body = req.json();
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let is_boss = messages[0]["content"] == "BOSS";
+        if let (true, Some(result)) = (is_boss, req.tool_results().last()) {
+            return Reply::events(vec![content(result), finish("stop")]);
+        }
+        if is_boss {
+            return Reply::events(vec![
+                tool_call(0, "b1", "agent__reader", r#"{"task": "Will there be rain in Bergen?"}"#),
+                finish("tool_calls"),
+            ]);
+        }
+        // The reader answers with the message it got.
+        let last = messages.last().map(|m| match &m["content"] {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+            _ => String::new(),
+        });
+        Reply::events(vec![content(&last.unwrap_or_default()), finish("stop")])
+    })
+    .await;
+    let docs = docs();
+    let yaml = config(&model.url(), &docs).replace(
+        "agents:\n",
+        "agents:\n  boss: { system_prompt: BOSS, tools: [\"agent:reader\"] }\n",
+    );
+    let proxy = Proxy::start(&yaml).await;
+    wait_ready(&proxy, 1).await;
+    let answer = ask(proxy.port, "boss", "Ask the reader about Bergen.").await;
+    assert!(answer.starts_with("<knowledge>\n"), "{answer}");
+    assert!(
+        answer.contains("weather.md")
+            && answer.contains("</knowledge>\n\nWill there be rain in Bergen?"),
+        "{answer}"
+    );
+}

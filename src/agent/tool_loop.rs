@@ -63,13 +63,7 @@ pub async fn run(
     started: Instant,
 ) -> Summary {
     let toolset = ToolSet::of(agent, &ctx.config);
-    let mut conversation = rewrite(agent, &toolset, conversation);
-    if let Some(memory) = &agent.memory {
-        super::memory::inject(&agent.id, memory, ctx, &mut conversation).await;
-    }
-    if agent.knowledge_auto {
-        crate::knowledge::retrieve_into(&agent.knowledge, &mut conversation).await;
-    }
+    let mut conversation = prepare(agent, &toolset, conversation, ctx).await;
     let show_reasoning =
         agent.reasoning == ReasoningMode::Pass && conversation.options.thinking != Some(false);
     let mut reply = Reply::new(encoder, show_reasoning);
@@ -102,6 +96,24 @@ pub async fn run(
     summary
 }
 
+/// The agent's rewrite of `conversation`, its memory and its automatic
+/// knowledge: what round 1 sends, for a client's request or another agent's.
+async fn prepare(
+    agent: &Agent,
+    toolset: &ToolSet,
+    conversation: Conversation,
+    ctx: &CallContext,
+) -> Conversation {
+    let mut conversation = rewrite(agent, toolset, conversation);
+    if let Some(memory) = &agent.memory {
+        super::memory::inject(&agent.id, memory, ctx, &mut conversation).await;
+    }
+    if agent.knowledge_auto {
+        crate::knowledge::retrieve_into(&agent.knowledge, &mut conversation).await;
+    }
+    conversation
+}
+
 /// Runs `agent` on `task` for another agent: its whole loop on its own
 /// upstream, with the task as the user message. Its text streams to the
 /// caller as progress; its final answer is the caller's tool result.
@@ -123,10 +135,7 @@ pub fn run_nested(
             .push(Item::Message(Message::text(Role::User, task)));
         // Streamed: the callee's text is the caller's progress as it comes.
         conversation.options.stream = true;
-        let mut conversation = rewrite(&agent, &toolset, conversation);
-        if let Some(memory) = &agent.memory {
-            super::memory::inject(&agent.id, memory, &ctx, &mut conversation).await;
-        }
+        let mut conversation = prepare(&agent, &toolset, conversation, &ctx).await;
         let mut client = Headless::new(ctx.request_id.clone());
         let mut reply = Reply::nested(ctx.progress.clone(), show_reasoning);
         let mut summary = Summary::default();

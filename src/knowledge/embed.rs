@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
+use tracing::warn;
 
 use crate::upstream::Upstream;
 
@@ -47,11 +48,11 @@ pub async fn embed(
         .await
         .map_err(|e| format!("embeddings on `{}`: {e}", upstream.name))?;
     if status != 200 {
+        // The answer's text goes to the log only: the reason is shown on
+        // the unauthenticated `/readyz` and to the model.
         let start = String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned();
-        return Err(format!(
-            "embeddings on `{}`: HTTP {status}: {start}",
-            upstream.name
-        ));
+        warn!(upstream = %upstream.name, status, answer = %start, "embeddings refused");
+        return Err(format!("embeddings on `{}`: HTTP {status}", upstream.name));
     }
     let answer: Answer = serde_json::from_slice(&answer).map_err(|e| {
         format!(
