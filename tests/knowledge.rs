@@ -44,6 +44,19 @@ fn inputs(req: &Recorded) -> Vec<String> {
     }
 }
 
+/// An embeddings answer for `req`'s inputs.
+fn embeddings(req: &Recorded) -> Reply {
+    let data: Vec<Value> = inputs(req)
+        .iter()
+        .enumerate()
+        .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": embedding(text)}))
+        .collect();
+    Reply::json(
+        200,
+        json!({"object": "list", "data": data, "model": "fake-embed"}),
+    )
+}
+
 /// The model and the embedding server in one: embeddings as above (each
 /// embeddings request waits for `gate` when given); a chat request either
 /// answers with knowledge retrieved into the question, or calls
@@ -57,12 +70,7 @@ async fn model(gate: Option<Gate>) -> FakeServer {
             if let Some(gate) = &gate {
                 gate.wait();
             }
-            let data: Vec<Value> = inputs(req)
-                .iter()
-                .enumerate()
-                .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": embedding(text)}))
-                .collect();
-            return Reply::json(200, json!({"object": "list", "data": data, "model": "fake-embed"}));
+            return embeddings(req);
         }
         if let Some(result) = req.tool_results().last() {
             return Reply::events(vec![content(result), finish("stop")]);
@@ -147,6 +155,23 @@ async fn wait_ready(proxy: &Proxy, builds: usize) {
     assert!(ready, "the base was not built:\n{}", proxy.logs());
 }
 
+/// The question the install document answers, asked of `librarian` on
+/// `port`: that document first, two passages at most (`top_k: 2`).
+async fn finds_the_install_chunk(port: u16) {
+    let found = ask(port, "librarian", INSTALL_QUESTION).await;
+    assert!(
+        found.starts_with("[1] docs / install.md (score "),
+        "{found}"
+    );
+    assert!(
+        found.contains("Run make install to install the frobnicator"),
+        "{found}"
+    );
+    assert!(!found.contains("[3]"), "top_k: 2");
+}
+
+const INSTALL_QUESTION: &str = "How do I install the frobnicator?";
+
 /// Document texts the fake embedded (queries left out).
 fn embedded_documents(model: &FakeServer, questions: &[&str]) -> Vec<String> {
     model
@@ -171,17 +196,8 @@ async fn search_finds_the_right_chunk_and_a_reload_embeds_only_what_changed() {
         json!({"status": "ready", "chunks": 3})
     );
 
-    let question = "How do I install the frobnicator?";
-    let found = ask(port, "librarian", question).await;
-    assert!(
-        found.starts_with("[1] docs / install.md (score "),
-        "{found}"
-    );
-    assert!(
-        found.contains("Run make install to install the frobnicator"),
-        "{found}"
-    );
-    assert!(!found.contains("[3]"), "top_k: 2");
+    let question = INSTALL_QUESTION;
+    finds_the_install_chunk(port).await;
     assert_eq!(embedded_documents(&model, &[question]).len(), 3);
 
     // One document changes; a reload embeds its chunk alone.
@@ -398,18 +414,9 @@ async fn replicas_share_one_postgres_index_and_embed_each_chunk_once() {
         3,
         "the second replica embedded again"
     );
-    let question = "How do I install the frobnicator?";
+    let question = INSTALL_QUESTION;
     for port in [first.port(), second.port] {
-        let found = ask(port, "librarian", question).await;
-        assert!(
-            found.starts_with("[1] docs / install.md (score "),
-            "{found}"
-        );
-        assert!(
-            found.contains("Run make install to install the frobnicator"),
-            "{found}"
-        );
-        assert!(!found.contains("[3]"), "top_k: 2");
+        finds_the_install_chunk(port).await;
     }
 
     std::fs::write(
@@ -509,12 +516,7 @@ async fn an_agent_called_by_another_retrieves_its_knowledge_too() {
             return Reply::json(200, json!({"object": "list", "data": []}));
         }
         if req.path.ends_with("/embeddings") {
-            let data: Vec<Value> = inputs(req)
-                .iter()
-                .enumerate()
-                .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": embedding(text)}))
-                .collect();
-            return Reply::json(200, json!({"object": "list", "data": data}));
+            return embeddings(req);
         }
         let body = req.json();
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
@@ -524,7 +526,12 @@ async fn an_agent_called_by_another_retrieves_its_knowledge_too() {
         }
         if is_boss {
             return Reply::events(vec![
-                tool_call(0, "b1", "agent__reader", r#"{"task": "Will there be rain in Bergen?"}"#),
+                tool_call(
+                    0,
+                    "b1",
+                    "agent__reader",
+                    r#"{"task": "Will there be rain in Bergen?"}"#,
+                ),
                 finish("tool_calls"),
             ]);
         }

