@@ -507,8 +507,17 @@ fn connector() -> &'static Connector {
 }
 
 /// Reads a PEM bundle of CA certificates, checking each one so a bad file
-/// is a config error rather than a failure at connect time.
-fn load_ca_file(path: &str) -> std::result::Result<Arc<[WrappedX509]>, String> {
+/// is a config error rather than a failure at connect time: the roots, and
+/// the certificates as read.
+pub fn ca_roots(
+    path: &str,
+) -> std::result::Result<
+    (
+        pingora::tls::RootCertStore,
+        Vec<rustls_pki_types::CertificateDer<'static>>,
+    ),
+    String,
+> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::CertificateDer;
     let certs = CertificateDer::pem_file_iter(path)
@@ -523,6 +532,11 @@ fn load_ca_file(path: &str) -> std::result::Result<Arc<[WrappedX509]>, String> {
             .add(cert.clone())
             .map_err(|e| format!("ca_file `{path}`: {e}"))?;
     }
+    Ok((store, certs))
+}
+
+fn load_ca_file(path: &str) -> std::result::Result<Arc<[WrappedX509]>, String> {
+    let (_, certs) = ca_roots(path)?;
     Ok(certs
         .into_iter()
         .map(|cert| WrappedX509::new(cert.to_vec(), parse_x509))

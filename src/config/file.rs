@@ -328,6 +328,9 @@ pub struct KnowledgeIndexFile {
     pub kind: IndexKind,
     /// Postgres's URL (`postgres://user:password@host:5432/db`).
     pub url: Option<String>,
+    /// PEM file of CAs that replaces the system roots for Postgres's TLS;
+    /// relative to the config file's directory.
+    pub ca_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

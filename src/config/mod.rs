@@ -898,6 +898,29 @@ agents:
             no_env
         )
         .is_ok());
+        // A CA file replaces the system roots; a missing or empty one is a
+        // config error.
+        let dir = std::env::temp_dir().join(format!("agent-proxy-pgca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["db".into()]).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.cert.pem()).unwrap();
+        std::fs::write(dir.join("empty.pem"), "").unwrap();
+        let with_ca = |file: &str| {
+            let yaml = format!("{BASE}knowledge_bases:\n  docs: {{ sources: [a], index: {{ kind: postgres, url: 'postgres://db/kb', ca_file: {file} }} }}\n");
+            std::fs::write(dir.join("proxy.yaml"), yaml).unwrap();
+            Config::load(&dir.join("proxy.yaml"))
+        };
+        assert!(with_ca("ca.pem").is_ok());
+        for file in ["empty.pem", "missing.pem"] {
+            let e = with_ca(file).err().unwrap();
+            assert_eq!(e.key, "knowledge_bases.docs.index", "{e}");
+            assert!(
+                e.message
+                    .contains(&format!("ca_file `{}", dir.join(file).display())),
+                "{e}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
         let with_agent =
             |agent: &str| BASE.replace("  minimal:\n", &format!("  minimal: {agent}\n")) + base;
         assert!(Config::parse(

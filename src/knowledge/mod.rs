@@ -100,15 +100,17 @@ impl KnowledgeBase {
             .filter(|p| p.spec.embedding == spec.embedding && p.upstream.name == upstream.name);
         let store = match (spec.index.kind, spec.index.url.as_deref()) {
             (IndexKind::Postgres, Some(url)) => {
+                let ca_file = spec.index.ca_file.as_ref().map(|f| base_dir.join(f));
+                let ca_file = ca_file.as_deref();
                 let kept = same_model.and_then(|p| match &p.store {
-                    Store::Shared(shared, rows) if shared.same_as(url, name, &key) => {
+                    Store::Shared(shared, rows) if shared.same_as(url, ca_file, name, &key) => {
                         Some((shared.clone(), rows.load(Ordering::Relaxed)))
                     }
                     _ => None,
                 });
                 let (shared, rows) = match kept {
                     Some(kept) => kept,
-                    None => (postgres::Shared::new(url, name, &key)?, 0),
+                    None => (postgres::Shared::new(url, ca_file, name, &key)?, 0),
                 };
                 Store::Shared(shared, AtomicUsize::new(rows))
             }

@@ -9,6 +9,7 @@
 //! are embedded and inserted, stale ones deleted. Every statement is
 //! idempotent, so replicas that build at once agree.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -42,14 +43,20 @@ pub struct Shared {
     /// the config a reload makes, so an older build can tell it is stale.
     generation: Arc<AtomicU64>,
     url: String,
+    ca_file: Option<PathBuf>,
     /// Quoted: `"agent_proxy_kb_<base>_<model hash>"`.
     table: String,
 }
 
 impl Shared {
-    /// No I/O: connections are made when first used. `url` was checked
-    /// with the config.
-    pub fn new(url: &str, base: &str, model_key: &str) -> Result<Shared, String> {
+    /// Connections are made when first used. `url` was checked with the
+    /// config; `ca_file`, read here, replaces the system's roots.
+    pub fn new(
+        url: &str,
+        ca_file: Option<&Path>,
+        base: &str,
+        model_key: &str,
+    ) -> Result<Shared, String> {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| format!("not a valid Postgres URL ({e})"))?;
@@ -57,7 +64,7 @@ impl Shared {
         config.application_name("agent-proxy");
         let manager = Manager::from_config(
             config,
-            tls()?,
+            tls(ca_file)?,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -81,14 +88,17 @@ impl Shared {
             pool,
             generation: Arc::default(),
             url: url.to_owned(),
+            ca_file: ca_file.map(Path::to_owned),
             table: table_name(base, model_key),
         })
     }
 
-    /// Whether this is the same table on the same server (a reload keeps
-    /// the pool).
-    pub fn same_as(&self, url: &str, base: &str, model_key: &str) -> bool {
-        self.url == url && self.table == table_name(base, model_key)
+    /// Whether this is the same table on the same server, reached the same
+    /// way (a reload keeps the pool).
+    pub fn same_as(&self, url: &str, ca_file: Option<&Path>, base: &str, model_key: &str) -> bool {
+        self.url == url
+            && self.ca_file.as_deref() == ca_file
+            && self.table == table_name(base, model_key)
     }
 
     /// A new build's number.
@@ -277,21 +287,26 @@ impl Shared {
 }
 
 /// TLS as the URL's `sslmode` asks (`prefer` by default, `require`), the
-/// server's certificate checked against the system's roots.
-fn tls() -> Result<MakeRustlsConnect, String> {
-    static ROOTS: OnceLock<Arc<rustls::RootCertStore>> = OnceLock::new();
-    let roots = ROOTS.get_or_init(|| {
-        let mut roots = rustls::RootCertStore::empty();
-        // Unreadable system certificates leave TLS to fail, not the config.
-        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-        Arc::new(roots)
-    });
+/// server's certificate checked against `ca_file`'s roots or the system's.
+fn tls(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, String> {
+    static SYSTEM: OnceLock<Arc<rustls::RootCertStore>> = OnceLock::new();
+    let roots = match ca_file {
+        Some(path) => Arc::new(crate::http_client::ca_roots(&path.to_string_lossy())?.0),
+        None => SYSTEM
+            .get_or_init(|| {
+                let mut roots = rustls::RootCertStore::empty();
+                // Unreadable system certificates leave TLS to fail, not the config.
+                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+                Arc::new(roots)
+            })
+            .clone(),
+    };
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| e.to_string())?
-    .with_root_certificates(roots.clone())
+    .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(MakeRustlsConnect::new(config))
 }
