@@ -110,7 +110,17 @@ trait Backend: Send + Sync {
     fn shared(&self) -> bool {
         false
     }
+    /// Writes `record` without a task of the caller's, calling `done` with
+    /// the outcome; `Err(done)` when it cannot (the caller then awaits
+    /// `put`). A backend with a thread of its own saves a task and a
+    /// wake-up per answer this way.
+    fn put_detached(&self, _record: Arc<Record>, done: Done) -> Result<(), Done> {
+        Err(done)
+    }
 }
+
+/// What to do once a detached write is done.
+type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 /// The response store of a config (`store:`); `None` in the config for
 /// `kind: none`.
@@ -179,19 +189,23 @@ impl Store {
         let record = Arc::new(record);
         self.pending_set().insert(record.id.clone(), record.clone());
         let store = self.clone();
+        let id = record.id.clone();
         // A graceful shutdown waits for the write as for a request.
         let in_flight = crate::shutdown::InFlight::enter();
-        tokio::spawn(async move {
+        let started = Instant::now();
+        let done: Done = Box::new(move |written| {
             let _in_flight = in_flight;
-            let started = Instant::now();
-            let written = store.backend.put(record.clone()).await;
             observe("write", started);
             if let Err(e) = written {
-                warn!(id = %record.id, error = %e, "response not stored");
+                warn!(%id, error = %e, "response not stored");
                 metrics().store_errors.with_label_values(&["write"]).inc();
             }
-            store.pending_set().remove(&record.id);
+            store.pending_set().remove(&id);
         });
+        if let Err(done) = self.backend.put_detached(record.clone(), done) {
+            let store = self.clone();
+            tokio::spawn(async move { done(store.backend.put(record).await) });
+        }
     }
 
     /// The record `id` of `tenant`; `None` when unknown, expired or another

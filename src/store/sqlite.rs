@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{unix_now, Backend, Note, Record, StoreError};
+use super::{unix_now, Backend, Done, Note, Record, StoreError};
 use std::sync::Arc;
 
 /// Expired rows are deleted at most this often (on a write).
@@ -19,6 +19,8 @@ const PURGE_EVERY_SECONDS: u64 = 600;
 const QUEUE: usize = 1024;
 /// Calls served in one transaction at most.
 const BATCH: usize = 256;
+/// How long a write waits for others to share its commit.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 pub struct Sqlite {
     calls: mpsc::Sender<Call>,
@@ -28,6 +30,8 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 enum Call {
     Put(Arc<Record>, Reply<()>),
+    /// A put whose outcome goes to `Done`, called on this thread.
+    PutDetached(Arc<Record>, Done),
     Get(String, Reply<Option<Record>>),
     Delete(String, Reply<()>),
     PutNote(Note, Reply<()>),
@@ -65,6 +69,12 @@ fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>) {
     let mut last_purge = 0;
     let mut batch = Vec::with_capacity(BATCH);
     while let Some(first) = queue.blocking_recv() {
+        // Writes wait a moment for company: one commit then serves many
+        // answers even one connection at a time (what is being written is
+        // served from the pending set meanwhile). A read does not wait.
+        if first.is_write() {
+            std::thread::sleep(LINGER);
+        }
         batch.push(first);
         while batch.len() < BATCH {
             match queue.try_recv() {
@@ -99,9 +109,11 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
         }
     };
     let mut writes = Vec::new();
+    let mut detached = Vec::new();
     for call in batch.drain(..) {
         match call {
             Call::Put(record, reply) => writes.push((put(&transaction, &record), reply)),
+            Call::PutDetached(record, done) => detached.push((put(&transaction, &record), done)),
             Call::Delete(id, reply) => writes.push((delete(&transaction, &id), reply)),
             Call::Get(id, reply) => {
                 let _ = reply.send(get(&transaction, &id).map_err(sql_error));
@@ -116,7 +128,7 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
         }
     }
     let now = unix_now();
-    if !writes.is_empty() && now >= *last_purge + PURGE_EVERY_SECONDS {
+    if !(writes.is_empty() && detached.is_empty()) && now >= *last_purge + PURGE_EVERY_SECONDS {
         *last_purge = now;
         if let Err(e) = transaction
             .prepare_cached("DELETE FROM responses WHERE expires_at <= ?1")
@@ -129,11 +141,26 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
     for (result, reply) in writes {
         let _ = reply.send(committed.clone().and(result.map_err(sql_error)));
     }
+    for (result, done) in detached {
+        done(committed.clone().and(result.map_err(sql_error)));
+    }
 }
 
 impl Call {
+    fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Call::Put(..)
+                | Call::PutDetached(..)
+                | Call::Delete(..)
+                | Call::PutNote(..)
+                | Call::DeleteNotes(..)
+        )
+    }
+
     fn fail(self, error: StoreError) {
         match self {
+            Call::PutDetached(_, done) => done(Err(error)),
             Call::Put(_, reply)
             | Call::Delete(_, reply)
             | Call::PutNote(_, reply)
@@ -288,6 +315,16 @@ fn delete_notes(db: &Connection, owner: &str, ids: &[String]) -> rusqlite::Resul
 impl Backend for Sqlite {
     async fn put(&self, record: Arc<Record>) -> Result<(), StoreError> {
         self.call(|reply| Call::Put(record, reply)).await
+    }
+
+    fn put_detached(&self, record: Arc<Record>, done: Done) -> Result<(), Done> {
+        // A full queue (or a gone thread) hands it back: the caller waits.
+        self.calls
+            .try_send(Call::PutDetached(record, done))
+            .map_err(|e| match e.into_inner() {
+                Call::PutDetached(_, done) => done,
+                _ => unreachable!("the call sent is the call returned"),
+            })
     }
 
     async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
