@@ -24,16 +24,12 @@ struct LlamaServer {
 impl LlamaServer {
     async fn start(args: &[&str]) -> LlamaServer {
         let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/llama-server");
-        let model = Command::new(tool)
-            .args(["--tiny-model", "Qwen-Qwen3-0.6B"])
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("tools/llama-server runs");
-        assert!(
-            model.status.success(),
-            "tools/llama-server --tiny-model failed"
+        // The build's progress shows as it goes.
+        let model = stdout_of(
+            Command::new(tool)
+                .args(["--tiny-model", "Qwen-Qwen3-0.6B"])
+                .stderr(Stdio::inherit()),
         );
-        let model = String::from_utf8_lossy(&model.stdout).trim().to_owned();
         let port = free_port();
         let child = Command::new(tool)
             .args(["-m", &model, "--port", &port.to_string(), "-c", "8192"])

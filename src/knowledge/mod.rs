@@ -200,16 +200,20 @@ impl KnowledgeBase {
     }
 
     async fn build_once(&self) -> Result<usize, BuildError> {
-        let (chunks, unread) = self.read_chunks().await?;
+        let (chunks, hashes, unread) = self.read_chunks().await?;
         match &self.store {
-            Store::Embedded(serving) => Ok(self.build_embedded(chunks, serving).await?),
-            Store::Shared(shared, rows) => self.build_shared(chunks, unread, shared, rows).await,
+            Store::Embedded(serving) => Ok(self.build_embedded(chunks, hashes, serving).await?),
+            Store::Shared(shared, rows) => {
+                self.build_shared(chunks, hashes, unread, shared, rows)
+                    .await
+            }
         }
     }
 
-    /// The chunks of the current sources, and how many sources could not be
-    /// read. Reading and chunking block: off the runtime.
-    async fn read_chunks(&self) -> Result<(Vec<Chunk>, usize), String> {
+    /// The chunks of the current sources, their texts' hashes (the keys of
+    /// their vectors), and how many sources could not be read. Reading,
+    /// chunking and hashing block: off the runtime.
+    async fn read_chunks(&self) -> Result<(Vec<Chunk>, Vec<String>, usize), String> {
         let (sources, base_dir, size, overlap) = (
             self.spec.sources.clone(),
             self.base_dir.clone(),
@@ -221,7 +225,7 @@ impl KnowledgeBase {
         tokio::task::spawn_blocking(move || {
             let (mut documents, unread) = source::read_files(&name, &base_dir, &sources);
             documents.extend(fetched);
-            let chunks = documents
+            let chunks: Vec<Chunk> = documents
                 .into_iter()
                 .flat_map(|document| {
                     let label = document.label;
@@ -233,7 +237,8 @@ impl KnowledgeBase {
                         })
                 })
                 .collect();
-            (chunks, unread + not_fetched)
+            let hashes = chunks.iter().map(|c| index::text_hash(&c.text)).collect();
+            (chunks, hashes, unread + not_fetched)
         })
         .await
         .map_err(|e| e.to_string())
@@ -254,19 +259,21 @@ impl KnowledgeBase {
     async fn build_embedded(
         &self,
         chunks: Vec<Chunk>,
+        hashes: Vec<String>,
         serving: &ArcSwapOption<Index>,
     ) -> Result<usize, String> {
         let cache_path = self.base_dir.join(&self.spec.path);
         let key = model_key(&self.spec, &self.upstream);
-        let (chunks, mut vectors, mut cache) = tokio::task::spawn_blocking(move || {
+        let lookup = key.clone();
+        let (hashes, mut vectors, mut cache) = tokio::task::spawn_blocking(move || {
             let cache = Cache::open(&cache_path)
                 .map_err(|e| format!("embeddings cache {}: {e}", cache_path.display()))?;
-            let vectors = chunks
+            let vectors = hashes
                 .iter()
-                .map(|c| cache.get(&key, &index::text_hash(&c.text)))
+                .map(|hash| cache.get(&lookup, hash))
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .map_err(|e| format!("embeddings cache: {e}"))?;
-            Ok::<_, String>((chunks, vectors, cache))
+            Ok::<_, String>((hashes, vectors, cache))
         })
         .await
         .map_err(|e| e.to_string())??;
@@ -279,9 +286,9 @@ impl KnowledgeBase {
             let rows: Vec<(String, Vec<f32>)> = batch
                 .iter()
                 .zip(&got)
-                .map(|(&i, vector)| (index::text_hash(&chunks[i].text), vector.clone()))
+                .map(|(&i, vector)| (hashes[i].clone(), vector.clone()))
                 .collect();
-            let key = model_key(&self.spec, &self.upstream);
+            let key = key.clone();
             let kept;
             (cache, kept) = tokio::task::spawn_blocking(move || {
                 let kept = cache.put(&key, &rows);
@@ -319,6 +326,7 @@ impl KnowledgeBase {
     async fn build_shared(
         &self,
         chunks: Vec<Chunk>,
+        hashes: Vec<String>,
         unread: usize,
         shared: &postgres::Shared,
         rows: &AtomicUsize,
@@ -326,18 +334,24 @@ impl KnowledgeBase {
         // A reload of this process starts another build on the same table:
         // from then on, this one stops writing.
         let generation = shared.begin();
-        let (present, held) = shared.present(&chunks).await?;
+        let (present, held) = shared.present(&chunks, &hashes).await?;
         // What another replica (or an earlier run) built is searched meanwhile.
         rows.store(held, Ordering::Relaxed);
         let missing: Vec<usize> = (0..chunks.len()).filter(|&i| !present[i]).collect();
         let mut tally = Tally::start(self, chunks.len(), missing.len());
+        let mut created = false;
         for batch in missing.chunks(embed::BATCH) {
             let got = self.embed(&chunks, batch).await?;
             if !shared.is_current(generation) {
                 return Err(BuildError::Superseded);
             }
+            if !created {
+                shared.create(got.first().map_or(0, Vec::len)).await?;
+                created = true;
+            }
             let batch_chunks: Vec<&Chunk> = batch.iter().map(|&i| &chunks[i]).collect();
-            shared.insert(&batch_chunks, &got).await?;
+            let batch_hashes: Vec<&str> = batch.iter().map(|&i| hashes[i].as_str()).collect();
+            shared.insert(&batch_chunks, &batch_hashes, got).await?;
             rows.fetch_add(batch.len(), Ordering::Relaxed);
             tally.add(self, batch.len());
         }
@@ -347,7 +361,7 @@ impl KnowledgeBase {
         if unread > 0 {
             warn!(base = %self.name, unread, "knowledge base: rows of sources no longer listed kept, as a source could not be read");
         }
-        let left = shared.finish(&chunks, unread == 0).await?;
+        let left = shared.finish(&chunks, &hashes, unread == 0).await?;
         rows.store(left, Ordering::Relaxed);
         Ok(left)
     }

@@ -3,12 +3,14 @@
 //!
 //! One table per base and embedding model, one row per chunk (its source,
 //! a hash of its text, the text, the vector), an HNSW index for cosine
-//! distance made once the rows are in. A build brings the table to the chunks of the current sources:
-//! rows already there are kept (the table is its own embeddings cache, so a
-//! second replica building the same sources embeds nothing), missing ones
-//! are embedded and inserted, stale ones deleted. Every statement is
-//! idempotent, so replicas that build at once agree.
+//! distance made once the rows are in. A build brings the table to the
+//! chunks of the current sources: rows already there are kept (the table
+//! is its own embeddings cache, so a second replica building the same
+//! sources embeds nothing), missing ones are embedded and inserted, stale
+//! ones deleted. Every statement is idempotent, so replicas that build at
+//! once agree.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -44,8 +46,9 @@ pub struct Shared {
     generation: Arc<AtomicU64>,
     url: String,
     ca_file: Option<PathBuf>,
-    /// Quoted: `"agent_proxy_kb_<base>_<model hash>"`.
+    /// Quoted: `"agent_proxy_kb_<base>_<hash>"`, and its HNSW index's.
     table: String,
+    index: String,
 }
 
 impl Shared {
@@ -57,6 +60,7 @@ impl Shared {
         base: &str,
         model_key: &str,
     ) -> Result<Shared, String> {
+        let name = table_name(base, model_key);
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| format!("not a valid Postgres URL ({e})"))?;
@@ -89,7 +93,8 @@ impl Shared {
             generation: Arc::default(),
             url: url.to_owned(),
             ca_file: ca_file.map(Path::to_owned),
-            table: table_name(base, model_key),
+            table: quote(&name),
+            index: quote(&format!("{name}_hnsw")),
         })
     }
 
@@ -98,7 +103,7 @@ impl Shared {
     pub fn same_as(&self, url: &str, ca_file: Option<&Path>, base: &str, model_key: &str) -> bool {
         self.url == url
             && self.ca_file.as_deref() == ca_file
-            && self.table == table_name(base, model_key)
+            && self.table == quote(&table_name(base, model_key))
     }
 
     /// A new build's number.
@@ -124,9 +129,13 @@ impl Shared {
         Ok(found.is_some())
     }
 
-    /// For each chunk, whether the table holds it (none before the table is
-    /// made), and how many rows it holds.
-    pub async fn present(&self, chunks: &[Chunk]) -> Result<(Vec<bool>, usize), String> {
+    /// For each chunk (with its text's hash), whether the table holds it
+    /// (none before the table is made), and how many rows it holds.
+    pub async fn present(
+        &self,
+        chunks: &[Chunk],
+        hashes: &[String],
+    ) -> Result<(Vec<bool>, usize), String> {
         let client = self.client().await?;
         if !self.exists(&client).await? {
             return Ok((vec![false; chunks.len()], 0));
@@ -135,22 +144,19 @@ impl Shared {
             .query(&format!("SELECT source, hash FROM {}", self.table), &[])
             .await
             .map_err(error)?;
-        let held: std::collections::HashSet<(String, String)> =
+        let held: HashSet<(String, String)> =
             rows.iter().map(|row| (row.get(0), row.get(1))).collect();
         let present = chunks
             .iter()
-            .map(|c| held.contains(&(c.source.clone(), text_hash(&c.text))))
+            .zip(hashes)
+            .map(|(c, hash)| held.contains(&(c.source.clone(), hash.clone())))
             .collect();
         Ok((present, held.len()))
     }
 
-    /// Inserts `chunks` with their `vectors`, making the table (sized by
-    /// the first vector) if it is not there.
-    pub async fn insert(&self, chunks: &[&Chunk], vectors: &[Vec<f32>]) -> Result<(), String> {
-        let dims = vectors.first().map_or(0, Vec::len);
-        if dims == 0 {
-            return Ok(());
-        }
+    /// Makes the extension and the table, sized for vectors of `dims`, if
+    /// they are not there: once per build, before its first insert.
+    pub async fn create(&self, dims: usize) -> Result<(), String> {
         let mut client = self.client().await?;
         let transaction = client.transaction().await.map_err(error)?;
         // Replicas (and bases) may make the extension and tables at once:
@@ -166,12 +172,22 @@ impl Shared {
                 ),
                 _ => error(e),
             })?;
-        // One statement a batch: the rows as arrays.
+        transaction.commit().await.map_err(error)
+    }
+
+    /// Inserts `chunks` (with their texts' hashes) and their `vectors`, in
+    /// one statement: the rows as arrays.
+    pub async fn insert(
+        &self,
+        chunks: &[&Chunk],
+        hashes: &[&str],
+        vectors: Vec<Vec<f32>>,
+    ) -> Result<(), String> {
         let sources: Vec<&str> = chunks.iter().map(|c| c.source.as_str()).collect();
-        let hashes: Vec<String> = chunks.iter().map(|c| text_hash(&c.text)).collect();
         let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
-        let vectors: Vec<Vector> = vectors.iter().map(|v| Vector::from(v.clone())).collect();
-        transaction
+        let vectors: Vec<Vector> = vectors.into_iter().map(Vector::from).collect();
+        self.client()
+            .await?
             .execute(
                 &format!(
                     "INSERT INTO {} (source, hash, text, embedding)
@@ -183,7 +199,7 @@ impl Shared {
             )
             .await
             .map_err(error)?;
-        transaction.commit().await.map_err(error)
+        Ok(())
     }
 
     fn schema(&self, dims: usize) -> String {
@@ -201,17 +217,20 @@ impl Shared {
     }
 
     /// Ends a build: with `prune`, deletes the rows that are not among
-    /// `chunks`; indexes the table; returns how many rows it holds.
-    pub async fn finish(&self, chunks: &[Chunk], prune: bool) -> Result<usize, String> {
+    /// `chunks` (with their texts' hashes); indexes the table; returns how
+    /// many rows it holds.
+    pub async fn finish(
+        &self,
+        chunks: &[Chunk],
+        hashes: &[String],
+        prune: bool,
+    ) -> Result<usize, String> {
         let mut client = self.client().await?;
         if !self.exists(&client).await? {
             return Ok(0);
         }
         if prune {
-            let (sources, hashes): (Vec<&str>, Vec<String>) = chunks
-                .iter()
-                .map(|c| (c.source.as_str(), text_hash(&c.text)))
-                .unzip();
+            let sources: Vec<&str> = chunks.iter().map(|c| c.source.as_str()).collect();
             client
                 .execute(
                     &format!(
@@ -236,13 +255,12 @@ impl Shared {
             .map_err(error)?
             .get(0);
         if usize::try_from(dims).is_ok_and(|dims| dims <= HNSW_MAX_DIMS) {
-            let index = quote(&format!("{}_hnsw", unquote(&self.table)));
             let transaction = client.transaction().await.map_err(error)?;
             transaction.batch_execute(DDL_LOCK).await.map_err(error)?;
             transaction
                 .batch_execute(&format!(
-                    "CREATE INDEX IF NOT EXISTS {index} ON {} USING hnsw (embedding vector_cosine_ops)",
-                    self.table
+                    "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops)",
+                    self.index, self.table
                 ))
                 .await
                 .map_err(error)?;
@@ -320,8 +338,8 @@ fn error(e: tokio_postgres::Error) -> String {
 }
 
 /// `agent_proxy_kb_<base>_<8 hex of the base's exact name and the model
-/// key>`, within Postgres's 63 bytes, quoted: bases whose names differ only
-/// in case or punctuation get tables of their own.
+/// key>`, within Postgres's 63 bytes with `_hnsw` added: bases whose names
+/// differ only in case or punctuation get tables of their own.
 fn table_name(base: &str, model_key: &str) -> String {
     let readable: String = base
         .chars()
@@ -335,15 +353,11 @@ fn table_name(base: &str, model_key: &str) -> String {
         .take(32)
         .collect();
     let hash = text_hash(&format!("{base}\0{model_key}"));
-    quote(&format!("agent_proxy_kb_{readable}_{}", &hash[..8]))
+    format!("agent_proxy_kb_{readable}_{}", &hash[..8])
 }
 
 fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-fn unquote(name: &str) -> &str {
-    name.trim_matches('"')
 }
 
 #[cfg(test)]
@@ -352,12 +366,15 @@ mod tests {
 
     #[test]
     fn table_names_are_safe_identifiers_per_base_and_model() {
-        let name = table_name("Hand-Book \"x\"; DROP", "m@local");
+        let quoted = |base: &str, key: &str| quote(&table_name(base, key));
+        let name = quoted("Hand-Book \"x\"; DROP", "m@local");
         assert!(name.starts_with("\"agent_proxy_kb_hand_book__x___drop_"));
         assert!(name.len() <= 63 + 2);
-        assert_ne!(name, table_name("Hand-Book \"x\"; DROP", "other@local"));
-        assert_ne!(table_name("Docs", "m"), table_name("docs", "m"));
-        assert_ne!(table_name("docs-v2", "m"), table_name("docs_v2", "m"));
-        assert!(table_name(&"b".repeat(200), "m").len() <= 63 + 2);
+        assert_ne!(name, quoted("Hand-Book \"x\"; DROP", "other@local"));
+        assert_ne!(quoted("Docs", "m"), quoted("docs", "m"));
+        assert_ne!(quoted("docs-v2", "m"), quoted("docs_v2", "m"));
+        assert!(quoted(&"b".repeat(200), "m").len() <= 63 + 2);
+        // Its index's name fits too.
+        assert!(table_name(&"b".repeat(200), "m").len() + "_hnsw".len() <= 63);
     }
 }

@@ -28,15 +28,15 @@ pub struct Sqlite {
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
+/// A write's outcome goes to its `Done`, called on the store's thread once
+/// the batch is committed; a read answers on its channel.
 enum Call {
-    Put(Arc<Record>, Reply<()>),
-    /// A put whose outcome goes to `Done`, called on this thread.
-    PutDetached(Arc<Record>, Done),
+    Put(Arc<Record>, Done),
     Get(String, Reply<Option<Record>>),
-    Delete(String, Reply<()>),
-    PutNote(Note, Reply<()>),
+    Delete(String, Done),
+    PutNote(Note, Done),
     Notes(String, Reply<Vec<Note>>),
-    DeleteNotes(String, Vec<String>, Reply<()>),
+    DeleteNotes(String, Vec<String>, Done),
 }
 
 impl Sqlite {
@@ -59,6 +59,16 @@ impl Sqlite {
         let (reply, answer) = oneshot::channel();
         self.calls.send(call(reply)).await.map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
+    }
+
+    /// A write, its outcome awaited.
+    async fn write(&self, call: impl FnOnce(Done) -> Call) -> Result<(), StoreError> {
+        self.call(|reply| {
+            call(Box::new(move |written| {
+                let _ = reply.send(written);
+            }))
+        })
+        .await
     }
 }
 
@@ -108,19 +118,17 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
             return;
         }
     };
-    let mut writes = Vec::new();
-    let mut detached = Vec::new();
+    let mut writes: Vec<(rusqlite::Result<()>, Done)> = Vec::new();
     for call in batch.drain(..) {
         match call {
-            Call::Put(record, reply) => writes.push((put(&transaction, &record), reply)),
-            Call::PutDetached(record, done) => detached.push((put(&transaction, &record), done)),
-            Call::Delete(id, reply) => writes.push((delete(&transaction, &id), reply)),
+            Call::Put(record, done) => writes.push((put(&transaction, &record), done)),
+            Call::Delete(id, done) => writes.push((delete(&transaction, &id), done)),
             Call::Get(id, reply) => {
                 let _ = reply.send(get(&transaction, &id).map_err(sql_error));
             }
-            Call::PutNote(note, reply) => writes.push((put_note(&transaction, &note), reply)),
-            Call::DeleteNotes(owner, ids, reply) => {
-                writes.push((delete_notes(&transaction, &owner, &ids), reply))
+            Call::PutNote(note, done) => writes.push((put_note(&transaction, &note), done)),
+            Call::DeleteNotes(owner, ids, done) => {
+                writes.push((delete_notes(&transaction, &owner, &ids), done))
             }
             Call::Notes(owner, reply) => {
                 let _ = reply.send(notes(&transaction, &owner).map_err(sql_error));
@@ -128,7 +136,7 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
         }
     }
     let now = unix_now();
-    if !(writes.is_empty() && detached.is_empty()) && now >= *last_purge + PURGE_EVERY_SECONDS {
+    if !writes.is_empty() && now >= *last_purge + PURGE_EVERY_SECONDS {
         *last_purge = now;
         if let Err(e) = transaction
             .prepare_cached("DELETE FROM responses WHERE expires_at <= ?1")
@@ -138,33 +146,22 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, last_purge: &mut u64)
         }
     }
     let committed = transaction.commit().map_err(sql_error);
-    for (result, reply) in writes {
-        let _ = reply.send(committed.clone().and(result.map_err(sql_error)));
-    }
-    for (result, done) in detached {
+    for (result, done) in writes {
         done(committed.clone().and(result.map_err(sql_error)));
     }
 }
 
 impl Call {
     fn is_write(&self) -> bool {
-        matches!(
-            self,
-            Call::Put(..)
-                | Call::PutDetached(..)
-                | Call::Delete(..)
-                | Call::PutNote(..)
-                | Call::DeleteNotes(..)
-        )
+        !matches!(self, Call::Get(..) | Call::Notes(..))
     }
 
     fn fail(self, error: StoreError) {
         match self {
-            Call::PutDetached(_, done) => done(Err(error)),
-            Call::Put(_, reply)
-            | Call::Delete(_, reply)
-            | Call::PutNote(_, reply)
-            | Call::DeleteNotes(_, _, reply) => drop(reply.send(Err(error))),
+            Call::Put(_, done)
+            | Call::Delete(_, done)
+            | Call::PutNote(_, done)
+            | Call::DeleteNotes(_, _, done) => done(Err(error)),
             Call::Get(_, reply) => drop(reply.send(Err(error))),
             Call::Notes(_, reply) => drop(reply.send(Err(error))),
         }
@@ -314,17 +311,18 @@ fn delete_notes(db: &Connection, owner: &str, ids: &[String]) -> rusqlite::Resul
 #[async_trait]
 impl Backend for Sqlite {
     async fn put(&self, record: Arc<Record>) -> Result<(), StoreError> {
-        self.call(|reply| Call::Put(record, reply)).await
+        self.write(|done| Call::Put(record, done)).await
     }
 
     fn put_detached(&self, record: Arc<Record>, done: Done) -> Result<(), Done> {
         // A full queue (or a gone thread) hands it back: the caller waits.
-        self.calls
-            .try_send(Call::PutDetached(record, done))
-            .map_err(|e| match e.into_inner() {
-                Call::PutDetached(_, done) => done,
-                _ => unreachable!("the call sent is the call returned"),
-            })
+        match self.calls.try_reserve() {
+            Ok(slot) => {
+                slot.send(Call::Put(record, done));
+                Ok(())
+            }
+            Err(_) => Err(done),
+        }
     }
 
     async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
@@ -334,11 +332,11 @@ impl Backend for Sqlite {
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         let id = id.to_owned();
-        self.call(|reply| Call::Delete(id, reply)).await
+        self.write(|done| Call::Delete(id, done)).await
     }
 
     async fn put_note(&self, note: Note) -> Result<(), StoreError> {
-        self.call(|reply| Call::PutNote(note, reply)).await
+        self.write(|done| Call::PutNote(note, done)).await
     }
 
     async fn notes(&self, owner: &str) -> Result<Vec<Note>, StoreError> {
@@ -348,7 +346,6 @@ impl Backend for Sqlite {
 
     async fn delete_notes(&self, owner: &str, ids: &[String]) -> Result<(), StoreError> {
         let (owner, ids) = (owner.to_owned(), ids.to_vec());
-        self.call(|reply| Call::DeleteNotes(owner, ids, reply))
-            .await
+        self.write(|done| Call::DeleteNotes(owner, ids, done)).await
     }
 }

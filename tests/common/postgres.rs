@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::proxy::{free_port, wait_until};
-use super::sdk::python_package_dir;
+use super::sdk::{python_package_dir, stdout_of};
 
 const NOBODY: u32 = 65534;
 
@@ -104,16 +104,7 @@ impl PostgresServer {
 
     /// `sql` through `psql`, its output as text.
     pub fn psql(&self, sql: &str) -> String {
-        let output = command("psql", false)
-            .args(["-X", "-A", "-t", "-d", &self.url(), "-c", sql])
-            .output()
-            .expect("psql runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+        stdout_of(command("psql", false).args(["-X", "-A", "-t", "-d", &self.url(), "-c", sql]))
     }
 }
 

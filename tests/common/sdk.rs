@@ -36,22 +36,27 @@ pub fn python_with_sdks() -> Command {
 /// The directory of `module`, a package of `tests/python/requirements.txt`
 /// (found without importing it, which would want its Python deps).
 pub fn python_package_dir(module: &str) -> PathBuf {
-    let output = python_with_sdks()
-        .args([
-            "-c",
-            &format!(
-                "import importlib.util, os; \
-                 print(os.path.dirname(importlib.util.find_spec('{module}').origin))"
-            ),
-        ])
+    PathBuf::from(stdout_of(python_with_sdks().args([
+        "-c",
+        &format!(
+            "import importlib.util, os; \
+             print(os.path.dirname(importlib.util.find_spec('{module}').origin))"
+        ),
+    ])))
+}
+
+/// What `command` printed, trimmed; a failure fails the test with its
+/// standard error.
+pub fn stdout_of(command: &mut Command) -> String {
+    let output = command
         .output()
-        .expect("python runs");
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
     assert!(
         output.status.success(),
-        "{}",
+        "{command:?} failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 struct Python {
