@@ -14,7 +14,8 @@ from collections import Counter
 # First match wins for self time; inclusive shares may overlap.
 BUCKETS = [
     ("kernel (syscalls, network stack, scheduling)", r"_\[k\]$"),
-    ("allocation (malloc, free, realloc)", r"(^|::)(malloc|free|realloc|calloc|cfree|_int_malloc|_int_free|_int_realloc|malloc_consolidate|tcache|__libc_malloc|__libc_free|__libc_realloc)"),
+    # glibc's and jemalloc's (the default build's: `_rjem_je_*`, `tikv_jemallocator`).
+    ("allocation (malloc, free, realloc)", r"(^|::)(malloc|free|realloc|calloc|cfree|_int_malloc|_int_free|_int_realloc|malloc_consolidate|tcache|__libc_malloc|__libc_free|__libc_realloc|_rjem_|tikv_jemalloc)"),
     ("memcpy / memmove", r"(__memmove|__memcpy|memcpy|memmove|__memset|memset)"),
     ("serde_json (parse, serialize)", r"serde_json::|serde::"),
     ("tracing (logs)", r"tracing(_subscriber|_core)?::"),
