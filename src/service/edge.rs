@@ -89,11 +89,14 @@ impl ServerApp for Edge {
                 pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
             }
             session.set_pipelined_prefix(head.clone());
-            match session.read_request().await {
+            // Boxed, like `refuse` below: this future lives as long as the
+            // connection (idle or streaming), so it keeps only what every
+            // state needs; parsing a head is brief and heap-allocated.
+            match Box::pin(session.read_request()).await {
                 Ok(true) => {}
                 Ok(false) => return None,
                 Err(e) if e.etype() == &ErrorType::InvalidHTTPHeader => {
-                    refuse(session, head.len() >= MAX_HEAD_BYTES).await;
+                    Box::pin(refuse(session, head.len() >= MAX_HEAD_BYTES)).await;
                     return None;
                 }
                 Err(_) => return None,
