@@ -9,7 +9,6 @@
 //! MCP connection and process), see [`Config::load_reusing`].
 
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +20,7 @@ use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{fingerprint, Config, ConfigError};
 use crate::metrics::metrics;
 
 pub struct Reloader {
@@ -82,9 +81,7 @@ impl Reloader {
 
     async fn fingerprint(&self) -> Option<u64> {
         let bytes = tokio::fs::read(&self.path).await.ok()?;
-        let mut hasher = DefaultHasher::new();
-        bytes.hash(&mut hasher);
-        Some(hasher.finish())
+        Some(fingerprint(&bytes))
     }
 }
 
@@ -105,8 +102,12 @@ impl BackgroundService for Reloader {
                 None
             }
         };
-        let mut seen = self.fingerprint().await;
-        let mut poll = tokio::time::interval(self.poll);
+        // What was loaded at start, not the file as it is now: it may have
+        // changed since, and that change is still to be loaded.
+        let mut seen = self.config.load().source;
+        // The first look is one period in, not at once: `seen` is the
+        // loaded file, so anything written since shows as a change then.
+        let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + self.poll, self.poll);
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -123,5 +124,46 @@ impl BackgroundService for Reloader {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_text(agents: &str) -> String {
+        format!(
+            "default_upstream: up\nupstreams: {{ up: {{ url: \"http://127.0.0.1:9/v1\" }} }}\n\
+             agents: {{ {agents} }}\nstore: {{ kind: none }}\n"
+        )
+    }
+
+    /// The file changes after the config was loaded but before the
+    /// reloader first looks (a busy start): the change is loaded, not taken
+    /// as what is running.
+    #[tokio::test]
+    async fn a_change_written_before_watching_begins_is_loaded() {
+        let dir = std::env::temp_dir().join(format!("agent-proxy-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.yaml");
+        std::fs::write(&path, config_text("bot: { system_prompt: hi }")).unwrap();
+        let config = Arc::new(ArcSwap::from_pointee(Config::load(&path).unwrap()));
+        std::fs::write(
+            &path,
+            config_text("bot: { system_prompt: hi }, extra: { system_prompt: hi }"),
+        )
+        .unwrap();
+
+        let reloader = Reloader::new(path, config.clone(), Duration::from_millis(10));
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let watching = tokio::spawn(async move { reloader.start(shutdown).await });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while config.load().agent("extra").is_none() {
+            assert!(tokio::time::Instant::now() < deadline, "never reloaded");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.send(true).unwrap();
+        watching.await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -15,6 +15,7 @@ mod locate;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,17 @@ pub struct Config {
     pub limits: Limits,
     /// Threads and scheduler: read at start, a reload leaves them.
     pub runtime: Runtime,
+    /// [`fingerprint`] of the file's text this config was loaded from
+    /// (`None` when parsed from a string): the reloader's baseline, so a
+    /// change written between loading and watching is not taken as seen.
+    pub source: Option<u64>,
+}
+
+/// What the reloader compares to tell that the config file changed.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A client key (`auth.api_keys`).
@@ -185,8 +197,10 @@ impl Config {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
             _ => Path::new("."),
         };
-        parse_text(&text, &|name| std::env::var(name).ok(), previous, base)
-            .map_err(|invalid| invalid.render(Some(&file), &text))
+        let mut config = parse_text(&text, &|name| std::env::var(name).ok(), previous, base)
+            .map_err(|invalid| invalid.render(Some(&file), &text))?;
+        config.source = Some(fingerprint(text.as_bytes()));
+        Ok(config)
     }
 
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
@@ -622,6 +636,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             .collect(),
         trust_user_field: file.auth.trust_user_field,
         runtime: file.runtime,
+        source: None,
         listen: file.listen,
         admin_listen: file.admin_listen,
         api_keys: file
