@@ -71,6 +71,12 @@ struct RunArgs {
     /// YAML appended to the proxy's config, e.g. `runtime: { work_stealing: false }`.
     #[arg(long, default_value = "")]
     proxy_yaml: String,
+    /// A second agent-proxy binary, run beside the first with the same
+    /// config: its passthrough and agent targets, marked "(B)", take their
+    /// turns in every round of the non-streaming and streaming scenarios.
+    /// An A/B of two builds within one run, so both see the same machine.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -142,6 +148,8 @@ enum Host {
     Upstream,
     Nginx,
     Proxy,
+    /// `--baseline-bin`.
+    ProxyB,
 }
 
 /// What a target is asked, in which dialect.
@@ -198,6 +206,9 @@ const AGENT_MESSAGES: Target = Target {
     path: "/v1/messages",
     ask: Ask::Messages,
 };
+/// The same two through `--baseline-bin`.
+const PASSTHROUGH_B: Target = Target::chat("passthrough (B)", Host::ProxyB, "bench");
+const AGENT_B: Target = Target::chat("agent (B)", Host::ProxyB, "plain");
 const AGENT_TOOL: Target = Target::chat("agent + tool round", Host::Proxy, "tooled");
 /// Another path (the legacy completions API, served by the fake model like
 /// chat): pingora's own proxy path, no agent-proxy code on the way.
@@ -217,10 +228,12 @@ struct Bench {
     upstream: Process,
     nginx: Process,
     proxy: Process,
+    /// `--baseline-bin`'s process, when given.
+    proxy_b: Option<Process>,
     /// How to start agent-proxy again: the memory figures each want a
     /// fresh process.
     proxy_cmd: (PathBuf, PathBuf),
-    addrs: [SocketAddr; 3],
+    addrs: [SocketAddr; 4],
     rounds: u32,
     slice: Duration,
     /// Whether the Responses and Messages targets run.
@@ -233,6 +246,7 @@ impl Bench {
         [Host::Upstream, Host::Nginx, Host::Proxy]
             .into_iter()
             .map(|host| self.process(host).cpu())
+            .chain(self.proxy_b.iter().map(Process::cpu))
             .sum::<Duration>()
             + procs::own_cpu()
     }
@@ -242,6 +256,10 @@ impl Bench {
             Host::Upstream => &self.upstream,
             Host::Nginx => &self.nginx,
             Host::Proxy => &self.proxy,
+            Host::ProxyB => self
+                .proxy_b
+                .as_ref()
+                .expect("(B) targets run only with --baseline-bin"),
         }
     }
 
@@ -310,6 +328,7 @@ impl Bench {
         let targets: Vec<Target> = targets
             .iter()
             .filter(|t| self.fronts || matches!(t.ask, Ask::Chat(_) | Ask::Tool))
+            .filter(|t| t.host != Host::ProxyB || self.proxy_b.is_some())
             .copied()
             .collect();
         let mut runs: Vec<Run> = targets
@@ -413,7 +432,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Result<Report> {
     let smoke = args.smoke;
-    let [up, ng, px] = [
+    let [up, ng, px, px_b] = [
+        procs::free_addr()?,
         procs::free_addr()?,
         procs::free_addr()?,
         procs::free_addr()?,
@@ -444,6 +464,19 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     )?;
     let proxy_cmd = (proxy_bin.to_owned(), work.to_owned());
     let proxy = start_proxy(&proxy_cmd, px)?;
+    // In a directory of its own: its own config, and its own response store.
+    let proxy_b = match &args.baseline_bin {
+        Some(bin) => {
+            let dir = work.join("b");
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(
+                dir.join("proxy.yaml"),
+                proxy_conf(px_b, up) + &args.proxy_yaml + "\n",
+            )?;
+            Some(start_proxy(&(bin.clone(), dir), px_b)?)
+        }
+        None => None,
+    };
     // Idle: started, nothing served yet.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle_start_kib = proxy.rss_kib();
@@ -454,8 +487,9 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         upstream,
         nginx,
         proxy,
+        proxy_b,
         proxy_cmd,
-        addrs: [up, ng, px],
+        addrs: [up, ng, px, px_b],
         rounds,
         slice: Duration::from_secs_f64(seconds / rounds as f64),
         fronts: !args.chat_only,
@@ -467,7 +501,9 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         NGINX,
         PINGORA,
         PASSTHROUGH,
+        PASSTHROUGH_B,
         AGENT,
+        AGENT_B,
         AGENT_RESPONSES,
         AGENT_MESSAGES,
     ];
@@ -537,7 +573,9 @@ impl Bench {
             DIRECT,
             NGINX,
             PASSTHROUGH,
+            PASSTHROUGH_B,
             AGENT,
+            AGENT_B,
             AGENT_RESPONSES,
             AGENT_MESSAGES,
         ];
