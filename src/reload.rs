@@ -79,7 +79,8 @@ impl Reloader {
         }
     }
 
-    async fn fingerprint(&self) -> Option<u64> {
+    /// The file as it is now, by [`fingerprint`]; `None` when unreadable.
+    async fn file_fingerprint(&self) -> Option<u64> {
         let bytes = tokio::fs::read(&self.path).await.ok()?;
         Some(fingerprint(&bytes))
     }
@@ -112,11 +113,11 @@ impl BackgroundService for Reloader {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 Some(()) = async { hangups.as_mut()?.recv().await } => {
-                    seen = self.fingerprint().await;
+                    seen = self.file_fingerprint().await;
                     self.reload("SIGHUP").await;
                 }
                 _ = poll.tick() => {
-                    let now = self.fingerprint().await;
+                    let now = self.file_fingerprint().await;
                     if now.is_some() && now != seen {
                         seen = now;
                         self.reload("file changed").await;
