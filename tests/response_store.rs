@@ -239,6 +239,49 @@ async fn a_stored_response_is_seen_only_by_its_tenant() {
     assert_eq!(still.status, 200);
 }
 
+/// With `passthrough`, a response id the store does not hold is the
+/// upstream's: the request goes there as the client sent it, and the
+/// connection serves the next request, whichever path takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_id_not_ours_is_the_upstreams_with_passthrough() {
+    let upstream = FakeServer::start(|req, _| match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/v1/responses/resp_theirs") => {
+            Reply::json(200, json!({"id": "resp_theirs", "object": "response"}))
+        }
+        ("GET", _) => Reply::json(200, json!({"object": "list", "data": []})),
+        _ => Reply::events(vec![content("hello"), finish("stop"), usage(3, 1)]),
+    })
+    .await;
+    let proxy = Proxy::start(&bot_config(
+        &upstream.url(),
+        "passthrough: true\nstore: { kind: memory }",
+    ))
+    .await;
+    let ours = turn(proxy.port, &[], json!({"model": "bot", "input": "hi"})).await;
+
+    let mut connection =
+        Connection::open(proxy.port, "GET", "/v1/responses/resp_theirs", &[], b"").await;
+    let theirs = connection.next_response().await;
+    assert_eq!(theirs.status, 200, "{}", theirs.text());
+    assert_eq!(theirs.json()["id"], "resp_theirs");
+    let host = format!("Host: 127.0.0.1:{}", proxy.port);
+    for path in [format!("/v1/responses/{}", id(&ours)), "/v1/files".into()] {
+        let next = format!("GET {path} HTTP/1.1\r\n{host}\r\n\r\n");
+        connection.send(next.as_bytes()).await.unwrap();
+        let answer = connection.next_response().await;
+        assert_eq!(answer.status, 200, "{path} on the same connection");
+    }
+    let asked: Vec<String> = upstream.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(
+        asked[1..],
+        [
+            "/v1/responses/resp_theirs".to_owned(),
+            "/v1/files".to_owned()
+        ],
+        "the stored response is answered by the proxy, the others by the upstream"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_sqlite_store_keeps_conversations_across_a_restart() {
     let upstream = echo_model().await;

@@ -11,24 +11,30 @@
 //! - a head, once begun, must be whole within `limits.header_timeout_ms`;
 //! - a head pingora's own parser refuses gets an OpenAI error body.
 //!
-//! The head is then handed to pingora as the connection's first bytes: it
-//! parses the same bytes again and serves the request as always.
+//! Pingora parses the head once it is whole. A request for one of our own
+//! routes is then served here, by the same hooks pingora would call
+//! (`request_filter`, `fail_to_proxy`, `logging`), without pingora's proxy
+//! path around them: its per-request future is sized for connecting,
+//! caching and retrying upstream (14 KiB, held as long as a stream lasts),
+//! and it would parse the head a second time. A request for the proxy path
+//! is handed to pingora with the head as the connection's first bytes.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::BytesMut;
-use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
-use pingora::proxy::HttpProxy;
+use pingora::proxy::{HttpProxy, ProxyHttp, Session};
 use pingora::server::ShutdownWatch;
 use pingora::ErrorType;
 use tokio::io::AsyncReadExt;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::AgentProxy;
 use crate::config::Config;
@@ -42,18 +48,75 @@ const MAX_HEAD_BYTES: usize = 1 << 20;
 const READ_CHUNK: usize = 4096;
 
 pub struct Edge {
+    /// Pingora's proxy path, for the requests our handlers pass on.
     proxy: Arc<HttpProxy<AgentProxy>>,
+    /// Our hooks, called directly for the requests they answer.
+    app: AgentProxy,
     config: Arc<ArcSwap<Config>>,
     connections: Connections,
+}
+
+/// How [`Edge::serve`] left a request.
+enum Served {
+    /// Answered; the connection, if it can take another request.
+    Answered(Option<ReusedHttpStream>),
+    /// For pingora's proxy path, untouched but for its parsed head.
+    PassedOn(Box<ServerSession>),
 }
 
 impl Edge {
     pub fn new(proxy: HttpProxy<AgentProxy>, config: Arc<ArcSwap<Config>>) -> Self {
         Edge {
             proxy: Arc::new(proxy),
+            app: AgentProxy::new(config.clone()),
             config,
             connections: Connections::default(),
         }
+    }
+
+    /// One request, through our hooks in pingora's order for a request that
+    /// `request_filter` answers.
+    async fn serve(&self, mut session: Session, shutdown: &ShutdownWatch) -> Served {
+        if *shutdown.borrow() {
+            session.set_keepalive(None);
+        }
+        let app = &self.app;
+        let mut ctx = app.new_ctx();
+        match app.request_filter(&mut session, &mut ctx).await {
+            Ok(true) => {
+                app.logging(&mut session, None, &mut ctx).await;
+                let settings = HttpPersistentSettings::for_session(&session);
+                // Boxed: finishing is brief, and its future (3.7 KiB) would
+                // be held for the whole request.
+                let reusable = Box::pin(session.downstream_session.finish()).await;
+                let reusable = reusable.ok().flatten();
+                Served::Answered(
+                    reusable.map(|s| ReusedHttpStream::from_reusable_stream(s, settings)),
+                )
+            }
+            Ok(false) => Served::PassedOn(session.downstream_session),
+            Err(e) => {
+                let failed = app.fail_to_proxy(&mut session, &e, &mut ctx).await;
+                if !app.suppress_error_log(&session, &ctx, &e) {
+                    error!("Fail to filter request: {e}, status: {}", failed.error_code);
+                }
+                app.logging(&mut session, Some(&e), &mut ctx).await;
+                Served::Answered(None)
+            }
+        }
+    }
+
+    /// Hands a request whose head `session` parsed to pingora's proxy path,
+    /// which parses `head` again. Not an `async fn`: pingora's future is
+    /// boxed already, and ours would only be a frame around it.
+    fn pass_on<'a>(
+        &'a self,
+        mut session: Box<ServerSession>,
+        head: BytesMut,
+        shutdown: &'a ShutdownWatch,
+    ) -> impl Future<Output = Option<ReusedHttpStream>> + 'a {
+        session.set_pipelined_prefix(head);
+        self.proxy.process_new_http(*session, shutdown)
     }
 
     /// How long to wait for a request, and then for the rest of its head.
@@ -84,9 +147,9 @@ impl ServerApp for Edge {
         let mut persisted = None;
         loop {
             let head = read_head(&mut stream, &connection, self.head_timeouts(), shutdown).await?;
-            let mut session = ServerSession::new_http1(stream);
+            let mut session = Session::new_h1(stream);
             if let Some(settings) = persisted.take() {
-                pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
+                HttpPersistentSettings::apply_to_session(settings, &mut session);
             }
             session.set_pipelined_prefix(head.clone());
             // Boxed, like `refuse` below: this future lives as long as the
@@ -96,14 +159,24 @@ impl ServerApp for Edge {
                 Ok(true) => {}
                 Ok(false) => return None,
                 Err(e) if e.etype() == &ErrorType::InvalidHTTPHeader => {
-                    Box::pin(refuse(session, head.len() >= MAX_HEAD_BYTES)).await;
+                    let too_large = head.len() >= MAX_HEAD_BYTES;
+                    Box::pin(refuse(*session.downstream_session, too_large)).await;
                     return None;
                 }
                 Err(_) => return None,
             }
-            session.set_pipelined_prefix(head);
-            let reused = self.proxy.process_new_http(session, shutdown).await?;
-            (stream, persisted) = reused.consume();
+            let reused = if super::passes_through(session.req_header(), &self.config.load()) {
+                self.pass_on(session.downstream_session, head, shutdown)
+                    .await
+            } else {
+                // Boxed: a request's state is held only while it lasts,
+                // not by every idle connection.
+                match Box::pin(self.serve(session, shutdown)).await {
+                    Served::Answered(reused) => reused,
+                    Served::PassedOn(session) => self.pass_on(session, head, shutdown).await,
+                }
+            };
+            (stream, persisted) = reused?.consume();
         }
     }
 
@@ -157,7 +230,9 @@ async fn read_head(
         true
     };
     match tokio::time::timeout(timeouts.whole, rest).await {
-        Ok(true) => Some(head),
+        // A copy the size of the head, not of the buffer it was read into:
+        // pingora keeps the buffer it parses for as long as the request lasts.
+        Ok(true) => Some(BytesMut::from(&head[..])),
         _ => None,
     }
 }

@@ -1,8 +1,10 @@
 //! The pingora service: a request's life, in hook order.
 //!
 //! 0. [`Edge`] waits for the request's head on the client connection
-//!    (keep-alive timeout, connection cap) and refuses one that cannot be
-//!    parsed; pingora then reads it.
+//!    (keep-alive timeout, connection cap), refuses one that cannot be
+//!    parsed, and has pingora parse it. A request for one of our routes it
+//!    serves itself, through the hooks below; the rest (no route of ours,
+//!    with `passthrough`) it hands to pingora's proxy path.
 //! 1. `request_filter` takes the config snapshot the request keeps to its
 //!    end, routes, and checks the client's key. The proxy's own endpoints and
 //!    every chat completion (agent or not) are answered here, by our handlers.
@@ -11,7 +13,7 @@
 //!    retry policy ([`Attempts`]: the same replica order, failover and
 //!    `retries` as the agent loop), `upstream_request_filter` maps the path
 //!    and sets credentials; bodies stream through untouched.
-//! 3. `fail_to_proxy` turns proxy-path failures into OpenAI-format errors;
+//! 3. `fail_to_proxy` turns failures into OpenAI-format errors;
 //!    `logging` writes one line per request.
 
 mod admin;
@@ -115,7 +117,7 @@ impl ProxyHttp for AgentProxy {
             config: self.config.load_full(),
             started: Instant::now(),
             request_id: String::new(),
-            route: "proxy",
+            route: PROXY,
             agent: None,
             summary: None,
             stream: None,
@@ -134,26 +136,7 @@ impl ProxyHttp for AgentProxy {
         ctx.session = crate::session::from_headers(&req.headers);
         let method = req.method.clone();
         let path = req.uri.path().to_owned();
-        ctx.route = match (method.as_str(), path.as_str()) {
-            ("GET", "/healthz" | "/readyz") => "health",
-            ("GET", "/metrics") => "metrics",
-            ("GET", "/v1/models") => "models",
-            ("GET", p)
-                if p.strip_prefix("/v1/models/")
-                    .is_some_and(|id| config.agent(id).is_some()) =>
-            {
-                "model"
-            }
-            ("POST", "/v1/chat/completions") => "chat",
-            ("POST", "/v1/responses") => "responses",
-            ("POST", "/v1/messages") => "messages",
-            ("POST", "/v1/messages/count_tokens") => "count_tokens",
-            (m, p) if stored::is_route(m, p) => "stored_response",
-            (_, p) if memories::is_route(p) => "admin",
-            // Claude Code probes the base URL before it starts.
-            ("GET" | "HEAD", "/") => "root",
-            _ => "proxy",
-        };
+        ctx.route = route_of(method.as_str(), &path, &config);
         let dialect = match ctx.route {
             "messages" | "count_tokens" => Dialect::Messages,
             "models" | "model"
@@ -353,7 +336,7 @@ impl ProxyHttp for AgentProxy {
                 .config
                 .agent(id)
                 .map_or("-", |a| a.upstream.name.as_str()),
-            None if matches!(ctx.route, "chat" | "responses" | "messages" | "proxy") => {
+            None if matches!(ctx.route, "chat" | "responses" | "messages" | PROXY) => {
                 ctx.config.default_upstream.name.as_str()
             }
             None => "-",
@@ -377,6 +360,41 @@ impl ProxyHttp for AgentProxy {
             "request"
         );
     }
+}
+
+/// The route of `method path`, for metrics and for dispatch: the proxy's
+/// own endpoints, the three API fronts, or [`PROXY`] for everything else.
+fn route_of(method: &str, path: &str, config: &Config) -> &'static str {
+    match (method, path) {
+        ("GET", "/healthz" | "/readyz") => "health",
+        ("GET", "/metrics") => "metrics",
+        ("GET", "/v1/models") => "models",
+        ("GET", p)
+            if p.strip_prefix("/v1/models/")
+                .is_some_and(|id| config.agent(id).is_some()) =>
+        {
+            "model"
+        }
+        ("POST", "/v1/chat/completions") => "chat",
+        ("POST", "/v1/responses") => "responses",
+        ("POST", "/v1/messages") => "messages",
+        ("POST", "/v1/messages/count_tokens") => "count_tokens",
+        (m, p) if stored::is_route(m, p) => "stored_response",
+        (_, p) if memories::is_route(p) => "admin",
+        // Claude Code probes the base URL before it starts.
+        ("GET" | "HEAD", "/") => "root",
+        _ => PROXY,
+    }
+}
+
+/// The route of a request our handlers do not answer.
+const PROXY: &str = "proxy";
+
+/// Whether pingora's proxy path takes the request straight away: a route of
+/// none of ours, with `passthrough` on. Our handlers answer the rest, and
+/// may still pass a request on (a stored response's id that is not ours).
+fn passes_through(req: &RequestHeader, config: &Config) -> bool {
+    config.passthrough && route_of(req.method.as_str(), req.uri.path(), config) == PROXY
 }
 
 fn is_event_stream(header: &ResponseHeader) -> bool {
