@@ -433,17 +433,20 @@ async fn read_round<D: Downstream>(
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
     let request_id = client.request_id().to_owned();
     let heartbeat = limits.heartbeat;
+    // Boxed, like the whole-body reads below: a stream's future keeps room
+    // for its largest state as long as it relays, and connecting (3.9 KiB)
+    // is over once the answer's head is in.
     let mut exchange = reply
         .wait(
             client,
             heartbeat,
-            upstream.post_model(
+            Box::pin(upstream.post_model(
                 upstream.api,
                 Bytes::from(body),
                 &request_id,
                 Some(affinity),
                 client_auth,
-            ),
+            )),
         )
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;
@@ -457,7 +460,7 @@ async fn read_round<D: Downstream>(
             .wait(
                 client,
                 heartbeat,
-                exchange.read_to_end(limits.max_upstream_body_bytes),
+                Box::pin(exchange.read_to_end(limits.max_upstream_body_bytes)),
             )
             .await?
             .unwrap_or_default();
@@ -492,7 +495,7 @@ async fn read_round<D: Downstream>(
             .wait(
                 client,
                 heartbeat,
-                exchange.read_to_end(limits.max_upstream_body_bytes),
+                Box::pin(exchange.read_to_end(limits.max_upstream_body_bytes)),
             )
             .await?
             .map_err(|e| from_upstream(&upstream.name, &e))?;
