@@ -8,8 +8,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use clap::Parser;
 use pingora::apps::http_app::HttpServer;
-use pingora::listeners::ListenerConfig;
-use pingora::protocols::l4::stream::L4BufferSettings;
 use pingora::proxy::http_proxy;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
@@ -21,7 +19,7 @@ use agent_proxy::config::Config;
 use agent_proxy::knowledge::KnowledgeBuilder;
 use agent_proxy::mcp::McpSupervisor;
 use agent_proxy::reload::Reloader;
-use agent_proxy::service::{Admin, AgentProxy, Edge};
+use agent_proxy::service::{Admin, AgentProxy, Edge, Listener};
 use agent_proxy::shutdown::Drain;
 use agent_proxy::upstream::HealthChecks;
 
@@ -132,14 +130,11 @@ fn main() -> ExitCode {
     let config = Arc::new(ArcSwap::from_pointee(config));
 
     let proxy = http_proxy(&server.configuration, AgentProxy::new(config.clone()));
-    let mut proxy = Service::new("agent-proxy".into(), Edge::new(proxy, config.clone()));
-    // No L4 read buffer on client connections: pingora's default is 64 KiB
-    // per connection, there for TLS records. Over plain TCP, requests are read
-    // straight into the header buffer with no more syscalls than before, and
-    // each open stream weighs 8 KiB less.
-    let client_buffers = L4BufferSettings::default().read(0);
-    proxy.add_listener(ListenerConfig::tcp(listen.as_str()).l4_buffer(client_buffers));
-    server.add_service(proxy);
+    server.add_service(Listener::new(
+        "agent-proxy",
+        &listen,
+        Edge::new(proxy, config.clone()),
+    ));
     if let Some(admin_listen) = admin_listen {
         let mut admin = Service::new(
             "admin".into(),

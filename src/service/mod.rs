@@ -1,6 +1,7 @@
 //! The pingora service: a request's life, in hook order.
 //!
-//! 0. [`Edge`] waits for the request's head on the client connection
+//! 0. [`Listener`] accepts the client's connection and runs it in a task of
+//!    its own. [`Edge`] waits for each request's head on it
 //!    (keep-alive timeout, connection cap), refuses one that cannot be
 //!    parsed, and has pingora parse it. A request for one of our routes it
 //!    serves itself, through the hooks below; the rest (no route of ours,
@@ -22,6 +23,7 @@ mod edge;
 mod forward;
 mod front_door;
 mod health;
+mod listen;
 mod memories;
 mod models;
 mod stored;
@@ -50,6 +52,7 @@ use crate::upstream::{Attempts, Upstream};
 
 pub use admin::Admin;
 pub use edge::Edge;
+pub use listen::Listener;
 
 pub struct AgentProxy {
     config: Arc<ArcSwap<Config>>,

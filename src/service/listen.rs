@@ -1,0 +1,263 @@
+//! The client listener: accepts connections and runs each one's [`Edge`] in
+//! a task of its own.
+//!
+//! Pingora's listening service does the same, but the task it spawns per
+//! connection keeps room for a TLS handshake, held inline, for as long as
+//! the connection lives, TLS or not: 8.6 KiB of every open stream and every
+//! idle keep-alive connection. This task holds the connection's future only.
+//! The socket is taken from, or registered in, pingora's table of listening
+//! sockets, so a binary upgrade (`--upgrade`) hands it over as before.
+//!
+//! Pingora sizes a connection's write buffer only in its own listener, so
+//! [`Connection`] adds one: a response's head and a short body then leave in
+//! one write, as they do from pingora's. Reads are not buffered (pingora's
+//! 64 KiB read buffer is there for TLS records): a request's head is read
+//! straight into the buffer `Edge` parses.
+
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::apps::ServerApp;
+use pingora::protocols::l4::stream::Stream as TcpConnection;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    TimingDigest, UniqueID, UniqueIDType,
+};
+use pingora::server::{ListenFds, ShutdownWatch};
+use pingora::services::Service;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter, ReadBuf};
+use tokio::net::{TcpListener, TcpSocket};
+use tracing::{error, info};
+
+use super::Edge;
+
+/// The kernel's queue of connections not yet accepted, as pingora sets it.
+const BACKLOG: u32 = 65535;
+
+/// A connection's write buffer: pingora's default, one TCP segment.
+const WRITE_BUFFER: usize = 1460;
+
+pub struct Listener {
+    name: String,
+    addr: String,
+    edge: Arc<Edge>,
+}
+
+impl Listener {
+    /// Serves `edge` on `addr` (`host:port`).
+    pub fn new(name: &str, addr: &str, edge: Edge) -> Self {
+        Listener {
+            name: name.to_owned(),
+            addr: addr.to_owned(),
+            edge: Arc::new(edge),
+        }
+    }
+
+    /// The socket a previous process handed over for `addr`, or a new one,
+    /// registered for the next upgrade.
+    fn socket(&self, fds: Option<ListenFds>) -> io::Result<TcpListener> {
+        let Some(fds) = fds else {
+            return bind(&self.addr);
+        };
+        let mut table = fds.lock();
+        if let Some(&fd) = table.get(&self.addr) {
+            // SAFETY: pingora's table hands each listening socket it received
+            // to the one service listening on that address, and we are it.
+            let socket = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+            socket.set_nonblocking(true)?;
+            return TcpListener::from_std(socket);
+        }
+        let listener = bind(&self.addr)?;
+        table.add(self.addr.clone(), listener.as_raw_fd());
+        Ok(listener)
+    }
+}
+
+/// Accepts until the server shuts down, each connection in a task of its own.
+async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: ShutdownWatch) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|&down| down) => return,
+        };
+        let (socket, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                error!("accept() failed: {e}");
+                // Out of file descriptors: accepting again at once would
+                // fail the same way, in a busy loop.
+                if e.raw_os_error() == Some(libc::EMFILE) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                continue;
+            }
+        };
+        let mut tcp = TcpConnection::from(socket);
+        // What pingora's listener records: the client's address, known
+        // from accept() without another syscall.
+        let digest = SocketDigest::from_raw_fd(tcp.as_raw_fd());
+        let _ = digest.peer_addr.set(Some(peer.into()));
+        tcp.set_socket_digest(digest);
+        if tcp.set_nodelay().is_err() {
+            continue;
+        }
+        let connection = Connection(BufWriter::with_capacity(WRITE_BUFFER, tcp));
+        let edge = edge.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut next = edge.process_new(Box::new(connection), &shutdown).await;
+            while let Some(stream) = next {
+                next = edge.process_new(stream, &shutdown).await;
+            }
+        });
+    }
+}
+
+/// A listening socket on `addr` (`host:port`, a name resolved once).
+fn bind(addr: &str) -> io::Result<TcpListener> {
+    let resolved = addr.to_socket_addrs()?.next().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{addr} resolves to no address"),
+        )
+    })?;
+    let socket = match resolved {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(resolved)?;
+    socket.listen(BACKLOG)
+}
+
+#[async_trait]
+impl Service for Listener {
+    async fn start_service(
+        &mut self,
+        fds: Option<ListenFds>,
+        shutdown: ShutdownWatch,
+        _listeners_per_fd: usize,
+    ) {
+        let listener = match self.socket(fds) {
+            Ok(listener) => listener,
+            Err(e) => {
+                error!(addr = %self.addr, "cannot listen: {e}");
+                std::process::exit(1);
+            }
+        };
+        info!(addr = %self.addr, "listening");
+        // One accept loop: pingora's `listener_tasks_per_fd` is left at 1.
+        accept(&listener, &self.edge, shutdown).await;
+        self.edge.cleanup().await;
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn listen_addresses(&self) -> Option<Vec<String>> {
+        Some(vec![self.addr.clone()])
+    }
+}
+
+/// A client connection: pingora's TCP stream, its writes buffered.
+#[derive(Debug)]
+struct Connection(BufWriter<TcpConnection>);
+
+impl Connection {
+    fn tcp(&self) -> &TcpConnection {
+        self.0.get_ref()
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for Connection {
+    async fn shutdown(&mut self) {
+        // Flushes what is buffered first.
+        let _ = AsyncWriteExt::shutdown(&mut self.0).await;
+    }
+}
+
+impl UniqueID for Connection {
+    fn id(&self) -> UniqueIDType {
+        self.tcp().id()
+    }
+}
+
+impl Ssl for Connection {}
+
+impl GetTimingDigest for Connection {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.tcp().get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.tcp().get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.tcp().get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for Connection {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.tcp().get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for Connection {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.tcp().get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for Connection {}
