@@ -151,6 +151,8 @@ impl ServerApp for Edge {
             if let Some(settings) = persisted.take() {
                 HttpPersistentSettings::apply_to_session(settings, &mut session);
             }
+            // Pingora parses (and keeps) the copy; `head` stays for a
+            // request that goes on to its proxy path, which parses it again.
             session.set_pipelined_prefix(head.clone());
             // Boxed, like `refuse` below: this future lives as long as the
             // connection (idle or streaming), so it keeps only what every

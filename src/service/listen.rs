@@ -34,7 +34,7 @@ use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::Service;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket};
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 use super::Edge;
 
@@ -105,7 +105,9 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
         let digest = SocketDigest::from_raw_fd(tcp.as_raw_fd());
         let _ = digest.peer_addr.set(Some(peer.into()));
         tcp.set_socket_digest(digest);
-        if tcp.set_nodelay().is_err() {
+        if let Err(e) = tcp.set_nodelay() {
+            // The client is most likely gone already.
+            debug!("TCP_NODELAY on an accepted connection failed: {e}");
             continue;
         }
         let connection = Connection(BufWriter::with_capacity(WRITE_BUFFER, tcp));
