@@ -74,11 +74,20 @@ pub trait Encoder: Send {
 
 // ------------------------------------------------ shared by the fronts
 
-/// A random id: `prefix` and 32 alphanumerics.
+/// A new id: `prefix`, the time in milliseconds (12 hex digits), then 20
+/// random alphanumerics. Leading with the time, as OpenAI's own ids do, keeps
+/// a store's index of them append-only: a batch of stored responses dirties
+/// the index's last page or two, not one random page each.
 fn new_id(prefix: &str) -> String {
+    use std::fmt::Write;
     let mut id = String::with_capacity(prefix.len() + 32);
     id.push_str(prefix);
-    id.extend((0..32).map(|_| fastrand::alphanumeric()));
+    let _ = write!(
+        id,
+        "{:012x}",
+        crate::store::unix_now_ms() & 0xffff_ffff_ffff
+    );
+    id.extend((0..20).map(|_| fastrand::alphanumeric()));
     id
 }
 
@@ -189,5 +198,21 @@ pub fn error_response(
             messages::anthropic_error(error.status, &error.message),
         ),
         _ => (error.status, error.to_json()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_id;
+
+    #[test]
+    fn ids_sort_in_the_order_they_were_made() {
+        let first = new_id("resp_");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let second = new_id("resp_");
+        assert_eq!((first.len(), second.len()), (37, 37));
+        assert!(first < second, "{first} then {second}");
+        assert!(first[5..].chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(new_id("resp_")[17..], new_id("resp_")[17..]);
     }
 }
