@@ -373,3 +373,77 @@ async fn a_binary_upgrade_hands_over_the_sockets_without_refusing_a_request() {
         "the new one serves"
     );
 }
+
+/// CPU ticks (user + system) of each of the proxy's worker threads: pingora
+/// names them after the service, as the process is named; the main thread
+/// (whose id is the process's) only waits.
+fn worker_ticks(pid: u32) -> Vec<u64> {
+    let mut ticks = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if name.trim() != "agent-proxy" || task.ends_with(pid.to_string()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: utime and stime are the 12th
+        // and 13th.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        ticks.push(fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap());
+    }
+    ticks
+}
+
+/// `runtime: { work_stealing: false }` runs one single-threaded runtime per
+/// thread, as nginx runs one worker per core: the connections must go to
+/// every thread, not all to the one that accepts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_work_stealing_every_thread_serves_connections() {
+    let proxy = Proxy::start(&one_upstream(
+        "http://127.0.0.1:9",
+        "runtime: { threads: 2, work_stealing: false }\nstore: { kind: none }",
+    ))
+    .await;
+    let (port, pid) = (proxy.port, proxy.pid());
+    let before = worker_ticks(pid);
+    assert_eq!(before.len(), 2, "two worker threads");
+    // 64 connections: each thread's share is about half, and far from none.
+    let clients: Vec<_> = (0..64)
+        .map(|_| {
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .unwrap();
+                let mut connection = Connection::on(stream);
+                for _ in 0..150 {
+                    connection
+                        .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                        .await
+                        .unwrap();
+                    assert_eq!(connection.next_response().await.status, 200);
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.unwrap();
+    }
+    let spent: Vec<u64> = worker_ticks(pid)
+        .iter()
+        .zip(&before)
+        .map(|(after, before)| after - before)
+        .collect();
+    let total: u64 = spent.iter().sum();
+    assert!(total > 0, "{spent:?}");
+    for ticks in &spent {
+        assert!(
+            ticks * 5 >= total,
+            "a thread served under a fifth: {spent:?}"
+        );
+    }
+}

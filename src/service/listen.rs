@@ -113,7 +113,9 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
         let connection = Connection(BufWriter::with_capacity(WRITE_BUFFER, tcp));
         let edge = edge.clone();
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        // As pingora's listener: without work stealing, each connection
+        // goes to a thread's runtime at random, not all to this loop's.
+        pingora_runtime::current_handle().spawn(async move {
             let mut next = edge.process_new(Box::new(connection), &shutdown).await;
             while let Some(stream) = next {
                 next = edge.process_new(stream, &shutdown).await;
