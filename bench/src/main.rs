@@ -131,12 +131,15 @@ const SMOKE_BUSY_TOKEN_US: u64 = 2_000;
 /// unknown fields stay in their own dialect (they reach only an upstream
 /// that speaks it), so `bench_delay_us` rides on the agent instead, as a
 /// param: one agent per delay (see [`delay_agent`]).
-const AGENT_DELAYS_US: [u64; 4] = [
+const AGENT_DELAYS_US: [u64; 5] = [
     SMALL.delay_us,
     FAST_TOKEN_US,
     BUSY_TOKEN_US,
     SMOKE_BUSY_TOKEN_US,
+    OPEN_STREAM_TOKEN_US,
 ];
+/// Streams held open for the memory figures: a token every 100 ms.
+const OPEN_STREAM_TOKEN_US: u64 = 100_000;
 
 /// The agent `plain`, with `bench_delay_us` as a param.
 fn delay_agent(delay_us: u64) -> String {
@@ -162,8 +165,58 @@ enum Ask {
     Responses,
     /// The same as an Anthropic Messages request.
     Messages,
+    /// A coding agent's real request (captured, in `tests/fixtures/clients`)
+    /// in its own dialect, for the agent with the shape's delay: its tools
+    /// offered with `tool_choice: none`, so the answer is text.
+    Client(ClientRequest),
     /// The fake HTTP tool's own request.
     Tool,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum ClientRequest {
+    /// Claude Code's first request of a session (`POST /v1/messages`).
+    ClaudeCode,
+    /// Codex CLI's first request of a session (`POST /v1/responses`).
+    Codex,
+}
+
+impl ClientRequest {
+    /// The captured request, with the model, the stream and the answer's
+    /// length set as the shape says.
+    fn body(self, model: &str, stream: bool, tokens: u32) -> Bytes {
+        let (capture, tokens_field, none) = match self {
+            ClientRequest::ClaudeCode => (
+                include_str!("../../tests/fixtures/clients/claude-code-2.1.330-plain.request.json"),
+                "max_tokens",
+                serde_json::json!({ "type": "none" }),
+            ),
+            ClientRequest::Codex => (
+                include_str!("../../tests/fixtures/clients/codex-0.169.0-round1.request.json"),
+                "max_output_tokens",
+                serde_json::json!("none"),
+            ),
+        };
+        let mut capture: serde_json::Value =
+            serde_json::from_str(capture).expect("a captured request is JSON");
+        // The Claude Code capture keeps the request's method and headers.
+        let mut body = match capture.get_mut("body") {
+            Some(body) => body.take(),
+            None => capture,
+        };
+        body["model"] = model.into();
+        body["stream"] = stream.into();
+        body[tokens_field] = tokens.into();
+        body["tool_choice"] = none;
+        Bytes::from(serde_json::to_vec(&body).expect("JSON out"))
+    }
+
+    fn answer(self) -> Answer {
+        match self {
+            ClientRequest::ClaudeCode => Answer::Messages,
+            ClientRequest::Codex => Answer::Responses,
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -205,6 +258,20 @@ const AGENT_MESSAGES: Target = Target {
     host: Host::Proxy,
     path: "/v1/messages",
     ask: Ask::Messages,
+};
+/// The agent asked Claude Code's real request, tools and all.
+const AGENT_CLAUDE_CODE: Target = Target {
+    name: "agent (Claude Code's request)",
+    host: Host::Proxy,
+    path: "/v1/messages",
+    ask: Ask::Client(ClientRequest::ClaudeCode),
+};
+/// The agent asked Codex CLI's real request.
+const AGENT_CODEX: Target = Target {
+    name: "agent (Codex's request)",
+    host: Host::Proxy,
+    path: "/v1/responses",
+    ask: Ask::Client(ClientRequest::Codex),
 };
 /// The same two through `--baseline-bin`.
 const PASSTHROUGH_B: Target = Target::chat("passthrough (B)", Host::ProxyB, "bench");
@@ -299,6 +366,14 @@ impl Bench {
                 };
                 (body.into(), answer)
             }
+            Ask::Client(request) => {
+                assert!(
+                    AGENT_DELAYS_US.contains(&delay_us),
+                    "no agent for {delay_us} µs a token: add it to AGENT_DELAYS_US"
+                );
+                let body = request.body(&delay_agent(delay_us), stream, tokens);
+                (body, request.answer())
+            }
             Ask::Tool => (
                 Bytes::from_static(br#"{"city":"Paris"}"#),
                 Answer::Containing(b"temperature_c"),
@@ -387,7 +462,7 @@ impl Bench {
         let shape = Shape {
             stream: true,
             tokens: 10_000,
-            delay_us: 100_000,
+            delay_us: OPEN_STREAM_TOKEN_US,
         };
         let process = self.process(target.host);
         let before_kib = process.rss_kib();
@@ -543,7 +618,11 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     if wanted(Scenario::Memory) {
         eprintln!("open streams");
         let count = if smoke { 100 } else { 2_000 };
-        for target in [AGENT, PASSTHROUGH, PINGORA, NGINX] {
+        let mut targets = vec![AGENT, PASSTHROUGH, PINGORA, NGINX];
+        if bench.fronts {
+            targets.extend([AGENT_CLAUDE_CODE, AGENT_CODEX]);
+        }
+        for target in targets {
             streams.push(bench.stream_cost(target, count).await?);
         }
     }

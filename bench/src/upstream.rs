@@ -5,9 +5,9 @@
 //! the answer, so one upstream serves every scenario through every proxy:
 //! `max_tokens` is the number of tokens generated and `bench_delay_us` the
 //! pause before each one (both pass through agent-proxy as ordinary fields).
-//! When the request offers tools and the last message is not a tool result,
-//! the answer is one call of the first tool instead, so an agent with a tool
-//! runs exactly one tool round. `POST /tool` is the fake HTTP tool.
+//! When the request offers tools (and `tool_choice` is not `none`) and the
+//! last message is not a tool result, the answer is one call of the first
+//! tool instead, so an agent with a tool runs exactly one tool round. `POST /tool` is the fake HTTP tool.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -55,6 +55,8 @@ struct Probe<'a> {
     messages: Vec<ProbeMessage<'a>>,
     #[serde(default)]
     tools: Vec<serde::de::IgnoredAny>,
+    #[serde(default)]
+    tool_choice: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -86,8 +88,12 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Reply>, Infallibl
 }
 
 fn chat(probe: &Probe) -> Response<Reply> {
-    let calls_tool =
-        !probe.tools.is_empty() && probe.messages.last().is_some_and(|m| m.role != "tool");
+    let calls_tool = !probe.tools.is_empty()
+        && probe
+            .tool_choice
+            .as_ref()
+            .is_none_or(|choice| choice != "none")
+        && probe.messages.last().is_some_and(|m| m.role != "tool");
     let tokens = probe.max_tokens.unwrap_or(DEFAULT_TOKENS);
     if probe.stream {
         let mut response = Response::new(Reply::Stream(TokenStream::new(

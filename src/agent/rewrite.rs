@@ -69,9 +69,20 @@ fn combine_instructions(agent: &Agent, conversation: &mut Conversation) {
     let theirs = conversation.system.take().filter(|t| !t.is_empty());
     conversation.system = Some(match (agent.prompt_mode, theirs) {
         (PromptMode::Replace, _) | (_, None) => ours.to_owned(),
-        (PromptMode::Prepend, Some(theirs)) => format!("{ours}\n\n{theirs}"),
-        (PromptMode::Append, Some(theirs)) => format!("{theirs}\n\n{ours}"),
+        (PromptMode::Prepend, Some(theirs)) => paragraphs(ours, &theirs),
+        (PromptMode::Append, Some(theirs)) => paragraphs(&theirs, ours),
     });
+}
+
+/// `first`, a blank line, `then`, in a string of exactly that size: it is
+/// kept for the whole request, and a coding agent's prompt is many KiB
+/// (`format!` grows its buffer by doubling).
+fn paragraphs(first: &str, then: &str) -> String {
+    let mut both = String::with_capacity(first.len() + 2 + then.len());
+    both.push_str(first);
+    both.push_str("\n\n");
+    both.push_str(then);
+    both
 }
 
 /// The agent's tools first, then the client's, minus any client tool that

@@ -125,7 +125,14 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         let cut = forward::forward(&mut client, &config, body, affinity).await;
         return handled(cut);
     }
-    let (mut conversation, encoder) = match decode(&config, &ctx.tenant, dialect, &body).await {
+    // The body and its peek are let go once decoded: a coding agent's
+    // request is tens of KiB, and the conversation holds all of it that a
+    // stream needs.
+    let asked = model.map(str::to_owned);
+    drop(peek);
+    let decoded = decode(&config, &ctx.tenant, dialect, &body).await;
+    drop(body);
+    let (mut conversation, encoder) = match decoded {
         Ok(decoded) => decoded,
         Err(error) => return reject(session, dialect, &error).await,
     };
@@ -197,8 +204,8 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         ..ctx_call.nested(&agent.id)
     };
     // An alias answers under the name the client asked for.
-    let named = match model {
-        Some(m) if m != agent.id && m != AUTO => m.to_owned(),
+    let named = match asked {
+        Some(m) if m != agent.id && m != AUTO => m,
         _ => agent.id.clone(),
     };
     let encoder = encoder.build(&agent, &named);
