@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 pub use crate::openai::Usage;
@@ -160,10 +161,47 @@ pub struct FunctionTool {
     pub name: String,
     pub description: Option<String>,
     /// JSON schema of the arguments.
-    pub parameters: Value,
+    pub parameters: Schema,
     pub kind: CallKind,
     /// `strict`, and anything else a dialect adds to a function definition.
     pub extra: Map<String, Value>,
+}
+
+/// A JSON schema, kept as its JSON text. The proxy only passes it on, and a
+/// coding agent's tools hold tens of KiB of schemas for a whole stream: as a
+/// `Value`, every object in them would be a map of its own.
+#[derive(Debug, Clone)]
+pub struct Schema(Box<RawValue>);
+
+impl Schema {
+    /// The schema of a function without arguments.
+    pub fn empty() -> Schema {
+        Schema::from(&serde_json::json!({"type": "object", "properties": {}}))
+    }
+
+    /// The schema as JSON (for a test or a look inside).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.0.get()).unwrap_or_default()
+    }
+}
+
+impl From<&Value> for Schema {
+    fn from(schema: &Value) -> Schema {
+        // A `Value` always serializes: its keys are strings.
+        Schema(serde_json::value::to_raw_value(schema).unwrap_or_default())
+    }
+}
+
+impl PartialEq for Schema {
+    fn eq(&self, other: &Schema) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl serde::Serialize for Schema {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
 }
 
 /// The sampling and output options the core maps between dialects.

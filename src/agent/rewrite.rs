@@ -7,8 +7,7 @@ use tracing::warn;
 use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::PromptMode;
-use crate::conversation::{CallKind, Conversation, FunctionTool, Item, Role};
-use crate::front::chat::empty_schema;
+use crate::conversation::{CallKind, Conversation, FunctionTool, Item, Role, Schema};
 
 /// Rewrites `conversation` for `agent`. Everything the rewrite does not own
 /// is kept as the client sent it.
@@ -94,7 +93,10 @@ fn merge_tools(agent: &Agent, toolset: &ToolSet, tools: &mut Vec<FunctionTool>) 
         Some(FunctionTool {
             name: function.name.clone(),
             description: function.description.clone(),
-            parameters: function.parameters.clone().unwrap_or_else(empty_schema),
+            parameters: function
+                .parameters
+                .as_ref()
+                .map_or_else(Schema::empty, Schema::from),
             kind: CallKind::Function,
             extra: function.rest.clone(),
         })

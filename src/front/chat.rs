@@ -9,7 +9,7 @@ use super::Encoder;
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, ToolCall, ToolChoice, ToolResult, Usage,
+    Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::openai::{self, ChatRequest};
@@ -51,7 +51,10 @@ pub fn decode(request: ChatRequest) -> Result<Conversation, ApiError> {
             conversation.tools.push(FunctionTool {
                 name: function.name,
                 description: function.description,
-                parameters: function.parameters.unwrap_or_else(empty_schema),
+                parameters: function
+                    .parameters
+                    .as_ref()
+                    .map_or_else(Schema::empty, Schema::from),
                 kind: CallKind::Function,
                 extra: function.rest,
             });
@@ -78,10 +81,6 @@ pub fn decode(request: ChatRequest) -> Result<Conversation, ApiError> {
     conversation.options = options;
     conversation.extra = rest;
     Ok(conversation)
-}
-
-pub fn empty_schema() -> Value {
-    serde_json::json!({"type": "object", "properties": {}})
 }
 
 fn decode_message(message: openai::Message, items: &mut Vec<Item>) -> Result<(), ApiError> {

@@ -16,14 +16,14 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::chat::{empty_schema, wire_call};
+use super::chat::wire_call;
 use super::{
     invalid, json_object, new_id, note_dropped, required_str, take_bool, take_f64, take_str,
     take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, ToolCall, ToolChoice, ToolResult, Usage,
+    Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 
@@ -372,7 +372,7 @@ fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
         let parameters = tool
             .remove("input_schema")
             .filter(|v| !v.is_null())
-            .unwrap_or_else(empty_schema);
+            .map_or_else(Schema::empty, |schema| Schema::from(&schema));
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(FunctionTool {
             name,
@@ -1419,7 +1419,7 @@ mod tests {
         let names: Vec<&str> = conv.tools.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["Bash", "Edit", "Later", "Bare"]);
         assert_eq!(conv.tools[0].description.as_deref(), Some("Run."));
-        assert_eq!(conv.tools[0].parameters, schema);
+        assert_eq!(conv.tools[0].parameters.to_value(), schema);
         assert_eq!(conv.tools[0].kind, CallKind::Function);
         assert_eq!(
             conv.tools[0].extra["cache_control"],
@@ -1430,7 +1430,7 @@ mod tests {
             json!({"strict": true}).as_object().unwrap().clone()
         );
         assert_eq!(conv.tools[2].extra["defer_loading"], true);
-        assert_eq!(conv.tools[3].parameters, empty_schema());
+        assert_eq!(conv.tools[3].parameters, Schema::empty());
         assert_eq!(
             ctx.dropped_tools,
             [

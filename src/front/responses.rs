@@ -22,7 +22,7 @@ use super::{
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, ToolCall, ToolChoice, ToolResult, Usage,
+    Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::front::Encoder;
@@ -338,12 +338,12 @@ fn function_tool(
             "properties": {"input": {"type": "string"}},
             "required": ["input"],
         });
-        (CallKind::Custom, schema)
+        (CallKind::Custom, Schema::from(&schema))
     } else {
         let parameters = tool
             .remove("parameters")
             .filter(|v| !v.is_null())
-            .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+            .map_or_else(Schema::empty, |schema| Schema::from(&schema));
         (CallKind::Function, parameters)
     };
     Ok(FunctionTool {
@@ -1905,7 +1905,7 @@ mod tests {
         let exec = &conv.tools[0];
         assert_eq!(exec.kind, CallKind::Function);
         assert_eq!(exec.description.as_deref(), Some("Run."));
-        assert_eq!(exec.parameters["properties"]["cmd"]["type"], "string");
+        assert_eq!(exec.parameters.to_value()["properties"]["cmd"]["type"], "string");
         assert_eq!(
             exec.extra,
             json!({"strict": false}).as_object().unwrap().clone()
@@ -1914,7 +1914,7 @@ mod tests {
         let patch = &conv.tools[1];
         assert_eq!(patch.kind, CallKind::Custom);
         assert_eq!(
-            patch.parameters,
+            patch.parameters.to_value(),
             json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]})
         );
         assert_eq!(patch.extra["format"]["syntax"], "lark");

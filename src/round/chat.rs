@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 use super::{DecodeError, RoundDecoder, Step, Whole};
 use crate::agent::assemble::{new_call_id, Assembler};
 use crate::conversation::{
-    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, ToolCall,
-    ToolChoice, UpstreamError,
+    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, Schema,
+    ToolCall, ToolChoice, UpstreamError,
 };
 use crate::front::chat::wire_call;
 use crate::openai::{self, ChunkIn, CompletionIn};
@@ -94,7 +94,7 @@ struct FunctionOut<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    parameters: &'a Value,
+    parameters: &'a Schema,
     #[serde(flatten)]
     extra: Option<&'a Map<String, Value>>,
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::{DecodeError, RoundDecoder, Step, Whole};
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Part, Reasoning,
-    Role, RoundEnd, ToolCall, ToolChoice, UpstreamError, Usage,
+    Role, RoundEnd, Schema, ToolCall, ToolChoice, UpstreamError, Usage,
 };
 use crate::sse;
 
@@ -389,7 +389,7 @@ enum ToolOut<'a> {
         name: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
         description: Option<&'a str>,
-        parameters: &'a Value,
+        parameters: &'a Schema,
         strict: &'a Value,
     },
     Custom {
@@ -958,7 +958,7 @@ mod tests {
         FunctionTool {
             name: name.into(),
             description: Some(format!("{name} tool")),
-            parameters: json!({"type": "object", "properties": {}}),
+            parameters: Schema::empty(),
             kind,
             extra: extra.as_object().cloned().unwrap_or_default(),
         }
