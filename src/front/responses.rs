@@ -1905,7 +1905,10 @@ mod tests {
         let exec = &conv.tools[0];
         assert_eq!(exec.kind, CallKind::Function);
         assert_eq!(exec.description.as_deref(), Some("Run."));
-        assert_eq!(exec.parameters.to_value()["properties"]["cmd"]["type"], "string");
+        assert_eq!(
+            exec.parameters.to_value()["properties"]["cmd"]["type"],
+            "string"
+        );
         assert_eq!(
             exec.extra,
             json!({"strict": false}).as_object().unwrap().clone()

@@ -167,15 +167,32 @@ impl ServerApp for Edge {
                 }
                 Err(_) => return None,
             }
-            let reused = if super::passes_through(session.req_header(), &self.config.load()) {
+            let (passes_through, may_pass_on) = {
+                let (config, req) = (self.config.load(), session.req_header());
+                (
+                    super::passes_through(req, &config),
+                    super::may_pass_on(req, &config),
+                )
+            };
+            let reused = if passes_through {
                 self.pass_on(session.downstream_session, head, shutdown)
                     .await
             } else {
+                // The head is kept only for a request that may yet be passed
+                // on: a front door's (with up to 4 KiB of its body) would
+                // hold it for as long as its answer streams.
+                let head = may_pass_on.then_some(head);
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
-                match Box::pin(self.serve(session, shutdown)).await {
-                    Served::Answered(reused) => reused,
-                    Served::PassedOn(session) => self.pass_on(session, head, shutdown).await,
+                match (Box::pin(self.serve(session, shutdown)).await, head) {
+                    (Served::Answered(reused), _) => reused,
+                    (Served::PassedOn(session), Some(head)) => {
+                        self.pass_on(session, head, shutdown).await
+                    }
+                    (Served::PassedOn(_), None) => {
+                        error!("a request passed on from a route that never is: connection closed");
+                        None
+                    }
                 }
             };
             (stream, persisted) = reused?.consume();

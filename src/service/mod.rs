@@ -400,6 +400,16 @@ fn passes_through(req: &RequestHeader, config: &Config) -> bool {
     config.passthrough && route_of(req.method.as_str(), req.uri.path(), config) == PROXY
 }
 
+/// Whether our handlers may still pass the request on to pingora's proxy
+/// path: a stored response's route (an id not ours), or a route of none of
+/// ours if `passthrough` came on since [`passes_through`] looked.
+fn may_pass_on(req: &RequestHeader, config: &Config) -> bool {
+    matches!(
+        route_of(req.method.as_str(), req.uri.path(), config),
+        "stored_response" | PROXY
+    )
+}
+
 fn is_event_stream(header: &ResponseHeader) -> bool {
     header
         .headers
