@@ -176,7 +176,8 @@ pub struct Schema(Box<RawValue>);
 impl Schema {
     /// The schema of a function without arguments.
     pub fn empty() -> Schema {
-        Schema::from(&serde_json::json!({"type": "object", "properties": {}}))
+        let empty = RawValue::from_string(r#"{"type":"object","properties":{}}"#.to_owned());
+        Schema(empty.unwrap_or_default())
     }
 
     /// The schema as JSON (for a test or a look inside).

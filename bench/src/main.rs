@@ -143,6 +143,10 @@ const OPEN_STREAM_TOKEN_US: u64 = 100_000;
 
 /// The agent `plain`, with `bench_delay_us` as a param.
 fn delay_agent(delay_us: u64) -> String {
+    assert!(
+        AGENT_DELAYS_US.contains(&delay_us),
+        "no agent for {delay_us} µs a token: add it to AGENT_DELAYS_US"
+    );
     format!("plain-{delay_us}us")
 }
 
@@ -345,10 +349,6 @@ impl Bench {
                 Answer::Chat,
             ),
             Ask::Responses | Ask::Messages => {
-                assert!(
-                    AGENT_DELAYS_US.contains(&delay_us),
-                    "no agent for {delay_us} µs a token: add it to AGENT_DELAYS_US"
-                );
                 let model = delay_agent(delay_us);
                 let body = if target.ask == Ask::Responses {
                     format!(
@@ -367,10 +367,6 @@ impl Bench {
                 (body.into(), answer)
             }
             Ask::Client(request) => {
-                assert!(
-                    AGENT_DELAYS_US.contains(&delay_us),
-                    "no agent for {delay_us} µs a token: add it to AGENT_DELAYS_US"
-                );
                 let body = request.body(&delay_agent(delay_us), stream, tokens);
                 (body, request.answer())
             }

@@ -36,7 +36,7 @@ use pingora::ErrorType;
 use tokio::io::AsyncReadExt;
 use tracing::{error, warn};
 
-use super::AgentProxy;
+use super::{AgentProxy, ProxyPath};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::limits::{Connection, Connections};
@@ -167,21 +167,15 @@ impl ServerApp for Edge {
                 }
                 Err(_) => return None,
             }
-            let (passes_through, may_pass_on) = {
-                let (config, req) = (self.config.load(), session.req_header());
-                (
-                    super::passes_through(req, &config),
-                    super::may_pass_on(req, &config),
-                )
-            };
-            let reused = if passes_through {
+            let proxy_path = super::proxy_path(session.req_header(), &self.config.load());
+            let reused = if proxy_path == ProxyPath::Now {
                 self.pass_on(session.downstream_session, head, shutdown)
                     .await
             } else {
                 // The head is kept only for a request that may yet be passed
                 // on: a front door's (with up to 4 KiB of its body) would
                 // hold it for as long as its answer streams.
-                let head = may_pass_on.then_some(head);
+                let head = (proxy_path == ProxyPath::Perhaps).then_some(head);
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
                 match (Box::pin(self.serve(session, shutdown)).await, head) {

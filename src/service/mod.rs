@@ -393,21 +393,26 @@ fn route_of(method: &str, path: &str, config: &Config) -> &'static str {
 /// The route of a request our handlers do not answer.
 const PROXY: &str = "proxy";
 
-/// Whether pingora's proxy path takes the request straight away: a route of
-/// none of ours, with `passthrough` on. Our handlers answer the rest, and
-/// may still pass a request on (a stored response's id that is not ours).
-fn passes_through(req: &RequestHeader, config: &Config) -> bool {
-    config.passthrough && route_of(req.method.as_str(), req.uri.path(), config) == PROXY
+/// Where pingora's proxy path comes in for a request.
+#[derive(Clone, Copy, PartialEq)]
+enum ProxyPath {
+    /// It takes the request straight away: a route of none of ours, with
+    /// `passthrough` on.
+    Now,
+    /// Our handlers answer, but may pass the request on: a stored
+    /// response's id that is not ours, or a route of none of ours (should
+    /// `passthrough` come on in a reload meanwhile).
+    Perhaps,
+    /// Our handlers answer.
+    Never,
 }
 
-/// Whether our handlers may still pass the request on to pingora's proxy
-/// path: a stored response's route (an id not ours), or a route of none of
-/// ours if `passthrough` came on since [`passes_through`] looked.
-fn may_pass_on(req: &RequestHeader, config: &Config) -> bool {
-    matches!(
-        route_of(req.method.as_str(), req.uri.path(), config),
-        "stored_response" | PROXY
-    )
+fn proxy_path(req: &RequestHeader, config: &Config) -> ProxyPath {
+    match route_of(req.method.as_str(), req.uri.path(), config) {
+        PROXY if config.passthrough => ProxyPath::Now,
+        PROXY | "stored_response" => ProxyPath::Perhaps,
+        _ => ProxyPath::Never,
+    }
 }
 
 fn is_event_stream(header: &ResponseHeader) -> bool {
