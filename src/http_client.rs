@@ -8,21 +8,23 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::buf::Chain;
+use bytes::{Buf, Bytes, BytesMut};
 use futures::future::{BoxFuture, Either, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
+use pingora::protocols::http::v1::client::{http_req_header_to_wire, HttpSession as Http1Session};
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use pingora::utils::tls::{parse_x509, WrappedX509};
-use pingora::{Error, ErrorType, Result};
+use pingora::{Error, ErrorType, OrErr, Result};
+use tokio::io::AsyncWriteExt;
 
 /// How long a DNS answer is reused before the name is looked up again.
 const DNS_TTL: Duration = Duration::from_secs(30);
@@ -346,6 +348,17 @@ impl Endpoint {
         if let Some(body) = &body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
         }
+        // An HTTP/1 request with a body leaves in one write (see `write_whole`).
+        let head = match &body {
+            Some(_) if req.method != http::Method::HEAD => Some(
+                http_req_header_to_wire(&req)
+                    .ok_or_else(|| {
+                        Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable")
+                    })?
+                    .freeze(),
+            ),
+            _ => None,
+        };
         // Safe methods may be sent again whatever happened to them; others
         // only when they provably never reached the server whole.
         let replayable = matches!(req.method, http::Method::GET | http::Method::HEAD);
@@ -355,15 +368,25 @@ impl Endpoint {
             // The connector leaves per-read timeouts to the caller.
             session.set_read_timeout(Some(self.timeouts.first_byte));
             session.set_write_timeout(Some(self.timeouts.first_byte));
-            let written = async {
-                let _cork = body.as_ref().and_then(|_| Cork::new(&session));
-                session.write_request_header(Box::new(req.clone())).await?;
-                if let Some(body) = body.clone() {
-                    session.write_request_body(body, true).await?;
+            let written = match (head.as_ref().zip(body.as_ref()), session) {
+                (Some((head, body)), HttpSession::H1(h1)) => {
+                    let wire = head.clone().chain(body.clone());
+                    let (h1, written) = write_whole(h1, wire, &peer).await;
+                    session = HttpSession::H1(h1);
+                    written
                 }
-                session.finish_request_body().await
-            }
-            .await;
+                (_, other) => {
+                    session = other;
+                    async {
+                        session.write_request_header(Box::new(req.clone())).await?;
+                        if let Some(body) = body.clone() {
+                            session.write_request_body(body, true).await?;
+                        }
+                        session.finish_request_body().await.map(drop)
+                    }
+                    .await
+                }
+            };
             let (result, may_resend) = match written {
                 Ok(_) => (session.read_response_header().await, replayable),
                 // A write that failed: the request never reached the server whole.
@@ -416,41 +439,34 @@ impl Endpoint {
     }
 }
 
-/// Holds an HTTP/1 connection's writes back (`TCP_CORK`) until dropped, so a
-/// request's header and body leave as one segment. pingora flushes the header
-/// on its own; sent apart, they cost a second transmit here and a second
-/// wake-up on the model server, per request.
-struct Cork(RawFd);
-
-impl Cork {
-    fn new(session: &HttpSession) -> Option<Cork> {
-        // pingora's connection id is its socket's fd (TLS included).
-        let fd = session.as_http1()?.stream().id();
-        set_cork(fd, true).then_some(Cork(fd))
-    }
-}
-
-impl Drop for Cork {
-    fn drop(&mut self) {
-        // Uncorking sends what was held. Should it fail, the kernel still
-        // sends held data within 200 ms: slower, never lost.
-        set_cork(self.0, false);
-    }
-}
-
-fn set_cork(fd: RawFd, on: bool) -> bool {
-    let value = libc::c_int::from(on);
-    // SAFETY: `fd` is a socket owned by the live session; the option value
-    // is a valid c_int of the size passed.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_CORK,
-            std::ptr::addr_of!(value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+/// Writes an HTTP/1 request's header and body in one vectored write, so
+/// they leave as one segment: pingora's session flushes the header on its
+/// own, and sent apart they cost a second transmit here and a second wake-up
+/// on the model server. The session is rebuilt on the written stream, as
+/// pingora's connector builds one; it needs the written header only for
+/// `HEAD` and upgrades, which never come here.
+async fn write_whole(
+    h1: Http1Session,
+    mut wire: Chain<Bytes, Bytes>,
+    peer: &HttpPeer,
+) -> (Http1Session, Result<()>) {
+    let (read_timeout, write_timeout) = (h1.read_timeout, h1.write_timeout);
+    let mut stream = h1.into_inner();
+    let write = async {
+        stream.write_all_buf(&mut wire).await?;
+        stream.flush().await
+    };
+    let written = match write_timeout {
+        Some(t) => tokio::time::timeout(t, write)
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+        None => write.await,
+    };
+    let mut h1 = Http1Session::new_with_options(stream, peer);
+    h1.read_timeout = read_timeout;
+    h1.write_timeout = write_timeout;
+    let written = written.or_err(ErrorType::WriteError, "while writing the request");
+    (h1, written)
 }
 
 /// Runs `work` unless `deadline` passes first (then a read timeout).
@@ -718,5 +734,78 @@ mod tests {
         );
         endpoint.try_connect().await.unwrap();
         assert_eq!(peers.preferred(), 1);
+    }
+
+    /// Data segments a connected socket has received (Linux's `TCP_INFO`).
+    fn data_segments_in(socket: &tokio::net::TcpStream) -> u32 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a zeroed `tcp_info` is valid; the kernel writes at most
+        // `len` bytes into it.
+        unsafe {
+            let mut info: libc::tcp_info = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            let done = libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                std::ptr::addr_of_mut!(info).cast(),
+                &mut len,
+            );
+            assert_eq!(done, 0, "TCP_INFO");
+            info.tcpi_data_segs_in
+        }
+    }
+
+    /// A request's header and body reach the model server as one TCP
+    /// segment (sent apart, they cost a second transmit and a second
+    /// wake-up of the server), and the connection they were written on goes
+    /// back to the pool and serves the next request.
+    #[tokio::test]
+    async fn a_request_leaves_in_one_segment_and_its_connection_is_reused() {
+        use tokio::io::AsyncReadExt;
+        let body = Bytes::from(format!("{{\"input\":\"{}\"}}", "x".repeat(3000)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let expected = body.clone();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                let mut request = Vec::new();
+                while !request.ends_with(&expected) {
+                    let mut buf = [0; 8192];
+                    let n = socket.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "closed mid-request");
+                    request.extend_from_slice(&buf[..n]);
+                }
+                seen.push((String::from_utf8(request).unwrap(), data_segments_in(&socket)));
+                socket
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+            }
+            seen
+        });
+        let options = EndpointOptions {
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+            ca_file: None,
+        };
+        let endpoint = Endpoint::parse(&format!("http://127.0.0.1:{port}/v1"), options).unwrap();
+        for _ in 0..2 {
+            let path = endpoint.path("/chat/completions");
+            let req = endpoint.request_header("POST", &path).unwrap();
+            let mut exchange = endpoint.send(req, Some(body.clone())).await.unwrap();
+            assert_eq!(exchange.status(), 200);
+            assert_eq!(exchange.read_to_end(1024).await.unwrap(), "ok");
+        }
+        // The server accepted once: the second request came on the pooled connection.
+        let seen = server.await.unwrap();
+        let length = format!("content-length: {}\r\n", body.len());
+        for (request, _) in &seen {
+            assert!(request.starts_with("POST /v1/chat/completions HTTP/1.1\r\n"));
+            assert!(request.to_ascii_lowercase().contains(&length));
+        }
+        let segments: Vec<u32> = seen.iter().map(|(_, segments)| *segments).collect();
+        assert_eq!(segments, [1, 2], "data segments received after each request");
     }
 }
