@@ -26,10 +26,10 @@ use pingora::utils::tls::{parse_x509, WrappedX509};
 use pingora::{Error, ErrorType, OrErr, Result};
 use tokio::io::AsyncWriteExt;
 
+mod pool;
+
 /// How long a DNS answer is reused before the name is looked up again.
 const DNS_TTL: Duration = Duration::from_secs(30);
-/// How long a pooled connection may sit idle.
-const POOL_IDLE: Duration = Duration::from_secs(60);
 /// How long a connection attempt runs alone before the next address is
 /// tried beside it (RFC 8305's connection attempt delay).
 const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
@@ -99,6 +99,11 @@ impl Peers {
     /// the first address's error: the one most likely to be the right one.
     async fn connect(&self) -> Result<(HttpSession, bool, Arc<HttpPeer>)> {
         let start = self.preferred();
+        let peer = self.peer(start);
+        if let Some(stream) = pool::shared().take(peer.reuse_hash()) {
+            let session = HttpSession::H1(Http1Session::new_with_options(stream, &**peer));
+            return Ok((session, true, peer.clone()));
+        }
         let mut order = (0..self.count()).map(|k| (start + k) % self.count());
         let attempt = |index: usize| async move {
             let peer = self.peer(index);
@@ -267,7 +272,7 @@ impl Endpoint {
         let mut peer = HttpPeer::new(addr, self.tls, self.host.clone());
         peer.options.connection_timeout = Some(self.timeouts.connect);
         peer.options.read_timeout = Some(self.timeouts.first_byte);
-        peer.options.idle_timeout = Some(POOL_IDLE);
+        peer.options.idle_timeout = Some(pool::IDLE);
         if self.tls {
             peer.options.set_http_version(2, 1);
             peer.options.ca = self.ca.clone();
@@ -515,8 +520,8 @@ fn happy_eyeballs_order(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
     ordered
 }
 
-/// One connection pool for every endpoint: pingora keys pooled connections
-/// by peer (address, TLS settings), so endpoints never share one by mistake.
+/// One connector for every endpoint: it connects, and pools HTTP/2
+/// connections (HTTP/1 ones wait in [`pool`]).
 fn connector() -> &'static Connector {
     static SHARED: OnceLock<Connector> = OnceLock::new();
     SHARED.get_or_init(|| Connector::new(Some(ConnectorOptions::new(1024))))
@@ -636,10 +641,19 @@ impl Exchange {
     }
 
     async fn release(&mut self) {
-        if let Some(session) = self.session.take() {
-            connector()
-                .release_http_session(session, &*self.peer, Some(POOL_IDLE))
-                .await;
+        match self.session.take() {
+            Some(HttpSession::H1(mut h1)) => {
+                h1.respect_keepalive();
+                if let Some(stream) = h1.reuse().await {
+                    pool::shared().put(self.peer.reuse_hash(), stream);
+                }
+            }
+            Some(other) => {
+                connector()
+                    .release_http_session(other, &*self.peer, Some(pool::IDLE))
+                    .await;
+            }
+            None => {}
         }
     }
 }
@@ -778,7 +792,10 @@ mod tests {
                     assert!(n > 0, "closed mid-request");
                     request.extend_from_slice(&buf[..n]);
                 }
-                seen.push((String::from_utf8(request).unwrap(), data_segments_in(&socket)));
+                seen.push((
+                    String::from_utf8(request).unwrap(),
+                    data_segments_in(&socket),
+                ));
                 socket
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                     .await
@@ -806,6 +823,10 @@ mod tests {
             assert!(request.to_ascii_lowercase().contains(&length));
         }
         let segments: Vec<u32> = seen.iter().map(|(_, segments)| *segments).collect();
-        assert_eq!(segments, [1, 2], "data segments received after each request");
+        assert_eq!(
+            segments,
+            [1, 2],
+            "data segments received after each request"
+        );
     }
 }
