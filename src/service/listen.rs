@@ -9,8 +9,8 @@
 //! sockets, so a binary upgrade (`--upgrade`) hands it over as before.
 //!
 //! Pingora sizes a connection's write buffer only in its own listener, so
-//! [`Connection`] adds one: a response's head and a short body then leave in
-//! one write, as they do from pingora's. Reads are not buffered (pingora's
+//! [`Connection`] adds one ([`WriteBuffer`]): a response's head and its body,
+//! or its first events, then leave in one write. Reads are not buffered (pingora's
 //! 64 KiB read buffer is there for TLS records): a request's head is read
 //! straight into the buffer `Edge` parses.
 
@@ -32,10 +32,11 @@ use pingora::protocols::{
 };
 use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::Service;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket};
 use tracing::{debug, error, info};
 
+use super::write_buffer::WriteBuffer;
 use super::Edge;
 
 /// The kernel's queue of connections not yet accepted, as pingora sets it.
@@ -110,7 +111,7 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
             debug!("TCP_NODELAY on an accepted connection failed: {e}");
             continue;
         }
-        let connection = Connection(BufWriter::with_capacity(WRITE_BUFFER, tcp));
+        let connection = Connection(WriteBuffer::new(WRITE_BUFFER, tcp));
         let edge = edge.clone();
         let shutdown = shutdown.clone();
         // As pingora's listener: without work stealing, each connection
@@ -173,7 +174,7 @@ impl Service for Listener {
 
 /// A client connection: pingora's TCP stream, its writes buffered.
 #[derive(Debug)]
-struct Connection(BufWriter<TcpConnection>);
+struct Connection(WriteBuffer<TcpConnection>);
 
 impl Connection {
     fn tcp(&self) -> &TcpConnection {

@@ -1,0 +1,260 @@
+//! A client connection's write buffer that never costs a write of its own.
+//!
+//! tokio's `BufWriter` sends what it holds before a write that does not fit
+//! beside it: a response head it held, then the body, in two writes. Here
+//! the held bytes leave with that write, in one vectored write: a head and a
+//! body of any size, or an event stream's head and first events, cost one
+//! syscall and leave as one segment when they fit in one.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// At most this many of a write's slices go with the held bytes.
+const SLICES: usize = 8;
+
+#[derive(Debug)]
+pub struct WriteBuffer<W> {
+    inner: W,
+    held: Vec<u8>,
+    capacity: usize,
+}
+
+impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
+    pub fn new(capacity: usize, inner: W) -> Self {
+        WriteBuffer {
+            inner,
+            held: Vec::with_capacity(capacity),
+            capacity,
+        }
+    }
+
+    pub fn get_ref(&self) -> &W {
+        &self.inner
+    }
+
+    /// Writes `bufs`, after what is held: returns how much of `bufs` was
+    /// taken (held or sent), as `poll_write_vectored` does.
+    fn write(&mut self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let total = bufs.iter().map(|b| b.len()).sum::<usize>();
+        loop {
+            if self.held.len() + total <= self.capacity {
+                bufs.iter().for_each(|b| self.held.extend_from_slice(b));
+                return Poll::Ready(Ok(total));
+            }
+            if self.held.is_empty() {
+                return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+            }
+            let mut slices = [IoSlice::new(&[]); SLICES];
+            slices[0] = IoSlice::new(&self.held);
+            let mut count = 1;
+            for buf in bufs.iter().filter(|b| !b.is_empty()).take(SLICES - 1) {
+                slices[count] = *buf;
+                count += 1;
+            }
+            let sent = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, &slices[..count]))?;
+            if sent == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            let held = self.held.len();
+            if sent < held {
+                // Part of what was held: the rest of it goes first, next round.
+                self.held.drain(..sent);
+                continue;
+            }
+            self.held.clear();
+            if sent > held {
+                return Poll::Ready(Ok(sent - held));
+            }
+            // Exactly what was held: `bufs` may fit now, or go alone.
+        }
+    }
+
+    /// Sends everything held.
+    fn send_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.held.is_empty() {
+            let sent = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.held))?;
+            if sent == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.held.drain(..sent);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for WriteBuffer<W> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().write(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().write(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.send_held(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.send_held(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+impl<W: AsyncRead + Unpin> AsyncRead for WriteBuffer<W> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Buf;
+    use tokio::io::AsyncWriteExt;
+
+    /// A socket that records each write call, takes at most `per_write`
+    /// bytes a call, and is not ready on every `pending_every`-th call.
+    #[derive(Default)]
+    struct Socket {
+        writes: Vec<Vec<u8>>,
+        per_write: Option<usize>,
+        pending_every: Option<usize>,
+        calls: usize,
+    }
+
+    impl Socket {
+        fn sent(&self) -> Vec<u8> {
+            self.writes.concat()
+        }
+    }
+
+    impl AsyncWrite for Socket {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let this = self.get_mut();
+            this.calls += 1;
+            if this
+                .pending_every
+                .is_some_and(|k| this.calls.is_multiple_of(k))
+            {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let mut all: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            all.truncate(this.per_write.unwrap_or(usize::MAX));
+            let n = all.len();
+            this.writes.push(all);
+            Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_head_and_a_body_too_large_to_hold_leave_in_one_write() {
+        let mut out = WriteBuffer::new(64, Socket::default());
+        let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n";
+        out.write_all(head).await.unwrap();
+        assert!(out.get_ref().writes.is_empty(), "a head alone is held");
+        let body = [b'x'; 100];
+        // As pingora writes a chunk: size, data, CRLF, in one vectored write.
+        let mut chunk = b"64\r\n"[..].chain(&body[..]).chain(&b"\r\n"[..]);
+        out.write_all_buf(&mut chunk).await.unwrap();
+        out.flush().await.unwrap();
+        let writes = &out.get_ref().writes;
+        assert_eq!(writes.len(), 1, "one write");
+        assert_eq!(writes[0], [&head[..], b"64\r\n", &body, b"\r\n"].concat());
+    }
+
+    #[tokio::test]
+    async fn small_writes_are_held_until_a_flush() {
+        let mut out = WriteBuffer::new(64, Socket::default());
+        out.write_all(b"event: a\n\n").await.unwrap();
+        out.write_all(b"event: b\n\n").await.unwrap();
+        assert!(out.get_ref().writes.is_empty());
+        out.flush().await.unwrap();
+        assert_eq!(out.get_ref().writes, [b"event: a\n\nevent: b\n\n".to_vec()]);
+        out.flush().await.unwrap();
+        assert_eq!(
+            out.get_ref().writes.len(),
+            1,
+            "nothing held, nothing written"
+        );
+    }
+
+    /// Whatever the writes, and however little the socket takes at a time,
+    /// the bytes leave whole and in order.
+    #[tokio::test]
+    async fn any_writes_over_any_socket_send_the_same_bytes_in_order() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..300 {
+            let socket = Socket {
+                per_write: rng.bool().then(|| rng.usize(1..40)),
+                pending_every: rng.bool().then(|| rng.usize(2..5)),
+                ..Socket::default()
+            };
+            let mut out = WriteBuffer::new(rng.usize(1..64), socket);
+            let mut expected = Vec::new();
+            for _ in 0..rng.usize(1..12) {
+                let pieces: Vec<Vec<u8>> = (0..rng.usize(1..4))
+                    .map(|_| (0..rng.usize(0..90)).map(|_| rng.u8(..)).collect())
+                    .collect();
+                expected.extend(pieces.concat());
+                let mut chain: Box<dyn Buf + Send + Unpin> = Box::new(bytes::Bytes::new());
+                for piece in pieces {
+                    chain = Box::new(chain.chain(bytes::Bytes::from(piece)));
+                }
+                out.write_all_buf(&mut chain).await.unwrap();
+                if rng.u8(..4) == 0 {
+                    out.flush().await.unwrap();
+                }
+            }
+            out.shutdown().await.unwrap();
+            assert_eq!(out.get_ref().sent(), expected);
+        }
+    }
+}
