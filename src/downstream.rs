@@ -12,6 +12,7 @@ use pingora::proxy::Session;
 use crate::conversation::Dialect;
 use crate::error::ApiError;
 use crate::metrics::StreamGuard;
+use crate::service::write_buffer;
 use crate::{request_id, sse};
 
 /// The client went away; whatever was in flight for it is dropped.
@@ -95,6 +96,19 @@ impl<'s> Client<'s> {
         self.send_header(header, false).await?;
         self.mark_streaming();
         Ok(())
+    }
+
+    /// Opens an event stream with its first bytes: head and bytes in one
+    /// write (pingora would flush the head alone).
+    pub async fn open_stream_with(&mut self, first: Bytes) -> Result<(), Gone> {
+        write_buffer::deferring_flush(self.start_event_stream()).await?;
+        self.write(first).await
+    }
+
+    /// Writes the last bytes of an event stream: they leave with the
+    /// response's closing chunk, in one write.
+    pub async fn write_last(&mut self, bytes: Bytes) -> Result<(), Gone> {
+        write_buffer::deferring_flush(self.write(bytes)).await
     }
 
     /// The response being sent is an event stream (heartbeats allowed).
@@ -182,6 +196,17 @@ pub trait Downstream: Send {
         F::Output: Send;
     fn start_event_stream(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
     fn write(&mut self, bytes: Bytes) -> impl Future<Output = Result<(), Gone>> + Send;
+    /// Opens an event stream with its first bytes, in one write where it can.
+    fn open_stream_with(&mut self, first: Bytes) -> impl Future<Output = Result<(), Gone>> + Send {
+        async move {
+            self.start_event_stream().await?;
+            self.write(first).await
+        }
+    }
+    /// An event stream's last bytes, to leave with its end where it can.
+    fn write_last(&mut self, bytes: Bytes) -> impl Future<Output = Result<(), Gone>> + Send {
+        self.write(bytes)
+    }
     fn respond_json(
         &mut self,
         status: u16,
@@ -213,6 +238,14 @@ impl Downstream for Client<'_> {
 
     fn write(&mut self, bytes: Bytes) -> impl Future<Output = Result<(), Gone>> + Send {
         Client::write(self, bytes)
+    }
+
+    fn open_stream_with(&mut self, first: Bytes) -> impl Future<Output = Result<(), Gone>> + Send {
+        Client::open_stream_with(self, first)
+    }
+
+    fn write_last(&mut self, bytes: Bytes) -> impl Future<Output = Result<(), Gone>> + Send {
+        Client::write_last(self, bytes)
     }
 
     fn respond_json(

@@ -25,6 +25,9 @@ pub struct Reply {
     /// Events are gathered instead of written, until [`Reply::release`]:
     /// the events of one upstream read leave in one write.
     hold: bool,
+    /// The encoder's opening events were written (to `buf`); the head goes
+    /// out with the first bytes after them.
+    opened: bool,
     /// The last character of the text sent so far.
     last_char: Option<char>,
     /// A new round began: its first text starts a new paragraph.
@@ -74,6 +77,7 @@ impl Reply {
             first_token_at: None,
             buf: Vec::with_capacity(512),
             hold: false,
+            opened: false,
             last_char: None,
             round_break: false,
             nested: None,
@@ -164,16 +168,26 @@ impl Reply {
         client.wait(work).await
     }
 
-    /// Opens the event stream (header and opening events) if not yet open;
-    /// every streamed event is written after these.
+    /// Opens the event stream now (head and opening events), if not yet
+    /// open: a silence is beginning (a long prompt, a tool), and the client
+    /// and any load balancer in between must see bytes.
     pub async fn start(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
         if !self.encoder.streams() || client.header_sent() {
             return Ok(());
         }
-        client.start_event_stream().await?;
-        self.buf.clear();
-        self.encoder.open(&mut self.buf);
+        self.open();
+        if self.hold || self.buf.is_empty() {
+            client.start_event_stream().await?;
+        }
         self.flush(client).await
+    }
+
+    /// The stream's opening events, before its first: written with them.
+    fn open(&mut self) {
+        if self.encoder.streams() && !self.opened {
+            self.opened = true;
+            self.encoder.open(&mut self.buf);
+        }
     }
 
     /// Gathers the events that follow until [`Reply::release`].
@@ -188,12 +202,24 @@ impl Reply {
     }
 
     async fn flush(&mut self, client: &mut impl Downstream) -> Result<(), Gone> {
+        self.write(client, false).await
+    }
+
+    /// Writes what `buf` holds, unless held; the stream's head goes with
+    /// the first bytes, and the `last` ones with the response's end.
+    async fn write(&mut self, client: &mut impl Downstream, last: bool) -> Result<(), Gone> {
         if self.hold || self.buf.is_empty() {
             return Ok(());
         }
         let bytes = Bytes::copy_from_slice(&self.buf);
         self.buf.clear();
-        client.write(bytes).await
+        if self.encoder.streams() && !client.header_sent() {
+            client.open_stream_with(bytes).await
+        } else if last {
+            client.write_last(bytes).await
+        } else {
+            client.write(bytes).await
+        }
     }
 
     pub async fn content(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Gone> {
@@ -216,7 +242,7 @@ impl Reply {
         if self.report(text, true) {
             return Ok(());
         }
-        self.start(client).await?;
+        self.open();
         self.encoder.content(text, &mut self.buf);
         self.flush(client).await
     }
@@ -246,7 +272,7 @@ impl Reply {
         if !self.show_reasoning || self.nested.is_some() {
             return Ok(());
         }
-        self.start(client).await?;
+        self.open();
         self.encoder.reasoning_item(item, &mut self.buf);
         self.flush(client).await
     }
@@ -261,7 +287,7 @@ impl Reply {
         if self.report(text, false) {
             return Ok(());
         }
-        self.start(client).await?;
+        self.open();
         self.encoder.reasoning(text, &mut self.buf);
         self.flush(client).await
     }
@@ -272,7 +298,7 @@ impl Reply {
         client: &mut impl Downstream,
         calls: &[ToolCall],
     ) -> Result<(), Gone> {
-        self.start(client).await?;
+        self.open();
         self.encoder.client_calls(calls, &mut self.buf);
         self.flush(client).await
     }
@@ -285,13 +311,13 @@ impl Reply {
     ) -> Result<(), Gone> {
         // What was gathered goes out with the end.
         self.hold = false;
-        self.start(client).await?;
+        self.open();
         if !self.encoder.streams() {
             self.buf.clear();
         }
         self.encoder.finish(finish, self.usage, &mut self.buf);
         if self.encoder.streams() {
-            return self.flush(client).await;
+            return self.write(client, true).await;
         }
         if self.nested.is_some() {
             return Ok(());
@@ -315,7 +341,7 @@ impl Reply {
                 retry_after,
             } => (status, openai_error_body(status, &body), retry_after),
         };
-        if client.header_sent() {
+        if self.opened || client.header_sent() {
             // What was gathered before the failure goes out before its event.
             self.hold = false;
             self.encoder.stream_error(status, &body, &mut self.buf);
@@ -390,11 +416,12 @@ mod tests {
     use super::*;
     use crate::front::chat::ChatEncoder;
 
-    /// A client that records each write.
+    /// A client that records each write, and how it was made.
     #[derive(Default)]
     struct Recording {
         header_sent: bool,
         writes: Vec<Bytes>,
+        calls: Vec<&'static str>,
     }
 
     impl Downstream for Recording {
@@ -413,10 +440,23 @@ mod tests {
         }
         async fn start_event_stream(&mut self) -> Result<(), Gone> {
             self.header_sent = true;
+            self.calls.push("head");
             Ok(())
         }
         async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
             self.writes.push(bytes);
+            self.calls.push("write");
+            Ok(())
+        }
+        async fn open_stream_with(&mut self, first: Bytes) -> Result<(), Gone> {
+            self.header_sent = true;
+            self.writes.push(first);
+            self.calls.push("head and first");
+            Ok(())
+        }
+        async fn write_last(&mut self, bytes: Bytes) -> Result<(), Gone> {
+            self.writes.push(bytes);
+            self.calls.push("last");
             Ok(())
         }
         async fn respond_json(
@@ -472,6 +512,65 @@ mod tests {
         let all = text(&client.writes);
         let (held, error) = (all.find("held").unwrap(), all.find("broke").unwrap());
         assert!(held < error, "{all}");
+    }
+
+    /// The head leaves with the first events, and the last events with
+    /// the response's end (each a write of the connection, not two).
+    #[tokio::test]
+    async fn a_stream_opens_with_its_first_events_and_ends_with_its_last() {
+        let mut client = Recording::default();
+        let mut reply = Reply::new(
+            Box::new(ChatEncoder::new("m", true, false, Default::default())),
+            true,
+        );
+        reply.hold();
+        reply.content(&mut client, "a").await.unwrap();
+        reply.content(&mut client, "b").await.unwrap();
+        assert!(
+            client.calls.is_empty(),
+            "nothing before the held events leave"
+        );
+        reply.release(&mut client).await.unwrap();
+        reply.content(&mut client, "c").await.unwrap();
+        reply.finish(&mut client, Finish::Stop).await.unwrap();
+        assert_eq!(client.calls, ["head and first", "write", "last"]);
+        assert!(text(&client.writes[..1]).contains("\"b\""));
+        assert!(text(&client.writes[2..]).ends_with("data: [DONE]\n\n"));
+
+        // A silence (a tool, a long prompt) opens the stream at once, with
+        // the opening events; while events are held, the head goes alone.
+        let mut client = Recording::default();
+        let mut reply = Reply::new(
+            Box::new(ChatEncoder::new("m", true, false, Default::default())),
+            true,
+        );
+        reply.start(&mut client).await.unwrap();
+        assert_eq!(client.calls, ["head and first"]);
+        let mut client = Recording::default();
+        let mut reply = Reply::new(
+            Box::new(ChatEncoder::new("m", true, false, Default::default())),
+            true,
+        );
+        reply.hold();
+        reply.start(&mut client).await.unwrap();
+        assert_eq!(client.calls, ["head"]);
+
+        // A failure after the stream's first events were gathered is an
+        // event of that stream, after them.
+        let mut client = Recording::default();
+        let mut reply = Reply::new(
+            Box::new(ChatEncoder::new("m", true, false, Default::default())),
+            true,
+        );
+        reply.hold();
+        reply.content(&mut client, "partial").await.unwrap();
+        let cut = reply
+            .fail(&mut client, Failure::Api(ApiError::bad_gateway("broke")))
+            .await;
+        assert!(cut);
+        assert_eq!(client.calls, ["head and first"]);
+        let all = text(&client.writes);
+        assert!(all.find("partial") < all.find("broke"), "{all}");
     }
 
     #[test]

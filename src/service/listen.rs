@@ -36,7 +36,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket};
 use tracing::{debug, error, info};
 
-use super::write_buffer::WriteBuffer;
+use super::write_buffer::{self, FlushDeferral, WriteBuffer};
 use super::Edge;
 
 /// The kernel's queue of connections not yet accepted, as pingora sets it.
@@ -111,17 +111,18 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
             debug!("TCP_NODELAY on an accepted connection failed: {e}");
             continue;
         }
-        let connection = Connection(WriteBuffer::new(WRITE_BUFFER, tcp));
+        let deferral = FlushDeferral::default();
+        let connection = Connection(WriteBuffer::new(WRITE_BUFFER, tcp, deferral.clone()));
         let edge = edge.clone();
         let shutdown = shutdown.clone();
         // As pingora's listener: without work stealing, each connection
         // goes to a thread's runtime at random, not all to this loop's.
-        pingora_runtime::current_handle().spawn(async move {
+        pingora_runtime::current_handle().spawn(write_buffer::serving(deferral, async move {
             let mut next = edge.process_new(Box::new(connection), &shutdown).await;
             while let Some(stream) = next {
                 next = edge.process_new(stream, &shutdown).await;
             }
-        });
+        }));
     }
 }
 

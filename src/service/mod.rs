@@ -27,7 +27,7 @@ mod listen;
 mod memories;
 mod models;
 mod stored;
-mod write_buffer;
+pub(crate) mod write_buffer;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -5,9 +5,17 @@
 //! the held bytes leave with that write, in one vectored write: a head and a
 //! body of any size, or an event stream's head and first events, cost one
 //! syscall and leave as one segment when they fit in one.
+//!
+//! A request's handler may also defer the connection's next flush
+//! ([`deferring_flush`]): pingora flushes an event stream's head, and each
+//! body write, on its own, and an agent knows when more follows at once (the
+//! head, then the first events; the last events, then the closing chunk).
 
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -15,19 +23,55 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// At most this many of a write's slices go with the held bytes.
 const SLICES: usize = 8;
 
+/// Whether a connection's next flush is skipped; shared by its
+/// [`WriteBuffer`] and the task serving it.
+#[derive(Debug, Clone, Default)]
+pub struct FlushDeferral(Arc<AtomicBool>);
+
+tokio::task_local! {
+    static CONNECTION: FlushDeferral;
+}
+
+/// Runs a connection's task, where [`deferring_flush`] reaches its buffer.
+pub fn serving<F: Future>(
+    deferral: FlushDeferral,
+    connection: F,
+) -> impl Future<Output = F::Output> {
+    CONNECTION.scope(deferral, connection)
+}
+
+/// Runs `write` with the connection's first flush in it skipped: what it
+/// writes leaves with the next write. Outside a connection's task (another
+/// agent's call), just runs it.
+pub async fn deferring_flush<T>(write: impl Future<Output = T>) -> T {
+    let deferral = CONNECTION.try_with(FlushDeferral::clone).ok();
+    if let Some(d) = &deferral {
+        d.0.store(true, Ordering::Relaxed);
+    }
+    let out = write.await;
+    // Not left set: a write that did not flush must not cost a later one
+    // its flush.
+    if let Some(d) = &deferral {
+        d.0.store(false, Ordering::Relaxed);
+    }
+    out
+}
+
 #[derive(Debug)]
 pub struct WriteBuffer<W> {
     inner: W,
     held: Vec<u8>,
     capacity: usize,
+    deferral: FlushDeferral,
 }
 
 impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
-    pub fn new(capacity: usize, inner: W) -> Self {
+    pub fn new(capacity: usize, inner: W, deferral: FlushDeferral) -> Self {
         WriteBuffer {
             inner,
             held: Vec::with_capacity(capacity),
             capacity,
+            deferral,
         }
     }
 
@@ -108,6 +152,9 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for WriteBuffer<W> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.deferral.0.swap(false, Ordering::Relaxed) {
+            return Poll::Ready(Ok(()));
+        }
         ready!(this.send_held(cx))?;
         Pin::new(&mut this.inner).poll_flush(cx)
     }
@@ -196,7 +243,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_and_a_body_too_large_to_hold_leave_in_one_write() {
-        let mut out = WriteBuffer::new(64, Socket::default());
+        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default());
         let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n";
         out.write_all(head).await.unwrap();
         assert!(out.get_ref().writes.is_empty(), "a head alone is held");
@@ -212,7 +259,7 @@ mod tests {
 
     #[tokio::test]
     async fn small_writes_are_held_until_a_flush() {
-        let mut out = WriteBuffer::new(64, Socket::default());
+        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default());
         out.write_all(b"event: a\n\n").await.unwrap();
         out.write_all(b"event: b\n\n").await.unwrap();
         assert!(out.get_ref().writes.is_empty());
@@ -226,6 +273,30 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_deferred_flush_leaves_its_bytes_for_the_next_write() {
+        let deferral = FlushDeferral::default();
+        let mut out = WriteBuffer::new(64, Socket::default(), deferral.clone());
+        serving(deferral, async move {
+            deferring_flush(async {
+                out.write_all(b"head;").await.unwrap();
+                out.flush().await.unwrap();
+            })
+            .await;
+            assert!(out.get_ref().writes.is_empty(), "the flush was skipped");
+            out.write_all(b"events;").await.unwrap();
+            out.flush().await.unwrap();
+            assert_eq!(out.get_ref().writes, [b"head;events;".to_vec()]);
+
+            // A deferral no flush took is not left to skip a later one.
+            deferring_flush(async {}).await;
+            out.write_all(b"more").await.unwrap();
+            out.flush().await.unwrap();
+            assert_eq!(out.get_ref().writes.len(), 2);
+        })
+        .await;
+    }
+
     /// Whatever the writes, and however little the socket takes at a time,
     /// the bytes leave whole and in order.
     #[tokio::test]
@@ -237,7 +308,7 @@ mod tests {
                 pending_every: rng.bool().then(|| rng.usize(2..5)),
                 ..Socket::default()
             };
-            let mut out = WriteBuffer::new(rng.usize(1..64), socket);
+            let mut out = WriteBuffer::new(rng.usize(1..64), socket, FlushDeferral::default());
             let mut expected = Vec::new();
             for _ in 0..rng.usize(1..12) {
                 let pieces: Vec<Vec<u8>> = (0..rng.usize(1..4))
