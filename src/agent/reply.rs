@@ -470,15 +470,19 @@ mod tests {
         }
     }
 
+    /// A streamed chat answer.
+    fn chat_stream() -> Reply {
+        let encoder = ChatEncoder::new("m", true, false, Default::default());
+        Reply::new(Box::new(encoder), true)
+    }
+
     fn text(writes: &[Bytes]) -> String {
         writes.iter().map(|w| String::from_utf8_lossy(w)).collect()
     }
 
     #[tokio::test]
     async fn held_events_leave_in_one_write_and_before_an_end_or_a_failure() {
-        let encoder = || Box::new(ChatEncoder::new("m", true, false, Default::default()));
-        let mut client = Recording::default();
-        let mut reply = Reply::new(encoder(), true);
+        let (mut client, mut reply) = (Recording::default(), chat_stream());
         reply.content(&mut client, "a").await.unwrap();
         let before = client.writes.len();
         reply.hold();
@@ -500,29 +504,30 @@ mod tests {
             "{all}"
         );
 
-        let mut client = Recording::default();
-        let mut reply = Reply::new(encoder(), true);
-        reply.content(&mut client, "x").await.unwrap();
-        reply.hold();
-        reply.content(&mut client, "held").await.unwrap();
-        let cut = reply
-            .fail(&mut client, Failure::Api(ApiError::bad_gateway("broke")))
-            .await;
-        assert!(cut);
-        let all = text(&client.writes);
-        let (held, error) = (all.find("held").unwrap(), all.find("broke").unwrap());
-        assert!(held < error, "{all}");
+        // Whether or not the stream's head went out before them.
+        for written_before in [true, false] {
+            let (mut client, mut reply) = (Recording::default(), chat_stream());
+            if written_before {
+                reply.content(&mut client, "x").await.unwrap();
+            }
+            reply.hold();
+            reply.content(&mut client, "held").await.unwrap();
+            let cut = reply
+                .fail(&mut client, Failure::Api(ApiError::bad_gateway("broke")))
+                .await;
+            assert!(cut);
+            assert!(client.header_sent, "the failure is an event of the stream");
+            let all = text(&client.writes);
+            let (held, error) = (all.find("held").unwrap(), all.find("broke").unwrap());
+            assert!(held < error, "{all}");
+        }
     }
 
     /// The head leaves with the first events, and the last events with
     /// the response's end (each a write of the connection, not two).
     #[tokio::test]
     async fn a_stream_opens_with_its_first_events_and_ends_with_its_last() {
-        let mut client = Recording::default();
-        let mut reply = Reply::new(
-            Box::new(ChatEncoder::new("m", true, false, Default::default())),
-            true,
-        );
+        let (mut client, mut reply) = (Recording::default(), chat_stream());
         reply.hold();
         reply.content(&mut client, "a").await.unwrap();
         reply.content(&mut client, "b").await.unwrap();
@@ -539,38 +544,13 @@ mod tests {
 
         // A silence (a tool, a long prompt) opens the stream at once, with
         // the opening events; while events are held, the head goes alone.
-        let mut client = Recording::default();
-        let mut reply = Reply::new(
-            Box::new(ChatEncoder::new("m", true, false, Default::default())),
-            true,
-        );
+        let (mut client, mut reply) = (Recording::default(), chat_stream());
         reply.start(&mut client).await.unwrap();
         assert_eq!(client.calls, ["head and first"]);
-        let mut client = Recording::default();
-        let mut reply = Reply::new(
-            Box::new(ChatEncoder::new("m", true, false, Default::default())),
-            true,
-        );
+        let (mut client, mut reply) = (Recording::default(), chat_stream());
         reply.hold();
         reply.start(&mut client).await.unwrap();
         assert_eq!(client.calls, ["head"]);
-
-        // A failure after the stream's first events were gathered is an
-        // event of that stream, after them.
-        let mut client = Recording::default();
-        let mut reply = Reply::new(
-            Box::new(ChatEncoder::new("m", true, false, Default::default())),
-            true,
-        );
-        reply.hold();
-        reply.content(&mut client, "partial").await.unwrap();
-        let cut = reply
-            .fail(&mut client, Failure::Api(ApiError::bad_gateway("broke")))
-            .await;
-        assert!(cut);
-        assert_eq!(client.calls, ["head and first"]);
-        let all = text(&client.writes);
-        assert!(all.find("partial") < all.find("broke"), "{all}");
     }
 
     #[test]
