@@ -341,7 +341,8 @@ impl Reply {
                 retry_after,
             } => (status, openai_error_body(status, &body), retry_after),
         };
-        if self.opened || client.header_sent() {
+        // Opened: a stream's head went out, or goes out with the event.
+        if self.opened {
             // What was gathered before the failure goes out before its event.
             self.hold = false;
             self.encoder.stream_error(status, &body, &mut self.buf);

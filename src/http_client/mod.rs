@@ -1,4 +1,5 @@
-//! The outbound HTTP client, on pingora's connector (pooled, h1 and h2, rustls).
+//! The outbound HTTP client, on pingora's connector (h1 and h2, rustls);
+//! idle HTTP/1 connections wait in our own [`pool`], HTTP/2 ones in pingora's.
 //! Model upstreams and HTTP tools both call out through an [`Endpoint`]; the
 //! upstream layer (`upstream/`) decides which endpoint and how often, and
 //! pingora's proxy path connects to the same endpoints' [`Peers`].
