@@ -1,5 +1,6 @@
-//! The outbound HTTP client, on pingora's connector (h1 and h2, rustls);
-//! idle HTTP/1 connections wait in our own [`pool`], HTTP/2 ones in pingora's.
+//! The outbound HTTP client. pingora's connector connects (TCP, rustls,
+//! ALPN); an HTTP/1 exchange is written and read here ([`h1`]) and its idle
+//! connection waits in our own [`pool`]; HTTP/2 is pingora's session and pool.
 //! Model upstreams and HTTP tools both call out through an [`Endpoint`]; the
 //! upstream layer (`upstream/`) decides which endpoint and how often, and
 //! pingora's proxy path connects to the same endpoints' [`Peers`].
@@ -13,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::buf::Chain;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::{BoxFuture, Either, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -21,12 +21,14 @@ use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
-use pingora::protocols::http::v1::client::{http_req_header_to_wire, HttpSession as Http1Session};
+use pingora::protocols::http::v1::client::http_req_header_to_wire;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use pingora::utils::tls::{parse_x509, WrappedX509};
 use pingora::{Error, ErrorType, OrErr, Result};
+use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncWriteExt;
 
+mod h1;
 mod pool;
 
 /// How long a DNS answer is reused before the name is looked up again.
@@ -96,14 +98,14 @@ impl Peers {
     /// Connects to the first address that accepts, the way RFC 8305 does:
     /// the next address is tried as soon as one fails, or beside a slow one
     /// after [`ATTEMPT_DELAY`]; the first to connect wins. Returns the
-    /// session, whether it was pooled, and the peer it is with. On failure,
-    /// the first address's error: the one most likely to be the right one.
-    async fn connect(&self) -> Result<(HttpSession, bool, Arc<HttpPeer>)> {
+    /// connection, whether it was pooled, and the peer it is with. On
+    /// failure, the first address's error: the one most likely to be the
+    /// right one.
+    async fn connect(&self) -> Result<(Connection, bool, Arc<HttpPeer>)> {
         let start = self.preferred();
         let peer = self.peer(start);
         if let Some(stream) = pool::shared().take(peer.reuse_hash()) {
-            let session = HttpSession::H1(Http1Session::new_with_options(stream, &**peer));
-            return Ok((session, true, peer.clone()));
+            return Ok((Connection::H1(stream), true, peer.clone()));
         }
         let mut order = (0..self.count()).map(|k| (start + k) % self.count());
         let attempt = |index: usize| async move {
@@ -120,7 +122,11 @@ impl Peers {
                 Some((index, result)) = racing.next() => match result {
                     Ok((session, reused)) => {
                         self.connected(index);
-                        return Ok((session, reused, self.peer(index).clone()));
+                        let connection = match session {
+                            HttpSession::H1(h1) => Connection::H1(h1.into_inner()),
+                            other => Connection::Other(Box::new(other)),
+                        };
+                        return Ok((connection, reused, self.peer(index).clone()));
                     }
                     Err(e) => {
                         self.failed(index);
@@ -139,6 +145,13 @@ impl Peers {
             }
         }
     }
+}
+
+/// A connection to a peer: HTTP/1 ones are ours to read and write
+/// ([`h1`]), HTTP/2 ones pingora's.
+enum Connection {
+    H1(pingora::protocols::Stream),
+    Other(Box<HttpSession>),
 }
 
 /// How long each phase of an exchange may take.
@@ -284,13 +297,18 @@ impl Endpoint {
     /// Opens a connection (TCP, and TLS for https) and closes it again:
     /// whether anything accepts connections here, without spending a request.
     pub async fn try_connect(&self) -> Result<()> {
-        let (mut session, _, _) = self
+        let (connection, _, _) = self
             .peers()
             .await?
             .connect()
             .await
             .map_err(|e| e.into_up())?;
-        session.shutdown().await;
+        match connection {
+            Connection::H1(mut stream) => {
+                let _ = stream.shutdown().await;
+            }
+            Connection::Other(mut session) => session.shutdown().await,
+        }
         Ok(())
     }
 
@@ -354,62 +372,35 @@ impl Endpoint {
         if let Some(body) = &body {
             req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
         }
-        // An HTTP/1 request with a body leaves in one write (see `write_whole`).
-        let head = match &body {
-            Some(_) if req.method != http::Method::HEAD => Some(
-                http_req_header_to_wire(&req)
-                    .ok_or_else(|| {
-                        Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable")
-                    })?
-                    .freeze(),
-            ),
-            _ => None,
-        };
         // Safe methods may be sent again whatever happened to them; others
         // only when they provably never reached the server whole.
         let replayable = matches!(req.method, http::Method::GET | http::Method::HEAD);
+        // The HTTP/1 request head, once a connection needs it.
+        let mut wire: Option<Bytes> = None;
         let mut attempt = 0;
-        let (mut session, peer) = loop {
-            let (mut session, reused, peer) = peers.connect().await.map_err(|e| e.into_up())?;
-            // The connector leaves per-read timeouts to the caller.
-            session.set_read_timeout(Some(self.timeouts.first_byte));
-            session.set_write_timeout(Some(self.timeouts.first_byte));
-            let written = match (head.as_ref().zip(body.as_ref()), session) {
-                (Some((head, body)), HttpSession::H1(h1)) => {
-                    let wire = head.clone().chain(body.clone());
-                    let (h1, written) = write_whole(h1, wire, &peer).await;
-                    session = HttpSession::H1(h1);
-                    written
+        let (mut response, peer) = loop {
+            let (connection, reused, peer) = peers.connect().await.map_err(|e| e.into_up())?;
+            let sent = match connection {
+                Connection::H1(stream) => {
+                    let head = match &wire {
+                        Some(head) => head.clone(),
+                        None => wire.insert(h1_head(&req)?).clone(),
+                    };
+                    let head_request = req.method == http::Method::HEAD;
+                    self.send_h1(stream, head, body.clone(), head_request).await
                 }
-                (_, other) => {
-                    session = other;
-                    async {
-                        session.write_request_header(Box::new(req.clone())).await?;
-                        if let Some(body) = body.clone() {
-                            session.write_request_body(body, true).await?;
-                        }
-                        session.finish_request_body().await.map(drop)
-                    }
-                    .await
-                }
+                Connection::Other(session) => self.send_other(session, &req, body.clone()).await,
             };
-            let (result, may_resend) = match written {
-                Ok(_) => (session.read_response_header().await, replayable),
-                // A write that failed: the request never reached the server whole.
-                Err(e) => (Err(e), true),
-            };
-            match result {
-                Ok(()) => break (session, peer),
-                Err(e) => {
-                    session.shutdown().await;
+            match sent {
+                Ok(response) => break (response, peer),
+                Err((e, written)) => {
                     // A pooled connection the server had closed while idle
-                    // (the connector already drops those it sees closed, but
-                    // the close can cross the request). Once written whole, a
-                    // request may have been read and acted on before the
-                    // server hung up, and a model call or a tool call must
-                    // not run twice.
+                    // (the pool drops those it sees closed, but the close
+                    // can cross the request). Once written whole, a request
+                    // may have been read and acted on before the server hung
+                    // up, and a model call or a tool call must not run twice.
                     let stale = reused
-                        && may_resend
+                        && (replayable || !written)
                         && matches!(
                             e.etype(),
                             ErrorType::ConnectionClosed
@@ -423,7 +414,7 @@ impl Endpoint {
                 }
             }
         };
-        let Some(header) = session.response_header() else {
+        let Some(header) = response.header() else {
             return Err(
                 Error::explain(ErrorType::InvalidHTTPHeader, "no response header").into_up(),
             );
@@ -433,9 +424,9 @@ impl Endpoint {
             .headers
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        session.set_read_timeout(Some(self.timeouts.idle));
+        response.set_read_timeout(Some(self.timeouts.idle));
         Ok(Exchange {
-            session: Some(session),
+            response: Some(response),
             status,
             event_stream,
             peer,
@@ -443,36 +434,96 @@ impl Endpoint {
             watch: None,
         })
     }
+
+    /// Sends an HTTP/1 request and reads its response head. The request's
+    /// head and body leave in one vectored write, so as one segment: sent
+    /// apart, they cost a second transmit here and a second wake-up on the
+    /// model server. On failure, whether the request was written whole.
+    async fn send_h1(
+        &self,
+        mut stream: pingora::protocols::Stream,
+        head: Bytes,
+        body: Option<Bytes>,
+        head_request: bool,
+    ) -> std::result::Result<Response, (Box<Error>, bool)> {
+        let limit = self.timeouts.first_byte;
+        let mut wire = head.chain(body.unwrap_or_default());
+        let write = async {
+            stream.write_all_buf(&mut wire).await?;
+            stream.flush().await
+        };
+        fast_timeout(limit, write)
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            .or_err(ErrorType::WriteError, "while writing the request")
+            .map_err(|e| (e, false))?;
+        h1::Response::read(stream, Some(limit), head_request)
+            .await
+            .map(Response::H1)
+            .map_err(|e| (e, true))
+    }
+
+    /// Sends a request over pingora's HTTP/2 session and reads its response
+    /// head. On failure, whether the request was written whole.
+    async fn send_other(
+        &self,
+        mut session: Box<HttpSession>,
+        req: &RequestHeader,
+        body: Option<Bytes>,
+    ) -> std::result::Result<Response, (Box<Error>, bool)> {
+        // The connector leaves per-read timeouts to the caller.
+        session.set_read_timeout(Some(self.timeouts.first_byte));
+        session.set_write_timeout(Some(self.timeouts.first_byte));
+        let written = async {
+            session.write_request_header(Box::new(req.clone())).await?;
+            if let Some(body) = body {
+                session.write_request_body(body, true).await?;
+            }
+            session.finish_request_body().await.map(drop)
+        }
+        .await;
+        let result = match written {
+            Ok(()) => session.read_response_header().await.map_err(|e| (e, true)),
+            Err(e) => Err((e, false)),
+        };
+        match result {
+            Ok(()) => Ok(Response::Other(session)),
+            Err(failed) => {
+                session.shutdown().await;
+                Err(failed)
+            }
+        }
+    }
 }
 
-/// Writes an HTTP/1 request's header and body in one vectored write, so
-/// they leave as one segment: pingora's session flushes the header on its
-/// own, and sent apart they cost a second transmit here and a second wake-up
-/// on the model server. The session is rebuilt on the written stream, as
-/// pingora's connector builds one; it needs the written header only for
-/// `HEAD` and upgrades, which never come here.
-async fn write_whole(
-    h1: Http1Session,
-    mut wire: Chain<Bytes, Bytes>,
-    peer: &HttpPeer,
-) -> (Http1Session, Result<()>) {
-    let (read_timeout, write_timeout) = (h1.read_timeout, h1.write_timeout);
-    let mut stream = h1.into_inner();
-    let write = async {
-        stream.write_all_buf(&mut wire).await?;
-        stream.flush().await
-    };
-    let written = match write_timeout {
-        Some(t) => tokio::time::timeout(t, write)
-            .await
-            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
-        None => write.await,
-    };
-    let mut h1 = Http1Session::new_with_options(stream, peer);
-    h1.read_timeout = read_timeout;
-    h1.write_timeout = write_timeout;
-    let written = written.or_err(ErrorType::WriteError, "while writing the request");
-    (h1, written)
+/// An HTTP/1 request head as written.
+fn h1_head(req: &RequestHeader) -> Result<Bytes> {
+    http_req_header_to_wire(req)
+        .map(BytesMut::freeze)
+        .ok_or_else(|| Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable"))
+}
+
+/// A response being read: HTTP/1 by us, HTTP/2 by pingora (boxed: rare,
+/// and three times the size).
+enum Response {
+    H1(h1::Response),
+    Other(Box<HttpSession>),
+}
+
+impl Response {
+    fn header(&self) -> Option<&ResponseHeader> {
+        match self {
+            Response::H1(h1) => Some(h1.header()),
+            Response::Other(session) => session.response_header(),
+        }
+    }
+
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+        match self {
+            Response::H1(h1) => h1.set_read_timeout(timeout),
+            Response::Other(session) => session.set_read_timeout(timeout),
+        }
+    }
 }
 
 /// Runs `work` unless `deadline` passes first (then a read timeout).
@@ -576,7 +627,7 @@ pub trait Watch: Send + Sync {
 /// the pool only when the body was read to its end; dropped half-way, it is
 /// closed.
 pub struct Exchange {
-    session: Option<HttpSession>,
+    response: Option<Response>,
     status: u16,
     event_stream: bool,
     peer: Arc<HttpPeer>,
@@ -589,7 +640,7 @@ impl Exchange {
     /// The response header, until the body has been read to its end (the
     /// connection, which holds it, is back in the pool then).
     pub fn header(&self) -> Option<&ResponseHeader> {
-        self.session.as_ref()?.response_header()
+        self.response.as_ref()?.header()
     }
 
     /// Keeps `watch` as long as this exchange, and tells it of failures.
@@ -607,15 +658,17 @@ impl Exchange {
 
     /// The next piece of the body; `None` at its end.
     pub async fn read(&mut self) -> Result<Option<Bytes>> {
-        let Some(session) = self.session.as_mut() else {
-            return Ok(None);
+        let read = match self.response.as_mut() {
+            None => return Ok(None),
+            Some(Response::H1(h1)) => within(self.deadline, h1.read_body()).await,
+            Some(Response::Other(session)) => {
+                within(self.deadline, session.read_response_body()).await
+            }
         };
-        match within(self.deadline, session.read_response_body()).await {
+        match read {
             Ok(Some(bytes)) => Ok(Some(bytes)),
             Ok(None) => {
-                // Boxed: returning a connection to the pool is a large
-                // future, and every read of every stream would carry it.
-                Box::pin(self.release()).await;
+                self.release();
                 Ok(None)
             }
             Err(e) => {
@@ -641,18 +694,23 @@ impl Exchange {
         Ok(body.freeze())
     }
 
-    async fn release(&mut self) {
-        match self.session.take() {
-            Some(HttpSession::H1(mut h1)) => {
-                h1.respect_keepalive();
-                if let Some(stream) = h1.reuse().await {
+    /// The body was read to its end: the connection goes back to the pool
+    /// if it may serve another request.
+    fn release(&mut self) {
+        match self.response.take() {
+            Some(Response::H1(h1)) => {
+                if let Some(stream) = h1.into_reusable() {
                     pool::shared().put(self.peer.reuse_hash(), stream);
                 }
             }
-            Some(other) => {
-                connector()
-                    .release_http_session(other, &*self.peer, Some(pool::IDLE))
-                    .await;
+            Some(Response::Other(session)) => {
+                let peer = self.peer.clone();
+                // Releasing is a large future: off this stream's task.
+                tokio::spawn(async move {
+                    connector()
+                        .release_http_session(*session, &*peer, Some(pool::IDLE))
+                        .await;
+                });
             }
             None => {}
         }
@@ -829,5 +887,55 @@ mod tests {
             [1, 2],
             "data segments received after each request"
         );
+    }
+
+    /// An event stream's pieces come out as the server sends them, not when
+    /// the body ends; a chunked body read to its end leaves the connection
+    /// for the next request.
+    #[tokio::test]
+    async fn a_streamed_body_comes_out_piece_by_piece() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (go_on, mut wait) = tokio::sync::mpsc::channel::<()>(1);
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            for _ in 0..2 {
+                let mut buf = [0; 4096];
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                socket
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n")
+                    .await
+                    .unwrap();
+                wait.recv().await.unwrap();
+                socket
+                    .write_all(b"9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+                    .await
+                    .unwrap();
+            }
+        });
+        let options = EndpointOptions {
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+            ca_file: None,
+        };
+        let endpoint = Endpoint::parse(&format!("http://127.0.0.1:{port}"), options).unwrap();
+        for _ in 0..2 {
+            let req = endpoint
+                .request_header("POST", "/v1/chat/completions")
+                .unwrap();
+            let mut exchange = endpoint.send(req, Some(Bytes::from("{}"))).await.unwrap();
+            assert!(exchange.is_event_stream());
+            assert_eq!(exchange.read().await.unwrap().unwrap(), "data: 1\n\n");
+            go_on.send(()).await.unwrap();
+            assert_eq!(exchange.read().await.unwrap().unwrap(), "data: 2\n\n");
+            assert_eq!(exchange.read().await.unwrap(), None);
+            assert!(
+                exchange.header().is_none(),
+                "the connection is back in the pool"
+            );
+        }
+        // Both requests went over the one connection the server accepted.
+        server.await.unwrap();
     }
 }

@@ -27,7 +27,7 @@ const CAPACITY: usize = 1024;
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// The process's idle connections, by peer (`Peer::reuse_hash`: address and
-/// TLS settings, so endpoints never share one by mistake).
+/// TLS settings, so endpoints never share one by mistake) and by runtime.
 pub fn shared() -> &'static Pool {
     static SHARED: OnceLock<Pool> = OnceLock::new();
     SHARED.get_or_init(|| Pool::new(CAPACITY, IDLE))
@@ -44,9 +44,9 @@ pub struct Pool {
 
 #[derive(Default)]
 struct Idle {
-    /// Per peer, oldest first: a connection is taken from the back, where
-    /// the most recently used one is.
-    by_peer: HashMap<u64, VecDeque<(Instant, Stream)>>,
+    /// Per peer and runtime, oldest first: a connection is taken from the
+    /// back, where the most recently used one is.
+    by_peer: HashMap<Key, VecDeque<(Instant, Stream)>>,
     count: usize,
 }
 
@@ -67,6 +67,7 @@ impl Pool {
 
     /// The most recently released live connection to `peer`, if any.
     pub fn take(&self, peer: u64) -> Option<Stream> {
+        let peer = key(peer);
         loop {
             let (since, mut stream) = {
                 let mut idle = self.lock();
@@ -92,6 +93,7 @@ impl Pool {
         if !is_quiet(&mut stream) {
             return;
         }
+        let peer = key(peer);
         let evicted = {
             let mut idle = self.lock();
             idle.by_peer
@@ -167,6 +169,18 @@ impl Idle {
         self.count -= 1;
         Some(stream)
     }
+}
+
+/// A connection's peer and the runtime it was made on: its socket is
+/// registered with that runtime's I/O driver, and used from another runtime
+/// (the health checks' own, or a thread's own without work stealing), every
+/// wake-up of it would cross threads, costing a futex and an eventfd write
+/// per read.
+type Key = (u64, Option<tokio::runtime::Id>);
+
+fn key(peer: u64) -> Key {
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    (peer, runtime.map(|handle| handle.id()))
 }
 
 /// Whether an idle connection has nothing to read: neither a close nor
@@ -277,5 +291,25 @@ mod tests {
         pool.sweep();
         let idle = pool.lock();
         assert_eq!((idle.count, idle.by_peer.len()), (0, 0));
+    }
+
+    /// A connection made on one runtime (the health checks' own, say) is
+    /// not handed to a request on another: its wake-ups would cross threads.
+    #[test]
+    fn a_connection_is_taken_only_on_the_runtime_it_was_made_on() {
+        let pool = leaked(8, IDLE);
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (runtime(), runtime());
+        let (ours, _theirs) = first.block_on(connection());
+        let made = fd(&ours);
+        first.block_on(async { pool.put(1, ours) });
+        assert!(second.block_on(async { pool.take(1) }).is_none());
+        let taken = first.block_on(async { pool.take(1) });
+        assert_eq!(taken.as_ref().map(fd), Some(made));
     }
 }

@@ -33,6 +33,7 @@ use pingora::protocols::Stream;
 use pingora::proxy::{HttpProxy, ProxyHttp, Session};
 use pingora::server::ShutdownWatch;
 use pingora::ErrorType;
+use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
 use tracing::{error, warn};
 
@@ -222,8 +223,11 @@ async fn read_head(
     {
         let idle = connection.idle();
         let mut shutdown = shutdown.clone();
+        // pingora's shared 10 ms timer wheel, not a runtime timer: tokio
+        // wakes its driver (an eventfd write and often a thread) when a
+        // timer is registered earlier than any it had, once per request.
         tokio::select! {
-            read = tokio::time::timeout(keepalive, stream.read_buf(&mut head)) => {
+            read = fast_timeout(keepalive, stream.read_buf(&mut head)) => {
                 if !matches!(read, Ok(Ok(1..))) {
                     return None;
                 }
@@ -242,7 +246,7 @@ async fn read_head(
         }
         true
     };
-    match tokio::time::timeout(timeouts.whole, rest).await {
+    match fast_timeout(timeouts.whole, rest).await {
         // A copy the size of the head, not of the buffer it was read into:
         // pingora keeps the buffer it parses for as long as the request lasts.
         Ok(true) => Some(BytesMut::from(&head[..])),

@@ -4,7 +4,9 @@
 //! beside it: a response head it held, then the body, in two writes. Here
 //! the held bytes leave with that write, in one vectored write: a head and a
 //! body of any size, or an event stream's head and first events, cost one
-//! syscall and leave as one segment when they fit in one.
+//! syscall and leave as one segment when they fit in one. It holds memory
+//! only while it holds bytes: an idle keep-alive connection, or an open
+//! stream between two events, costs none.
 //!
 //! A request's handler may also defer the connection's next flush
 //! ([`deferring_flush`]): pingora flushes an event stream's head, and each
@@ -69,7 +71,7 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
     pub fn new(capacity: usize, inner: W, deferral: FlushDeferral) -> Self {
         WriteBuffer {
             inner,
-            held: Vec::with_capacity(capacity),
+            held: Vec::new(),
             capacity,
             deferral,
         }
@@ -85,6 +87,9 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
         let total = bufs.iter().map(|b| b.len()).sum::<usize>();
         loop {
             if self.held.len() + total <= self.capacity {
+                if self.held.capacity() == 0 {
+                    self.held.reserve_exact(self.capacity);
+                }
                 bufs.iter().for_each(|b| self.held.extend_from_slice(b));
                 return Poll::Ready(Ok(total));
             }
@@ -108,7 +113,7 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
                 self.held.drain(..sent);
                 continue;
             }
-            self.held.clear();
+            self.release();
             if sent > held {
                 return Poll::Ready(Ok(sent - held));
             }
@@ -125,7 +130,13 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
             }
             self.held.drain(..sent);
         }
+        self.release();
         Poll::Ready(Ok(()))
+    }
+
+    /// Frees the buffer once all it held is sent.
+    fn release(&mut self) {
+        self.held = Vec::new();
     }
 }
 
@@ -239,6 +250,29 @@ mod tests {
         fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
             Poll::Ready(Ok(()))
         }
+    }
+
+    /// An idle connection, or a stream between two events, holds no buffer.
+    #[tokio::test]
+    async fn the_buffer_is_memory_only_while_it_holds_bytes() {
+        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default());
+        assert_eq!(out.held.capacity(), 0);
+        out.write_all(b"data: 1\n\n").await.unwrap();
+        assert_eq!(
+            out.held.capacity(),
+            64,
+            "held in one allocation of its size"
+        );
+        out.flush().await.unwrap();
+        assert_eq!(out.held.capacity(), 0, "freed once sent");
+        out.write_all(b"head").await.unwrap();
+        out.write_all(&[b'x'; 100]).await.unwrap();
+        assert_eq!(
+            out.get_ref().writes.len(),
+            2,
+            "the head left with the large write"
+        );
+        assert_eq!(out.held.capacity(), 0, "freed once sent with a large write");
     }
 
     #[tokio::test]

@@ -1,0 +1,614 @@
+//! HTTP/1.1 responses read straight off an upstream connection.
+//!
+//! pingora's HTTP/1 client allocated a 64 KiB body buffer for every
+//! response, kept the 4 KiB buffer the head was read into for as long as the
+//! connection lived, and copied each piece of a body out of its buffer. Here
+//! one buffer takes the head and then the body, sized to what arrives (4 KiB
+//! to start, doubling while reads fill it), and a body's pieces are handed
+//! out of it without a copy; once the reader has dropped them, the next read
+//! reuses the same memory. The framing (RFC 9112 §6) is pure:
+//! [`parse_head`] and [`Body::decode`] are functions of the bytes read so
+//! far, and [`Response`] only feeds them from the socket.
+
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderName, HeaderValue, Version};
+use pingora::http::ResponseHeader;
+use pingora::protocols::Stream;
+use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
+use pingora_timeout::fast_timeout::fast_timeout;
+use tokio::io::AsyncReadExt;
+
+/// The buffer a response starts with: a model server's head and an event
+/// stream's pieces fit in it many times over.
+const READ_SIZE: usize = 4096;
+/// The most one read asks for, reached by doubling while reads fill the
+/// buffer (large bodies).
+const MAX_READ_SIZE: usize = 64 * 1024;
+/// The longest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+/// The most header fields a head may have (pingora's limit).
+const MAX_HEADERS: usize = 256;
+/// The longest chunk-size line (size and extensions) accepted.
+const MAX_CHUNK_LINE: usize = 4096;
+/// The most trailer bytes accepted after the last chunk.
+const MAX_TRAILERS: usize = 64 * 1024;
+
+/// A response's status line and header fields, and how its body is framed.
+#[derive(Debug)]
+pub struct Head {
+    pub header: ResponseHeader,
+    pub body: Body,
+    /// Whether the server lets the connection serve another request.
+    pub keep_alive: bool,
+}
+
+/// Parses the response head at the start of `buf`: `None` while it is
+/// incomplete, else the head and its length. `head_request`: the request
+/// was `HEAD`, so whatever the fields say, no body follows.
+pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)>> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut fields);
+    // As lenient as pingora's client: servers in the wild send both.
+    let mut parser = httparse::ParserConfig::default();
+    parser.allow_spaces_after_header_name_in_responses(true);
+    parser.allow_obsolete_multiline_headers_in_responses(true);
+    let len = match parser.parse_response(&mut response, buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Error::e_explain(invalid(), format!("response head: {e}")),
+    };
+    let status = response.code.unwrap_or_default();
+    let version = match response.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let mut header = ResponseHeader::build_no_case(status, Some(response.headers.len()))?;
+    header.set_version(version);
+    // One copy of the head, the values sliced out of it: one allocation
+    // rather than one per value, and the read buffer stays the reader's.
+    let raw = Bytes::copy_from_slice(&buf[..len]);
+    let mut length: Option<u64> = None;
+    let (mut chunked, mut encoded, mut close, mut keep_alive_asked) = (false, false, false, false);
+    for field in response.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .or_err(invalid(), "response header name")?;
+        let value = same_bytes(&raw, buf, field.value);
+        if name == CONTENT_LENGTH {
+            let parsed = std::str::from_utf8(&value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .or_err(invalid(), "response content-length")?;
+            if length.is_some_and(|l| l != parsed) {
+                return Error::e_explain(invalid(), "response content-lengths differ");
+            }
+            length = Some(parsed);
+        } else if name == TRANSFER_ENCODING {
+            encoded = true;
+            // Only the final coding frames the body (RFC 9112 §6.3).
+            chunked = last_token(&value).eq_ignore_ascii_case(b"chunked");
+        } else if name == CONNECTION {
+            close |= has_token(&value, b"close");
+            keep_alive_asked |= has_token(&value, b"keep-alive");
+        }
+        let value =
+            HeaderValue::from_maybe_shared(value).or_err(invalid(), "response header value")?;
+        header.append_header(name, value)?;
+    }
+    let mut keep_alive = !close && (version == Version::HTTP_11 || keep_alive_asked);
+    let body = if head_request || matches!(status, 100..=199 | 204 | 304) {
+        Body::Length(0)
+    } else if encoded {
+        // A length beside a transfer coding is a smuggling attempt or a
+        // bug: the coding wins, the length goes, the connection is not
+        // trusted with another request; nor is an HTTP/1.0 one with a
+        // coding (RFC 9112 §6.1).
+        if length.is_some() || version == Version::HTTP_10 {
+            header.remove_header(&CONTENT_LENGTH);
+            keep_alive = false;
+        }
+        if chunked {
+            Body::Chunked(Chunk::Size)
+        } else {
+            Body::Close
+        }
+    } else {
+        match length {
+            Some(n) => Body::Length(n),
+            None => Body::Close,
+        }
+    };
+    if matches!(body, Body::Close) {
+        keep_alive = false;
+    }
+    Ok(Some((
+        Head {
+            header,
+            body,
+            keep_alive,
+        },
+        len,
+    )))
+}
+
+/// A chunked body that breaks its framing.
+const BAD_CHUNK: ErrorType = ErrorType::Custom("InvalidChunk");
+
+/// `part`, a slice of `buf`, out of `copy`, a copy of `buf`'s start.
+fn same_bytes(copy: &Bytes, buf: &[u8], part: &[u8]) -> Bytes {
+    let at = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+    copy.get(at..at + part.len())
+        .map_or_else(Bytes::new, |_| copy.slice(at..at + part.len()))
+}
+
+fn invalid() -> ErrorType {
+    ErrorType::InvalidHTTPHeader
+}
+
+/// The last comma-separated token of a field value, trimmed.
+fn last_token(value: &[u8]) -> &[u8] {
+    value
+        .rsplit(|b| *b == b',')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii()
+}
+
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Where a body's decoding is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// The bytes left of a body of known length.
+    Length(u64),
+    Chunked(Chunk),
+    /// Until the server closes the connection.
+    Close,
+    /// Read to its end.
+    Done,
+}
+
+/// Where a chunked body's decoding is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk, this many bytes left.
+    Data(u64),
+    /// Before the CRLF that ends a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer fields up to an empty line.
+    Trailers,
+}
+
+/// What [`Body::decode`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// The next piece of the body.
+    Data(Bytes),
+    /// Nothing until more bytes arrive.
+    NeedMore,
+    /// The body's end.
+    End,
+}
+
+impl Body {
+    /// Takes the next piece of the body (or framing) off the front of `buf`.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded> {
+        loop {
+            match self {
+                Body::Done | Body::Length(0) => {
+                    *self = Body::Done;
+                    return Ok(Decoded::End);
+                }
+                Body::Length(left) => return Ok(take(buf, left)),
+                Body::Close if buf.is_empty() => return Ok(Decoded::NeedMore),
+                Body::Close => return Ok(Decoded::Data(buf.split().freeze())),
+                Body::Chunked(Chunk::Data(left)) => {
+                    let taken = take(buf, left);
+                    if *left == 0 {
+                        *self = Body::Chunked(Chunk::DataEnd);
+                    }
+                    return Ok(taken);
+                }
+                Body::Chunked(Chunk::Size) => match httparse::parse_chunk_size(buf) {
+                    Ok(httparse::Status::Complete((len, size))) => {
+                        buf.advance(len);
+                        *self = Body::Chunked(match size {
+                            0 => Chunk::Trailers,
+                            n => Chunk::Data(n),
+                        });
+                    }
+                    Ok(httparse::Status::Partial) if buf.len() <= MAX_CHUNK_LINE => {
+                        return Ok(Decoded::NeedMore)
+                    }
+                    _ => return Error::e_explain(BAD_CHUNK, "chunk size line"),
+                },
+                Body::Chunked(Chunk::DataEnd) => match buf.get(..2) {
+                    Some(b"\r\n") => {
+                        buf.advance(2);
+                        *self = Body::Chunked(Chunk::Size);
+                    }
+                    None if buf.first().is_none_or(|b| *b == b'\r') => {
+                        return Ok(Decoded::NeedMore)
+                    }
+                    _ => return Error::e_explain(BAD_CHUNK, "chunk without CRLF"),
+                },
+                Body::Chunked(Chunk::Trailers) => {
+                    // No trailer fields (the usual case), or up to the empty line.
+                    let end = if buf.starts_with(b"\r\n") {
+                        Some(2)
+                    } else {
+                        find(buf, b"\r\n\r\n").map(|at| at + 4)
+                    };
+                    match end {
+                        Some(end) => {
+                            buf.advance(end);
+                            *self = Body::Done;
+                        }
+                        None if buf.len() <= MAX_TRAILERS => return Ok(Decoded::NeedMore),
+                        None => return Error::e_explain(BAD_CHUNK, "trailers"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The server closed the connection: the end of a body that runs to
+    /// the close, an error for any other.
+    pub fn closed(&mut self) -> Result<()> {
+        match self {
+            Body::Close | Body::Done => {
+                *self = Body::Done;
+                Ok(())
+            }
+            _ => Error::e_explain(ErrorType::ConnectionClosed, "the body ended early"),
+        }
+    }
+}
+
+/// Up to `left` bytes off the front of `buf`.
+fn take(buf: &mut BytesMut, left: &mut u64) -> Decoded {
+    if buf.is_empty() {
+        return Decoded::NeedMore;
+    }
+    let n = usize::try_from(*left).map_or(buf.len(), |left| left.min(buf.len()));
+    *left -= n as u64;
+    Decoded::Data(buf.split_to(n).freeze())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A response being read off its connection.
+pub struct Response {
+    conn: Conn,
+    /// Boxed: as large as the rest, and an open stream's future holds it.
+    header: Box<ResponseHeader>,
+    body: Body,
+    keep_alive: bool,
+}
+
+impl Response {
+    /// Reads a response head off `stream`, each read within `read_timeout`,
+    /// past any interim (1xx) responses.
+    pub async fn read(
+        stream: Stream,
+        read_timeout: Option<Duration>,
+        head_request: bool,
+    ) -> Result<Response> {
+        let mut conn = Conn {
+            stream,
+            buf: BytesMut::with_capacity(READ_SIZE),
+            read_size: READ_SIZE,
+            read_timeout,
+        };
+        loop {
+            if !conn.buf.is_empty() {
+                if let Some((head, len)) = parse_head(&conn.buf, head_request)? {
+                    conn.buf.advance(len);
+                    match head.header.status.as_u16() {
+                        // We never ask to switch protocols.
+                        101 => return Error::e_explain(invalid(), "unexpected protocol switch"),
+                        100..=199 => continue,
+                        _ => {
+                            return Ok(Response {
+                                conn,
+                                header: Box::new(head.header),
+                                body: head.body,
+                                keep_alive: head.keep_alive,
+                            })
+                        }
+                    }
+                }
+                if conn.buf.len() > MAX_HEAD {
+                    return Error::e_explain(invalid(), "response head too long");
+                }
+            }
+            if conn.fill().await? == 0 {
+                return Error::e_explain(
+                    ErrorType::ConnectionClosed,
+                    "closed before the response head",
+                );
+            }
+        }
+    }
+
+    pub fn header(&self) -> &ResponseHeader {
+        &self.header
+    }
+
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+        self.conn.read_timeout = timeout;
+    }
+
+    /// The next piece of the body; `None` at its end.
+    pub async fn read_body(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            match self.body.decode(&mut self.conn.buf)? {
+                Decoded::Data(piece) => return Ok(Some(piece)),
+                Decoded::End => return Ok(None),
+                Decoded::NeedMore => {}
+            }
+            if self.conn.fill().await? == 0 {
+                self.body.closed()?;
+            }
+        }
+    }
+
+    /// The connection, if it may serve another request: the body was read to
+    /// its end, nothing came after it, and the server keeps it open.
+    pub fn into_reusable(self) -> Option<Stream> {
+        let done = self.body == Body::Done && self.conn.buf.is_empty();
+        (self.keep_alive && done).then_some(self.conn.stream)
+    }
+}
+
+/// A connection and the buffer its bytes are read into.
+struct Conn {
+    stream: Stream,
+    buf: BytesMut,
+    /// How much the next read asks for.
+    read_size: usize,
+    read_timeout: Option<Duration>,
+}
+
+impl Conn {
+    /// Reads once into the buffer; 0 when the server has closed.
+    async fn fill(&mut self) -> Result<usize> {
+        // Once the pieces handed out are dropped, this reuses their memory.
+        self.buf.reserve(self.read_size);
+        let room = self.buf.capacity() - self.buf.len();
+        let read = self.stream.read_buf(&mut self.buf);
+        let read = match self.read_timeout {
+            Some(t) => fast_timeout(t, read)
+                .await
+                .or_err(ErrorType::ReadTimedout, "reading the response")?,
+            None => read.await,
+        };
+        let n = read.or_err(ErrorType::ReadError, "reading the response")?;
+        if n == room {
+            self.read_size = (self.read_size * 2).min(MAX_READ_SIZE);
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Decodes a whole response fed in pieces cut at `cuts`, the way reads
+    /// deliver it: the head's status, the body, and whether the connection
+    /// may serve another request.
+    fn decode_in_pieces(wire: &[u8], cuts: &[usize], head_request: bool) -> Result<Decoding> {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+        points.push(wire.len());
+        points.sort_unstable();
+        let mut buf = BytesMut::new();
+        let mut fed = 0;
+        let mut pieces = points.into_iter().map(|end| {
+            let piece = &wire[fed.min(end)..end];
+            fed = fed.max(end);
+            piece
+        });
+        let head = loop {
+            match parse_head(&buf, head_request)? {
+                Some((head, len)) => {
+                    buf.advance(len);
+                    break head;
+                }
+                None => match pieces.next() {
+                    Some(piece) => buf.extend_from_slice(piece),
+                    None => return Error::e_explain(ErrorType::ConnectionClosed, "no head"),
+                },
+            }
+        };
+        let (mut body, mut data) = (head.body, Vec::new());
+        loop {
+            match body.decode(&mut buf)? {
+                Decoded::Data(piece) => data.extend_from_slice(&piece),
+                Decoded::End => break,
+                Decoded::NeedMore => match pieces.next() {
+                    Some(piece) => buf.extend_from_slice(piece),
+                    None => body.closed()?,
+                },
+            }
+        }
+        let rest: usize = buf.len() + pieces.map(<[u8]>::len).sum::<usize>();
+        Ok(Decoding {
+            status: head.header.status.as_u16(),
+            body: data,
+            reusable: head.keep_alive && rest == 0,
+        })
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct Decoding {
+        status: u16,
+        body: Vec<u8>,
+        reusable: bool,
+    }
+
+    fn whole(wire: &[u8]) -> Decoding {
+        decode_in_pieces(wire, &[], false).unwrap()
+    }
+
+    /// A chunked body as a model server streams it: one chunk per event.
+    fn chunked(events: &[&str], trailers: &str) -> Vec<u8> {
+        let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        // An empty chunk would be the last one.
+        for event in events.iter().filter(|e| !e.is_empty()) {
+            wire.extend_from_slice(format!("{:x};ext=1\r\n{event}\r\n", event.len()).as_bytes());
+        }
+        wire.extend_from_slice(format!("0\r\n{trailers}\r\n").as_bytes());
+        wire
+    }
+
+    #[test]
+    fn bodies_are_framed_as_rfc_9112_says() {
+        let events = ["data: {\"a\":1}\n\n", "data: [DONE]\n\n"];
+        let chunked_body = events.concat().into_bytes();
+        let ok = |body: &[u8], reusable| Decoding {
+            status: 200,
+            body: body.to_vec(),
+            reusable,
+        };
+        assert_eq!(whole(&chunked(&events, "")), ok(&chunked_body, true));
+        assert_eq!(
+            whole(&chunked(&events, "x-usage: 5\r\nx-more: 6\r\n")),
+            ok(&chunked_body, true)
+        );
+        assert_eq!(
+            whole(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
+            ok(b"hello", true)
+        );
+        // HTTP/1.0 keeps the connection only when asked to.
+        assert_eq!(
+            whole(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+            ok(b"ok", false)
+        );
+        assert_eq!(
+            whole(b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 2\r\n\r\nok"),
+            ok(b"ok", true)
+        );
+        assert_eq!(
+            whole(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"),
+            ok(b"ok", false)
+        );
+        // No length: the body runs to the close, and the connection with it.
+        assert_eq!(
+            whole(b"HTTP/1.1 200 OK\r\n\r\nto the end"),
+            ok(b"to the end", false)
+        );
+        // A coding other than chunked last: to the close as well.
+        assert_eq!(
+            whole(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n3\r\nabc"),
+            ok(b"3\r\nabc", false)
+        );
+        // Bytes after the body: the server is out of step, not reused.
+        assert_eq!(
+            whole(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1"),
+            ok(b"ok", false)
+        );
+        for no_body in [
+            &b"HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n"[..],
+            b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            let status = whole(no_body).status;
+            assert_eq!(
+                whole(no_body),
+                Decoding {
+                    status,
+                    body: vec![],
+                    reusable: true
+                }
+            );
+        }
+        let head = decode_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", &[], true);
+        assert_eq!(head.unwrap(), ok(b"", true), "a HEAD answer has no body");
+    }
+
+    #[test]
+    fn a_length_beside_a_transfer_coding_is_dropped_and_so_is_the_connection() {
+        let wire = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+        let (head, _) = parse_head(wire, false).unwrap().unwrap();
+        assert!(head.header.headers.get(CONTENT_LENGTH).is_none());
+        assert_eq!(
+            whole(wire),
+            Decoding {
+                status: 200,
+                body: b"hello".to_vec(),
+                reusable: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_head_keeps_every_field_as_sent() {
+        let wire = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nX-Request-Id: abc\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nContent-Length: 0\r\n\r\n";
+        let (head, len) = parse_head(wire, false).unwrap().unwrap();
+        assert_eq!(len, wire.len());
+        assert_eq!(head.header.status, 429);
+        assert_eq!(head.header.headers["retry-after"], "7");
+        assert_eq!(head.header.headers["x-request-id"], "abc");
+        let cookies: Vec<_> = head.header.headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert!(parse_head(&wire[..wire.len() - 1], false)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn broken_framing_is_an_error_not_a_short_body() {
+        let fails = |wire: &[u8]| decode_in_pieces(wire, &[], false).is_err();
+        assert!(fails(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort"));
+        assert!(fails(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"));
+        assert!(fails(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+        ));
+        assert!(fails(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        ));
+        assert!(fails(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n"
+        ));
+        assert!(fails(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab"
+        ));
+        assert!(fails(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n"
+        ));
+        assert!(fails(b"HTTP/1.1 200 OK\r\nnot a header\r\n\r\n"));
+        // A chunk-size line that never ends stops at its limit.
+        let mut endless = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;".to_vec();
+        endless.resize(endless.len() + MAX_CHUNK_LINE, b'x');
+        assert!(fails(&endless));
+    }
+
+    proptest! {
+        /// However reads cut a response, it decodes the same.
+        #[test]
+        fn any_cutting_of_a_response_decodes_the_same(
+            events in proptest::collection::vec("[a-z{}\":\r\n ]{0,40}", 0..6),
+            trailers in prop_oneof![Just(""), Just("x-usage: 5\r\n")],
+            cuts in proptest::collection::vec(0usize..2000, 0..12),
+        ) {
+            let events: Vec<&str> = events.iter().map(String::as_str).collect();
+            let wire = chunked(&events, trailers);
+            prop_assert_eq!(decode_in_pieces(&wire, &cuts, false).unwrap(), whole(&wire));
+            prop_assert_eq!(whole(&wire).body, events.concat().into_bytes());
+            let mut sized = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", events.concat().len()).into_bytes();
+            sized.extend_from_slice(events.concat().as_bytes());
+            prop_assert_eq!(decode_in_pieces(&sized, &cuts, false).unwrap(), whole(&sized));
+        }
+    }
+}
