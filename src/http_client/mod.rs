@@ -938,4 +938,46 @@ mod tests {
         // Both requests went over the one connection the server accepted.
         server.await.unwrap();
     }
+
+    /// Serves one connection: reads a request, answers with `wire`, closes.
+    async fn answering(wire: &'static [u8]) -> Endpoint {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0; 4096];
+            let _ = socket.read(&mut buf).await.unwrap();
+            socket.write_all(wire).await.unwrap();
+        });
+        let options = EndpointOptions {
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+            ca_file: None,
+        };
+        Endpoint::parse(&format!("http://127.0.0.1:{port}"), options).unwrap()
+    }
+
+    /// An interim 100 Continue is skipped for the answer after it; a body
+    /// cut short by the server's close is an error, never a short answer.
+    #[tokio::test]
+    async fn interim_answers_are_skipped_and_a_cut_body_is_an_error() {
+        let endpoint = answering(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
+        let req = endpoint
+            .request_header("POST", "/v1/chat/completions")
+            .unwrap();
+        let mut exchange = endpoint.send(req, Some(Bytes::from("{}"))).await.unwrap();
+        assert_eq!(exchange.status(), 200);
+        assert_eq!(exchange.read_to_end(1024).await.unwrap(), "ok");
+
+        let endpoint =
+            answering(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel").await;
+        let req = endpoint
+            .request_header("POST", "/v1/chat/completions")
+            .unwrap();
+        let mut exchange = endpoint.send(req, Some(Bytes::from("{}"))).await.unwrap();
+        assert!(exchange.read_to_end(1024).await.is_err());
+    }
 }
