@@ -75,7 +75,8 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
     for field in response.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .or_err(invalid(), "response header name")?;
-        let value = same_bytes(&raw, buf, field.value);
+        let value =
+            same_bytes(&raw, buf, field.value).or_err(invalid(), "response header value")?;
         if name == CONTENT_LENGTH {
             let parsed = std::str::from_utf8(&value)
                 .ok()
@@ -136,11 +137,14 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
 /// A chunked body that breaks its framing.
 const BAD_CHUNK: ErrorType = ErrorType::Custom("InvalidChunk");
 
-/// `part`, a slice of `buf`, out of `copy`, a copy of `buf`'s start.
-fn same_bytes(copy: &Bytes, buf: &[u8], part: &[u8]) -> Bytes {
-    let at = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
-    copy.get(at..at + part.len())
-        .map_or_else(Bytes::new, |_| copy.slice(at..at + part.len()))
+/// `part`, a slice of `buf` (as httparse returns them), out of `copy`, a
+/// copy of `buf`'s start.
+fn same_bytes(copy: &Bytes, buf: &[u8], part: &[u8]) -> Option<Bytes> {
+    let at = (part.as_ptr() as usize).checked_sub(buf.as_ptr() as usize)?;
+    let end = at
+        .checked_add(part.len())
+        .filter(|end| *end <= copy.len())?;
+    Some(copy.slice(at..end))
 }
 
 fn invalid() -> ErrorType {

@@ -375,6 +375,7 @@ impl Endpoint {
         // Safe methods may be sent again whatever happened to them; others
         // only when they provably never reached the server whole.
         let replayable = matches!(req.method, http::Method::GET | http::Method::HEAD);
+        let head_request = req.method == http::Method::HEAD;
         // The HTTP/1 request head, once a connection needs it.
         let mut wire: Option<Bytes> = None;
         let mut attempt = 0;
@@ -386,7 +387,6 @@ impl Endpoint {
                         Some(head) => head.clone(),
                         None => wire.insert(h1_head(&req)?).clone(),
                     };
-                    let head_request = req.method == http::Method::HEAD;
                     self.send_h1(stream, head, body.clone(), head_request).await
                 }
                 Connection::Other(session) => self.send_other(session, &req, body.clone()).await,

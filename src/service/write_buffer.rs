@@ -134,7 +134,9 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
         Poll::Ready(Ok(()))
     }
 
-    /// Frees the buffer once all it held is sent.
+    /// Frees the buffer once all it held is sent. An open stream pays one
+    /// allocation from the thread's cache per flush for it, and holds
+    /// nothing between events (1.4 KiB less per open stream, `ab.md`).
     fn release(&mut self) {
         self.held = Vec::new();
     }
