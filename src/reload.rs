@@ -63,7 +63,8 @@ impl Reloader {
                     mcp_servers_rebuilt = rebuilt(&new.mcp_servers, &old.mcp_servers),
                     "config reloaded"
                 );
-                self.config.store(Arc::new(new));
+                let replaced = self.config.swap(Arc::new(new));
+                replaced.superseded.mark();
                 metrics().config_reloads.with_label_values(&["ok"]).inc();
             }
             Err(e) => {
@@ -80,8 +81,11 @@ impl Reloader {
     }
 
     /// The file as it is now, by [`fingerprint`]; `None` when unreadable.
-    async fn file_fingerprint(&self) -> Option<u64> {
-        let bytes = tokio::fs::read(&self.path).await.ok()?;
+    /// Read in place: the reloader's runtime is a thread of its own that
+    /// serves nothing else, and a read of a config file is brief; tokio's
+    /// would wake a blocking-pool thread for it every poll.
+    fn file_fingerprint(&self) -> Option<u64> {
+        let bytes = std::fs::read(&self.path).ok()?;
         Some(fingerprint(&bytes))
     }
 }
@@ -113,11 +117,11 @@ impl BackgroundService for Reloader {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 Some(()) = async { hangups.as_mut()?.recv().await } => {
-                    seen = self.file_fingerprint().await;
+                    seen = self.file_fingerprint();
                     self.reload("SIGHUP").await;
                 }
                 _ = poll.tick() => {
-                    let now = self.file_fingerprint().await;
+                    let now = self.file_fingerprint();
                     if now.is_some() && now != seen {
                         seen = now;
                         self.reload("file changed").await;

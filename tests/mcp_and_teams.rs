@@ -332,6 +332,44 @@ async fn a_stdio_server_that_dies_is_restarted() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_killed_between_calls_is_restarted_before_the_next_call() {
+    let upstream = FakeServer::start(|req, _| {
+        if req.method == "GET" {
+            return models();
+        }
+        if has_tool_result(req) {
+            return Reply::events(vec![content("done"), finish("stop")]);
+        }
+        Reply::events(vec![
+            tool_call(0, "c", "demo__pid", "{}"),
+            finish("tool_calls"),
+        ])
+    })
+    .await;
+    let proxy = with_stdio_demo(&upstream, r#"  demo: { tools: ["demo/*"] }"#).await;
+    let pid = || async {
+        post_json(proxy.port, "/v1/chat/completions", &ask("demo", "pid")).await;
+        chats(&upstream).last().unwrap().tool_results()[0].clone()
+    };
+    let first = pid().await;
+    assert!(first.parse::<u32>().is_ok(), "{first}");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &first])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // Noticed by the proxy itself: no call has to fail to find out.
+    wait_log(&proxy, "MCP server connection lost").await;
+    wait_connected(&proxy, "demo").await;
+    let now = pid().await;
+    assert!(
+        now.parse::<u32>().is_ok() && now != first,
+        "the first call after the kill is served by a new process: {now}\n{}",
+        proxy.logs()
+    );
+}
+
 /// The demo server writes these on stderr, which is the proxy's log.
 const SLOW_STARTED: &str = "mcp_demo_server: slow started";
 const CANCELLED: &str = "mcp_demo_server: notifications/cancelled";

@@ -64,6 +64,28 @@ pub struct Config {
     /// (`None` when parsed from a string): the reloader's baseline, so a
     /// change written between loading and watching is not taken as seen.
     pub source: Option<u64>,
+    /// Set once a reload put another config in this one's place.
+    pub superseded: Superseded,
+}
+
+/// Whether a reload replaced a [`Config`]: background work (health checks,
+/// MCP connections, knowledge builds) sleeps until it has something due or
+/// its config is superseded, rather than waking on a timer to look.
+#[derive(Default)]
+pub struct Superseded(tokio::sync::watch::Sender<bool>);
+
+impl Superseded {
+    /// Called by the reloader once the new config is in place.
+    pub fn mark(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Resolves once [`mark`](Self::mark) was called, even before this call.
+    pub async fn wait(&self) {
+        let mut marked = self.0.subscribe();
+        // The sender is `self`: it outlives this wait, so this never fails.
+        let _ = marked.wait_for(|&marked| marked).await;
+    }
 }
 
 /// What the reloader compares to tell that the config file changed.
@@ -637,6 +659,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         trust_user_field: file.auth.trust_user_field,
         runtime: file.runtime,
         source: None,
+        superseded: Superseded::default(),
         listen: file.listen,
         admin_listen: file.admin_listen,
         api_keys: file

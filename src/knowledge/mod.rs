@@ -627,7 +627,7 @@ pub async fn retrieve_into(bases: &[Arc<KnowledgeBase>], conversation: &mut Conv
 }
 
 /// Starts the build of every base of the current config that has not
-/// started (at start, and after each reload).
+/// started (at start, and after each reload; nothing wakes it in between).
 pub struct KnowledgeBuilder {
     config: Arc<ArcSwap<Config>>,
 }
@@ -642,14 +642,15 @@ impl KnowledgeBuilder {
 impl BackgroundService for KnowledgeBuilder {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
-            for base in self.config.load().knowledge_bases.values() {
+            let config = self.config.load_full();
+            for base in config.knowledge_bases.values() {
                 if !base.started.load(Ordering::SeqCst) {
                     tokio::spawn(base.clone().build());
                 }
             }
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = config.superseded.wait() => {}
             }
         }
     }

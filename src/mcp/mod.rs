@@ -15,15 +15,17 @@ mod supervisor;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
-use rmcp::service::{RunningService, ServiceError};
+use rmcp::service::{Peer, RunningService, RunningServiceCancellationToken, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 pub use supervisor::McpSupervisor;
@@ -35,6 +37,7 @@ use crate::tools::{capped_text, CallContext, Injection, Outcome};
 /// Separates the server from the tool in the function names models see.
 pub const SEPARATOR: &str = "__";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 type Client = RunningService<RoleClient, ()>;
@@ -63,23 +66,33 @@ pub struct McpTool {
 }
 
 struct State {
-    client: Option<Arc<Client>>,
+    /// The open connection's handle for calls, and what ends it.
+    client: Option<(Peer<RoleClient>, RunningServiceCancellationToken)>,
     /// The last tool list seen; kept while the server is down, so calls to
     /// its tools get a clear error instead of vanishing from the model's view.
     tools: Arc<Vec<McpTool>>,
     status: String,
-    connecting: bool,
-    next_attempt: Instant,
-    backoff: Duration,
 }
 
 pub struct McpServer {
     pub name: String,
     /// The spec it was built from.
     spec: McpServerFile,
-    transport: Transport,
     timeout: Duration,
     max_output_bytes: usize,
+    link: Arc<Link>,
+    /// Whether its connection task was started.
+    started: AtomicBool,
+    /// Dropped with the server, which ends its connection task (and so the
+    /// connection, and a stdio server's process).
+    alive: watch::Sender<()>,
+}
+
+/// What the connection task shares with its server: how to connect, and
+/// the state calls read. Not the server itself, which it must not keep.
+struct Link {
+    name: String,
+    transport: Transport,
     injection: Injection,
     state: Mutex<State>,
 }
@@ -122,18 +135,20 @@ impl McpServer {
         Ok(McpServer {
             name: name.to_owned(),
             spec: file.clone(),
-            transport,
             timeout: Duration::from_millis(file.timeout_ms),
             max_output_bytes: file.max_output_bytes,
-            injection: Injection::from_file(&file.inject)?,
-            state: Mutex::new(State {
-                client: None,
-                tools: Arc::new(Vec::new()),
-                status: "connecting".into(),
-                connecting: false,
-                next_attempt: Instant::now(),
-                backoff: Duration::from_millis(250),
+            link: Arc::new(Link {
+                name: name.to_owned(),
+                transport,
+                injection: Injection::from_file(&file.inject)?,
+                state: Mutex::new(State {
+                    client: None,
+                    tools: Arc::new(Vec::new()),
+                    status: "connecting".into(),
+                }),
             }),
+            started: AtomicBool::new(false),
+            alive: watch::Sender::new(()),
         })
     }
 
@@ -143,8 +158,16 @@ impl McpServer {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // The state is plain data: a poisoned lock still holds a usable value.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.link.state()
+    }
+
+    /// Starts the task that connects this server and keeps it connected
+    /// (called by the supervisor for each server of the current config;
+    /// once per server).
+    fn start(&self) {
+        if !self.started.swap(true, Ordering::SeqCst) {
+            tokio::spawn(self.link.clone().run(self.alive.subscribe()));
+        }
     }
 
     /// The tools as last listed.
@@ -164,7 +187,7 @@ impl McpServer {
         mut arguments: Map<String, Value>,
         ctx: &CallContext,
     ) -> Outcome {
-        let client = self.state().client.clone();
+        let client = self.state().client.as_ref().map(|(peer, _)| peer.clone());
         let Some(client) = client else {
             let status = self.status();
             return Outcome::error(format!(
@@ -186,9 +209,9 @@ impl McpServer {
                 if matches!(
                     e,
                     ServiceError::TransportClosed | ServiceError::TransportSend(_)
-                ) || client.is_closed()
+                ) || client.is_transport_closed()
                 {
-                    self.lost(&e.to_string());
+                    self.link.lost(&e.to_string());
                 }
                 Outcome::error(format!("MCP server `{}` failed: {e}", self.name))
             }
@@ -216,57 +239,64 @@ impl McpServer {
             Outcome::success(text)
         }
     }
+}
 
-    /// The connection broke: drop it and reconnect with backoff.
+impl Link {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is plain data: a poisoned lock still holds a usable value.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connects, waits for the connection to end (the server quit or a
+    /// call found it broken), and connects again, with a backoff that
+    /// doubles per failed attempt; until the server is dropped (`alive`
+    /// closes), which drops the connection.
+    async fn run(self: Arc<Self>, mut alive: watch::Receiver<()>) {
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let opened = tokio::select! {
+                opened = tokio::time::timeout(CONNECT_TIMEOUT, self.open()) => opened,
+                _ = alive.changed() => return,
+            };
+            match opened {
+                Ok(Ok((client, tools))) => {
+                    info!(server = %self.name, tools = tools.len(), "MCP server connected");
+                    *self.state() = State {
+                        status: format!("connected ({} tools)", tools.len()),
+                        tools: Arc::new(tools),
+                        client: Some((client.peer().clone(), client.cancellation_token())),
+                    };
+                    backoff = FIRST_BACKOFF;
+                    tokio::select! {
+                        _ = client.waiting() => self.lost("the connection closed"),
+                        _ = alive.changed() => return,
+                    }
+                }
+                Ok(Err(e)) => self.unavailable(&e, backoff),
+                Err(_) => self.unavailable("timed out connecting", backoff),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = alive.changed() => return,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// The connection broke: it is closed, and the connection task
+    /// connects again.
     fn lost(&self, why: &str) {
         let mut state = self.state();
-        if state.client.take().is_some() {
+        if let Some((_, connection)) = state.client.take() {
             warn!(server = %self.name, reason = why, "MCP server connection lost; reconnecting");
             state.status = format!("down: {why}");
-            state.next_attempt = Instant::now() + state.backoff;
+            connection.cancel();
         }
     }
 
-    /// Starts a connection attempt when one is due (called by the supervisor).
-    fn attempt_due(self: &Arc<Self>) -> bool {
-        let mut state = self.state();
-        if let Some(client) = &state.client {
-            if !client.is_closed() {
-                return false;
-            }
-            state.client = None;
-            state.status = "down: the connection closed".into();
-            warn!(server = %self.name, "MCP server connection closed; reconnecting");
-        }
-        if state.connecting || Instant::now() < state.next_attempt {
-            return false;
-        }
-        state.connecting = true;
-        true
-    }
-
-    async fn connect(self: Arc<Self>) {
-        let result = tokio::time::timeout(CONNECT_TIMEOUT, self.open()).await;
-        let mut state = self.state();
-        state.connecting = false;
-        match result {
-            Ok(Ok((client, tools))) => {
-                info!(server = %self.name, tools = tools.len(), "MCP server connected");
-                state.status = format!("connected ({} tools)", tools.len());
-                state.tools = Arc::new(tools);
-                state.client = Some(Arc::new(client));
-                state.backoff = Duration::from_millis(250);
-            }
-            Ok(Err(e)) => self.retry_later(&mut state, &e),
-            Err(_) => self.retry_later(&mut state, "timed out connecting"),
-        }
-    }
-
-    fn retry_later(&self, state: &mut State, why: &str) {
-        warn!(server = %self.name, reason = why, retry_in_ms = state.backoff.as_millis() as u64, "MCP server unavailable");
-        state.status = format!("down: {why}");
-        state.next_attempt = Instant::now() + state.backoff;
-        state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+    fn unavailable(&self, why: &str, retry_in: Duration) {
+        warn!(server = %self.name, reason = why, retry_in_ms = retry_in.as_millis() as u64, "MCP server unavailable");
+        self.state().status = format!("down: {why}");
     }
 
     async fn open(&self) -> Result<(Client, Vec<McpTool>), String> {

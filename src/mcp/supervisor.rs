@@ -1,17 +1,16 @@
-//! Connects the current config's MCP servers in the background and
-//! reconnects the ones that went away, with backoff.
+//! Starts the connection task of each MCP server of the current config,
+//! at start and after each reload; each task connects its server and
+//! reconnects it with backoff ([`McpServer::start`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use super::McpServer;
 use crate::config::Config;
-
-const TICK: Duration = Duration::from_millis(100);
 
 pub struct McpSupervisor {
     config: Arc<ArcSwap<Config>>,
@@ -27,14 +26,14 @@ impl McpSupervisor {
 impl BackgroundService for McpSupervisor {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
-            for server in self.config.load().mcp_servers.values() {
-                if server.attempt_due() {
-                    tokio::spawn(server.clone().connect());
-                }
-            }
+            let config = self.config.load_full();
+            config
+                .mcp_servers
+                .values()
+                .for_each(|s| McpServer::start(s));
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(TICK) => {}
+                _ = config.superseded.wait() => {}
             }
         }
     }

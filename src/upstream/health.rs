@@ -15,14 +15,12 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tracing::warn;
 
 use super::Upstream;
 use crate::config::Config;
 
-/// How often due checks are looked for; each pool keeps its own interval.
-const TICK: Duration = Duration::from_millis(50);
 /// Name lookup, connect and TLS of the start-up check together.
 const STARTUP_WAIT: Duration = Duration::from_secs(10);
 /// How often an upstream without health checks is probed for readiness
@@ -50,6 +48,8 @@ pub struct ReadyState {
     asked: Mutex<Option<Instant>>,
     /// When the checker last probed (upstreams without health checks).
     probed: Mutex<Option<Instant>>,
+    /// Wakes the checker when `/readyz` asks after a time nobody did.
+    demand: Notify,
 }
 
 impl Default for ReadyState {
@@ -58,6 +58,7 @@ impl Default for ReadyState {
             now: watch::Sender::new(Readiness::Unchecked),
             asked: Mutex::new(None),
             probed: Mutex::new(None),
+            demand: Notify::new(),
         }
     }
 }
@@ -66,7 +67,10 @@ impl Upstream {
     /// What the health checker last learned of this upstream. Before its
     /// first check completes, waits for it for at most `wait`.
     pub async fn readiness(&self, wait: Duration) -> Readiness {
-        *lock(&self.ready.asked) = Some(Instant::now());
+        let before = lock(&self.ready.asked).replace(Instant::now());
+        if before.is_none_or(|at| at.elapsed() >= READY_DEMAND) {
+            self.ready.demand.notify_one();
+        }
         let mut known = self.ready.now.subscribe();
         let checked = async {
             let seen = known.wait_for(|r| *r != Readiness::Unchecked).await;
@@ -101,13 +105,32 @@ impl Upstream {
     }
 
     fn readiness_probe_is_due(&self) -> bool {
-        let wanted = lock(&self.ready.asked).is_some_and(|at| at.elapsed() < READY_DEMAND);
-        let mut probed = lock(&self.ready.probed);
-        let due = wanted && probed.is_none_or(|at| at.elapsed() >= READY_INTERVAL);
+        let due = self
+            .readiness_probe_due_at()
+            .is_some_and(|at| at <= Instant::now());
         if due {
-            *probed = Some(Instant::now());
+            *lock(&self.ready.probed) = Some(Instant::now());
         }
         due
+    }
+
+    /// When the next readiness probe is due; `None` while `/readyz` is not
+    /// asking (its next question wakes the checker).
+    fn readiness_probe_due_at(&self) -> Option<Instant> {
+        let asked = (*lock(&self.ready.asked)).filter(|at| at.elapsed() < READY_DEMAND)?;
+        let probed = *lock(&self.ready.probed);
+        let next = probed.map_or_else(Instant::now, |at| at + READY_INTERVAL);
+        (next < asked + READY_DEMAND).then_some(next)
+    }
+
+    /// When this upstream next has a check due, as [`check_if_due`] would
+    /// run it; `None`: none until `/readyz` asks.
+    fn next_check_at(&self, is_default: bool) -> Option<Instant> {
+        match self.pool.health_due_at() {
+            Some(at) => Some(at),
+            None if is_default => self.readiness_probe_due_at(),
+            None => None,
+        }
     }
 }
 
@@ -155,15 +178,32 @@ impl BackgroundService for HealthChecks {
             self.config_path.clone(),
         ));
         loop {
+            let config = self.config.load_full();
+            let is_default = |u: &Arc<Upstream>| Arc::ptr_eq(u, &config.default_upstream);
+            join_all(
+                config
+                    .upstreams
+                    .values()
+                    .map(|u| u.check_if_due(is_default(u))),
+            )
+            .await;
+            // Asleep until a check is due, `/readyz` asks, or a reload.
+            let next = config
+                .upstreams
+                .values()
+                .filter_map(|u| u.next_check_at(is_default(u)))
+                .min();
+            let due = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = shutdown.changed() => break,
-                _ = tokio::time::sleep(TICK) => {
-                    let config = self.config.load_full();
-                    join_all(config.upstreams.values().map(|u| {
-                        u.check_if_due(Arc::ptr_eq(u, &config.default_upstream))
-                    }))
-                    .await;
-                }
+                _ = due => {}
+                _ = config.default_upstream.ready.demand.notified() => {}
+                _ = config.superseded.wait() => {}
             }
         }
         startup.abort();

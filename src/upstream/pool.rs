@@ -163,6 +163,13 @@ impl Pool {
         self.health.is_some()
     }
 
+    /// When the next round of health checks is due; `None` without them.
+    pub fn health_due_at(&self) -> Option<Instant> {
+        let health = self.health.as_ref()?;
+        let last = *self.last_check.lock().unwrap_or_else(|e| e.into_inner());
+        Some(last.map_or_else(Instant::now, |at| at + health.interval))
+    }
+
     /// Runs one round of health checks if one is due; `None` if none was,
     /// else what the round's verdict makes of the pool: `Err` says why no
     /// replica is in rotation.
