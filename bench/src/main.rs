@@ -77,6 +77,10 @@ struct RunArgs {
     /// An A/B of two builds within one run, so both see the same machine.
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
+    /// The "(B)" proxy's config addition instead of `--proxy-yaml`: an A/B
+    /// of two configs (of the same binary, without `--baseline-bin`).
+    #[arg(long)]
+    baseline_yaml: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -536,15 +540,18 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     let proxy_cmd = (proxy_bin.to_owned(), work.to_owned());
     let proxy = start_proxy(&proxy_cmd, px)?;
     // In a directory of its own: its own config, and its own response store.
-    let proxy_b = match &args.baseline_bin {
+    let baseline_bin = match (&args.baseline_bin, &args.baseline_yaml) {
+        (Some(bin), _) => Some(bin.clone()),
+        (None, Some(_)) => Some(proxy_bin.to_owned()),
+        (None, None) => None,
+    };
+    let proxy_b = match baseline_bin {
         Some(bin) => {
             let dir = work.join("b");
             std::fs::create_dir_all(&dir)?;
-            std::fs::write(
-                dir.join("proxy.yaml"),
-                proxy_conf(px_b, up) + &args.proxy_yaml + "\n",
-            )?;
-            Some(start_proxy(&(bin.clone(), dir), px_b)?)
+            let yaml = args.baseline_yaml.as_ref().unwrap_or(&args.proxy_yaml);
+            std::fs::write(dir.join("proxy.yaml"), proxy_conf(px_b, up) + yaml + "\n")?;
+            Some(start_proxy(&(bin, dir), px_b)?)
         }
         None => None,
     };

@@ -295,7 +295,8 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 pub struct Response {
     conn: Conn,
     /// Boxed: as large as the rest, and an open stream's future holds it.
-    header: Box<ResponseHeader>,
+    /// `None` once taken.
+    header: Option<Box<ResponseHeader>>,
     body: Body,
     keep_alive: bool,
 }
@@ -325,7 +326,7 @@ impl Response {
                         _ => {
                             return Ok(Response {
                                 conn,
-                                header: Box::new(head.header),
+                                header: Some(Box::new(head.header)),
                                 body: head.body,
                                 keep_alive: head.keep_alive,
                             })
@@ -345,8 +346,13 @@ impl Response {
         }
     }
 
-    pub fn header(&self) -> &ResponseHeader {
-        &self.header
+    /// The head, until [`take_header`](Self::take_header).
+    pub fn header(&self) -> Option<&ResponseHeader> {
+        self.header.as_deref()
+    }
+
+    pub fn take_header(&mut self) -> Option<Box<ResponseHeader>> {
+        self.header.take()
     }
 
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {

@@ -21,7 +21,6 @@ use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
-use pingora::protocols::http::v1::client::http_req_header_to_wire;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use pingora::utils::tls::{parse_x509, WrappedX509};
 use pingora::{Error, ErrorType, OrErr, Result};
@@ -30,6 +29,9 @@ use tokio::io::AsyncWriteExt;
 
 mod h1;
 mod pool;
+mod request;
+
+pub use request::{EditHeaders, Request};
 
 /// How long a DNS answer is reused before the name is looked up again.
 const DNS_TTL: Duration = Duration::from_secs(30);
@@ -344,38 +346,28 @@ impl Endpoint {
         self.peers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A request header for `path` with `Host` set. Without pingora's
-    /// case-preserving name map: names go out lower-case (as HTTP/2 sends
-    /// them anyway), for fewer allocations per request.
-    pub fn request_header(&self, method: &str, path: &str) -> Result<RequestHeader> {
-        let mut req = RequestHeader::build_no_case(method, path.as_bytes(), Some(8))?;
-        req.insert_header(http::header::HOST, self.authority.as_str())?;
-        Ok(req)
-    }
-
-    /// Sends `req` with an optional body and waits for the response header.
+    /// Sends `req` with an optional body and waits for the response header;
+    /// `Host` is this endpoint's unless `req` sets one.
     /// Boxed: connecting and sending is a large future (pingora's connector,
     /// TLS) that lives only until the response header. On the heap it is
     /// freed then, instead of weighing on the task of every open stream.
-    pub fn send(&self, req: RequestHeader, body: Option<Bytes>) -> BoxFuture<'_, Result<Exchange>> {
+    pub fn send(&self, req: Request, body: Option<Bytes>) -> BoxFuture<'_, Result<Exchange>> {
         let deadline = self.timeouts.total.map(|t| tokio::time::Instant::now() + t);
         Box::pin(within(deadline, self.exchange(req, body, deadline)))
     }
 
     async fn exchange(
         &self,
-        mut req: RequestHeader,
+        req: Request,
         body: Option<Bytes>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Exchange> {
         let peers = self.peers().await?;
-        if let Some(body) = &body {
-            req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
-        }
+        let length = body.as_ref().map(Bytes::len);
         // Safe methods may be sent again whatever happened to them; others
         // only when they provably never reached the server whole.
-        let replayable = matches!(req.method, http::Method::GET | http::Method::HEAD);
-        let head_request = req.method == http::Method::HEAD;
+        let replayable = matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+        let head_request = req.method() == http::Method::HEAD;
         // The HTTP/1 request head, once a connection needs it.
         let mut wire: Option<Bytes> = None;
         let mut attempt = 0;
@@ -385,11 +377,14 @@ impl Endpoint {
                 Connection::H1(stream) => {
                     let head = match &wire {
                         Some(head) => head.clone(),
-                        None => wire.insert(h1_head(&req)?).clone(),
+                        None => wire.insert(req.h1_head(&self.authority, length)).clone(),
                     };
                     self.send_h1(stream, head, body.clone(), head_request).await
                 }
-                Connection::Other(session) => self.send_other(session, &req, body.clone()).await,
+                Connection::Other(session) => {
+                    let header = req.header(&self.authority, length)?;
+                    self.send_other(session, header, body.clone()).await
+                }
             };
             match sent {
                 Ok(response) => break (response, peer),
@@ -468,14 +463,14 @@ impl Endpoint {
     async fn send_other(
         &self,
         mut session: Box<HttpSession>,
-        req: &RequestHeader,
+        req: RequestHeader,
         body: Option<Bytes>,
     ) -> std::result::Result<Response, (Box<Error>, bool)> {
         // The connector leaves per-read timeouts to the caller.
         session.set_read_timeout(Some(self.timeouts.first_byte));
         session.set_write_timeout(Some(self.timeouts.first_byte));
         let written = async {
-            session.write_request_header(Box::new(req.clone())).await?;
+            session.write_request_header(Box::new(req)).await?;
             if let Some(body) = body {
                 session.write_request_body(body, true).await?;
             }
@@ -497,12 +492,6 @@ impl Endpoint {
 }
 
 /// An HTTP/1 request head as written.
-fn h1_head(req: &RequestHeader) -> Result<Bytes> {
-    http_req_header_to_wire(req)
-        .map(BytesMut::freeze)
-        .ok_or_else(|| Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable"))
-}
-
 /// A response being read: HTTP/1 by us, HTTP/2 by pingora (boxed: rare,
 /// and three times the size).
 enum Response {
@@ -513,7 +502,7 @@ enum Response {
 impl Response {
     fn header(&self) -> Option<&ResponseHeader> {
         match self {
-            Response::H1(h1) => Some(h1.header()),
+            Response::H1(h1) => h1.header(),
             Response::Other(session) => session.response_header(),
         }
     }
@@ -641,6 +630,16 @@ impl Exchange {
     /// connection, which holds it, is back in the pool then).
     pub fn header(&self) -> Option<&ResponseHeader> {
         self.response.as_ref()?.header()
+    }
+
+    /// The response header to keep (passed on as it is, say): without a
+    /// copy from an HTTP/1 response, whose [`header`](Self::header) is
+    /// `None` afterwards.
+    pub fn take_header(&mut self) -> Option<Box<ResponseHeader>> {
+        match self.response.as_mut()? {
+            Response::H1(h1) => h1.take_header(),
+            Response::Other(session) => session.response_header().cloned().map(Box::new),
+        }
     }
 
     /// Keeps `watch` as long as this exchange, and tells it of failures.
@@ -869,7 +868,7 @@ mod tests {
         let endpoint = Endpoint::parse(&format!("http://127.0.0.1:{port}/v1"), options).unwrap();
         for _ in 0..2 {
             let path = endpoint.path("/chat/completions");
-            let req = endpoint.request_header("POST", &path).unwrap();
+            let req = Request::new("POST", &path).unwrap();
             let mut exchange = endpoint.send(req, Some(body.clone())).await.unwrap();
             assert_eq!(exchange.status(), 200);
             assert_eq!(exchange.read_to_end(1024).await.unwrap(), "ok");
@@ -921,9 +920,7 @@ mod tests {
         };
         let endpoint = Endpoint::parse(&format!("http://127.0.0.1:{port}"), options).unwrap();
         for _ in 0..2 {
-            let req = endpoint
-                .request_header("POST", "/v1/chat/completions")
-                .unwrap();
+            let req = Request::new("POST", "/v1/chat/completions").unwrap();
             let mut exchange = endpoint.send(req, Some(Bytes::from("{}"))).await.unwrap();
             assert!(exchange.is_event_stream());
             assert_eq!(exchange.read().await.unwrap().unwrap(), "data: 1\n\n");
@@ -965,18 +962,14 @@ mod tests {
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
         )
         .await;
-        let req = endpoint
-            .request_header("POST", "/v1/chat/completions")
-            .unwrap();
+        let req = Request::new("POST", "/v1/chat/completions").unwrap();
         let mut exchange = endpoint.send(req, Some(Bytes::from("{}"))).await.unwrap();
         assert_eq!(exchange.status(), 200);
         assert_eq!(exchange.read_to_end(1024).await.unwrap(), "ok");
 
         let endpoint =
             answering(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel").await;
-        let req = endpoint
-            .request_header("POST", "/v1/chat/completions")
-            .unwrap();
+        let req = Request::new("POST", "/v1/chat/completions").unwrap();
         let mut exchange = endpoint.send(req, Some(Bytes::from("{}"))).await.unwrap();
         assert!(exchange.read_to_end(1024).await.is_err());
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::http_client::{Endpoint, EndpointOptions, Timeouts};
+use crate::http_client::{Endpoint, EndpointOptions, Request, Timeouts};
 
 /// A source larger than this is skipped (logged).
 const MAX_BYTES: usize = 32 << 20;
@@ -145,9 +145,7 @@ async fn fetch(url: &str) -> Result<(Vec<u8>, String), String> {
         ca_file: None,
     };
     let endpoint = Endpoint::parse(&origin, options)?;
-    let request = endpoint
-        .request_header("GET", path)
-        .map_err(|e| e.to_string())?;
+    let request = Request::new("GET", path).map_err(|e| e.to_string())?;
     let mut exchange = endpoint
         .send(request, None)
         .await

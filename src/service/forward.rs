@@ -2,7 +2,6 @@
 //! the body as the client sent it, the response streamed back as it comes.
 
 use bytes::Bytes;
-use pingora::http::ResponseHeader;
 
 use crate::config::Config;
 use crate::downstream::{Client, Gone};
@@ -72,19 +71,15 @@ async fn relay(
                 .await
         }
     };
-    let Some(from) = exchange.header() else {
+    let Some(mut header) = exchange.take_header() else {
         let missing = ApiError::bad_gateway("the upstream's response has no header");
         return client.respond_error(&missing).await;
     };
-    let mut header = ResponseHeader::build_no_case(from.status, Some(from.headers.len() + 2))
-        .map_err(|_| Gone)?;
-    for (name, value) in from.headers.iter() {
-        if !is_hop_by_hop(name) {
-            header
-                .append_header(name.clone(), value.clone())
-                .map_err(|_| Gone)?;
-        }
+    for name in HOP_BY_HOP {
+        header.remove_header(*name);
     }
+    // Ours is an HTTP/1.1 answer, whatever the upstream spoke (h2).
+    header.set_version(http::Version::HTTP_11);
     let event_stream = exchange.is_event_stream();
     if header.headers.get(http::header::CONTENT_LENGTH).is_none() {
         header
@@ -96,7 +91,7 @@ async fn relay(
             .insert_header("x-accel-buffering", "no")
             .map_err(|_| Gone)?;
     }
-    client.send_header(header, false).await?;
+    client.send_header(*header, false).await?;
     // Counted, but no heartbeats: a passed-through stream stays byte for byte.
     let _stream = event_stream.then(StreamGuard::open);
     loop {

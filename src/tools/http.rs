@@ -3,11 +3,14 @@
 
 use std::time::Duration;
 
+use ::http::header::CONTENT_TYPE;
+use ::http::{HeaderName, HeaderValue};
 use bytes::Bytes;
+use pingora::{ErrorType, OrErr};
 
 use super::{capped_text, CallContext, Outcome, Run};
 use crate::config::file::HttpToolFile;
-use crate::http_client::{Endpoint, EndpointOptions, Timeouts};
+use crate::http_client::{EditHeaders, Endpoint, EndpointOptions, Request, Timeouts};
 
 pub struct HttpTool {
     endpoint: Endpoint,
@@ -61,17 +64,17 @@ impl HttpTool {
     /// The endpoint enforces `timeout_ms` on the whole exchange.
     async fn post(&self, arguments: &str, request_id: &str) -> Outcome {
         let cap = self.cap;
-        let request = self
-            .endpoint
-            .request_header("POST", &self.path)
-            .and_then(|mut req| {
-                req.insert_header(::http::header::CONTENT_TYPE, "application/json")?;
-                req.insert_header(crate::request_id::HEADER, request_id)?;
-                for (name, value) in &self.headers {
-                    req.insert_header(name.clone(), value.clone())?;
-                }
-                Ok(req)
-            });
+        let request = Request::new("POST", &self.path).and_then(|mut req| {
+            let id = HeaderValue::from_str(request_id)
+                .or_err(ErrorType::InvalidHTTPHeader, "invalid request id")?;
+            req.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            req.append(HeaderName::from_static(crate::request_id::HEADER), id);
+            // The tool's own headers win over ours.
+            for (name, value) in &self.headers {
+                req.insert(name.clone(), value.clone())?;
+            }
+            Ok(req)
+        });
         let mut exchange = match request {
             Ok(req) => match self
                 .endpoint

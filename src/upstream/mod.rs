@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::join_all;
-use pingora::http::RequestHeader;
 use pingora::ErrorType;
 use tracing::warn;
 
@@ -29,7 +28,7 @@ pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool};
 
 use crate::config::file::{UpstreamApi, UpstreamFile};
 use crate::error::AtEndpoint;
-use crate::http_client::{Endpoint, EndpointOptions, Exchange, Timeouts};
+use crate::http_client::{EditHeaders, Endpoint, EndpointOptions, Exchange, Request, Timeouts};
 
 /// The runtime of one configured upstream, built from its spec: the pool
 /// with its health state, the replicas' connection pools and DNS answers.
@@ -40,7 +39,8 @@ pub struct Upstream {
     spec: UpstreamFile,
     pub pool: Pool,
     pub api: UpstreamApi,
-    api_key: Option<String>,
+    /// `Authorization: Bearer <api_key>`, marked sensitive (never logged).
+    bearer: Option<http::HeaderValue>,
     retries: usize,
     ready: health::ReadyState,
 }
@@ -108,6 +108,15 @@ impl Upstream {
                 })
             })
             .transpose()?;
+        let bearer = match file.api_key.filter(|k| !k.is_empty()) {
+            Some(key) => {
+                let mut value = http::HeaderValue::try_from(format!("Bearer {key}"))
+                    .map_err(|_| "`api_key` holds a character a header cannot carry")?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
         let retries = file
             .retries
             .map_or(members.len().saturating_sub(1).min(2), |r| r as usize);
@@ -116,7 +125,7 @@ impl Upstream {
             spec,
             pool: Pool::new(name, members, file.balance, health),
             api: file.api,
-            api_key: file.api_key.filter(|k| !k.is_empty()),
+            bearer,
             retries,
             ready: Default::default(),
         })
@@ -139,21 +148,18 @@ impl Upstream {
     /// proxy's key.
     pub fn authorize(
         &self,
-        req: &mut RequestHeader,
+        req: &mut impl EditHeaders,
         client_key_is_ours: bool,
     ) -> pingora::Result<()> {
-        // Anthropic clients send their key as `x-api-key`: never ours upstream.
-        if self.api_key.is_some() || client_key_is_ours {
-            req.remove_header("x-api-key");
+        if self.bearer.is_some() || client_key_is_ours {
+            // Anthropic clients send their key as `x-api-key`.
+            req.remove(&http::HeaderName::from_static("x-api-key"));
+            req.remove(&http::header::AUTHORIZATION);
         }
-        match &self.api_key {
-            Some(key) => req.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}"))?,
-            None if client_key_is_ours => {
-                req.remove_header(&http::header::AUTHORIZATION);
-            }
-            None => {}
+        match &self.bearer {
+            Some(bearer) => req.insert(http::header::AUTHORIZATION, bearer.clone()),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Whether this runtime was built from `spec`.
@@ -175,14 +181,12 @@ impl Upstream {
         let mut failure = None;
         while let Some(index) = attempts.next_replica(self) {
             let member = self.pool.member(index);
-            let mut header = member
-                .endpoint
-                .request_header(request.method, &Self::map_path(member, request.path))?;
+            let mut req = Request::new(request.method, &Self::map_path(member, request.path))?;
             for (name, value) in request.headers {
-                header.append_header(name.clone(), value.clone())?;
+                req.append(name.clone(), value.clone());
             }
-            self.authorize(&mut header, request.client_key_is_ours)?;
-            match member.endpoint.send(header, request.body.clone()).await {
+            self.authorize(&mut req, request.client_key_is_ours)?;
+            match member.endpoint.send(req, request.body.clone()).await {
                 Ok(exchange) if attempts.answered(self, exchange.status()) => {
                     warn!(upstream = %self.name, endpoint = %member.url, status = exchange.status(), "retrying on another endpoint");
                 }

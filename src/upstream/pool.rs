@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::config::file::Balance;
 use crate::error::AtEndpoint;
-use crate::http_client::Endpoint;
+use crate::http_client::{Endpoint, Request};
 
 /// Failed checks in a row before a replica leaves the rotation.
 const FAILS_TO_EJECT: u32 = 2;
@@ -205,7 +205,7 @@ impl Pool {
 
 async fn probe(member: &Member, health: &HealthCheck) -> bool {
     let check = async {
-        let req = member.endpoint.request_header("GET", &health.path).ok()?;
+        let req = Request::new("GET", &health.path).ok()?;
         let mut exchange = member.endpoint.send(req, None).await.ok()?;
         let status = exchange.status();
         let _ = exchange.read_to_end(64 * 1024).await;
