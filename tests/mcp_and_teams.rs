@@ -284,9 +284,9 @@ agents:
     assert_eq!(requests.last().unwrap().tool_results()[0], "2");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stdio_server_that_dies_is_restarted() {
-    let upstream = FakeServer::start(|req, _| {
+/// A model that calls the tool the user's message names, then says "done".
+async fn calls_the_named_tool() -> FakeServer {
+    FakeServer::start(|req, _| {
         if req.method == "GET" {
             return models();
         }
@@ -299,16 +299,20 @@ async fn a_stdio_server_that_dies_is_restarted() {
             .to_owned();
         Reply::events(vec![tool_call(0, "c", &tool, "{}"), finish("tool_calls")])
     })
-    .await;
+    .await
+}
+
+/// The result of `tool`, called by agent `demo` through `proxy`.
+async fn demo_call(proxy: &Proxy, upstream: &FakeServer, tool: &str) -> String {
+    post_json(proxy.port, "/v1/chat/completions", &ask("demo", tool)).await;
+    chats(upstream).last().unwrap().tool_results()[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_that_dies_is_restarted() {
+    let upstream = calls_the_named_tool().await;
     let proxy = with_stdio_demo(&upstream, r#"  demo: { tools: ["demo/*"] }"#).await;
-    let call = |tool: &'static str| {
-        let port = proxy.port;
-        let upstream = &upstream;
-        async move {
-            post_json(port, "/v1/chat/completions", &ask("demo", tool)).await;
-            chats(upstream).last().unwrap().tool_results()[0].clone()
-        }
-    };
+    let call = |tool| demo_call(&proxy, &upstream, tool);
     let first_pid = call("demo__pid").await;
     assert!(first_pid.parse::<u32>().is_ok(), "{first_pid}");
     let crashed = call("demo__crash").await;
@@ -334,24 +338,9 @@ async fn a_stdio_server_that_dies_is_restarted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_server_killed_between_calls_is_restarted_before_the_next_call() {
-    let upstream = FakeServer::start(|req, _| {
-        if req.method == "GET" {
-            return models();
-        }
-        if has_tool_result(req) {
-            return Reply::events(vec![content("done"), finish("stop")]);
-        }
-        Reply::events(vec![
-            tool_call(0, "c", "demo__pid", "{}"),
-            finish("tool_calls"),
-        ])
-    })
-    .await;
+    let upstream = calls_the_named_tool().await;
     let proxy = with_stdio_demo(&upstream, r#"  demo: { tools: ["demo/*"] }"#).await;
-    let pid = || async {
-        post_json(proxy.port, "/v1/chat/completions", &ask("demo", "pid")).await;
-        chats(&upstream).last().unwrap().tool_results()[0].clone()
-    };
+    let pid = || demo_call(&proxy, &upstream, "demo__pid");
     let first = pid().await;
     assert!(first.parse::<u32>().is_ok(), "{first}");
     let killed = std::process::Command::new("kill")
