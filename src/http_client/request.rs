@@ -33,8 +33,12 @@ impl Request {
     pub fn new(method: &str, target: &str) -> Result<Request> {
         let method = Method::from_bytes(method.as_bytes())
             .or_err(ErrorType::InvalidHTTPHeader, "invalid request method")?;
-        // RFC 9112 §3.2: the origin form, visible ASCII only.
-        let writable = target.starts_with('/') && target.bytes().all(|b| b.is_ascii_graphic());
+        // RFC 9112 §3.2: the origin form, visible ASCII; and UTF-8, which
+        // the `http` crate's URIs (so a client's path, passed on) take too.
+        let writable = target.starts_with('/')
+            && target
+                .bytes()
+                .all(|b| b.is_ascii_graphic() || !b.is_ascii());
         if !writable {
             return Error::e_explain(ErrorType::InvalidHTTPHeader, "request target not writable");
         }
@@ -206,10 +210,16 @@ mod tests {
 
     #[test]
     fn a_target_that_cannot_go_on_a_request_line_is_refused() {
-        for target in ["", "v1/models", "/a b", "/a\r\nx: y", "/é"] {
+        for target in ["", "v1/models", "/a b", "/a\tb", "/a\r\nx: y"] {
             assert!(Request::new("GET", target).is_err(), "{target:?}");
         }
-        assert!(Request::new("GET", "/v1/models?limit=2&after=x%20y").is_ok());
+        for target in [
+            "/v1/models?limit=2&after=x%20y",
+            "/v1/files/é",
+            "/q?f={\"a\":1}",
+        ] {
+            assert!(Request::new("GET", target).is_ok(), "{target:?}");
+        }
         assert!(Request::new("BAD METHOD", "/").is_err());
     }
 }
