@@ -141,6 +141,9 @@ async fn previous_response_id_continues_and_stored_responses_read_back() {
     assert_eq!(items["data"][0]["content"][0]["text"], "What is my name?");
     assert!(items["data"][0]["id"].as_str().unwrap().starts_with("msg_"));
     assert_eq!(items["first_id"], items["data"][0]["id"]);
+    // A streamed one reads back as its `response.completed` carried it.
+    let got = get(port, &format!("/v1/responses/{}", id(&first))).await;
+    assert_eq!(got.json(), first);
 
     // Deleted: gone, and a chain through it is broken.
     let deleted = request(

@@ -1319,8 +1319,7 @@ impl Encoder for ResponsesEncoder {
         let mut sink = self.sink;
         let keep = self.keep.take();
         let response = self.response(status, incomplete, Some(usage), None);
-        write_end(&mut sink, kind, &response, out);
-        hand_over(keep, &self.id, &response);
+        write_end(&mut sink, kind, &response, out, keep, &self.id);
         self.sink = sink;
     }
 
@@ -1351,31 +1350,42 @@ impl Encoder for ResponsesEncoder {
                 message: &message,
             }),
         );
-        write_end(&mut sink, "response.failed", &response, out);
-        hand_over(keep, &self.id, &response);
+        write_end(&mut sink, "response.failed", &response, out, keep, &self.id);
         self.sink = sink;
     }
 }
 
-/// The Response object to `keep`, if one was given.
-fn hand_over(keep: Option<Keep>, id: &str, response: &ResponseOut<'_>) {
-    if let Some(keep) = keep {
-        keep(Finished {
-            id,
-            status: response.status,
-            // Our own types: cannot fail.
-            response: serde_json::to_vec(response).unwrap_or_default(),
-        });
-    }
-}
-
-fn write_end(sink: &mut Sink, kind: &'static str, response: &ResponseOut<'_>, out: &mut Vec<u8>) {
+/// The response's last bytes (its final event, or the Response object as
+/// the body), and the Response object to `keep`, if one was given:
+/// serialized once for both.
+fn write_end(
+    sink: &mut Sink,
+    kind: &'static str,
+    response: &ResponseOut<'_>,
+    out: &mut Vec<u8>,
+    keep: Option<Keep>,
+    id: &str,
+) {
+    // Our own types: serializing them cannot fail.
+    let kept = keep.and_then(|keep| Some((keep, serde_json::value::to_raw_value(response).ok()?)));
+    let Some((keep, json)) = kept else {
+        if sink.stream {
+            sink.emit(out, kind, ResponseEvent { response });
+        } else {
+            let _ = serde_json::to_writer(&mut *out, response);
+        }
+        return;
+    };
     if sink.stream {
-        sink.emit(out, kind, ResponseEvent { response });
+        sink.emit(out, kind, ResponseEvent { response: &*json });
     } else {
-        // Our own types: cannot fail.
-        let _ = serde_json::to_writer(&mut *out, response);
+        out.extend_from_slice(json.get().as_bytes());
     }
+    keep(Finished {
+        id,
+        status: response.status,
+        response: Box::<str>::from(json).into_string().into_bytes(),
+    });
 }
 
 /// The `code` of a failed response: the error's `code`, else its `type`.
@@ -1447,8 +1457,8 @@ struct EventOut<T> {
 }
 
 #[derive(Serialize)]
-struct ResponseEvent<'a> {
-    response: &'a ResponseOut<'a>,
+struct ResponseEvent<T> {
+    response: T,
 }
 
 #[derive(Serialize)]
