@@ -23,10 +23,15 @@ pub const MAX_LEN: usize = 128;
 /// The client's session id from `headers` (by [`HEADERS`]), cut to
 /// [`MAX_LEN`] characters.
 pub fn from_headers(headers: &http::HeaderMap) -> Option<String> {
-    HEADERS
+    // One pass over the request's few headers, not a lookup (a parse of the
+    // name and a hash) for each of ours: the first of HEADERS present wins.
+    let (_, value) = headers
         .iter()
-        .find_map(|name| headers.get(*name))
-        .and_then(|v| v.to_str().ok())
+        .filter_map(|(name, value)| Some((HEADERS.iter().position(|h| name == h)?, value)))
+        .min_by_key(|(rank, _)| *rank)?;
+    value
+        .to_str()
+        .ok()
         .filter(|v| !v.is_empty())
         .map(|v| v.chars().take(MAX_LEN).collect())
 }
@@ -77,6 +82,12 @@ mod tests {
         assert_eq!(from_headers(&headers).as_deref(), Some("codex-1"));
         headers.insert("x-session-id", "x".repeat(500).parse().unwrap());
         assert_eq!(from_headers(&headers).map(|s| s.len()), Some(MAX_LEN));
+        // Whatever the order they came in.
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-openwebui-chat-id", "webui".parse().unwrap());
+        headers.insert("thread-id", "sdk".parse().unwrap());
+        headers.insert("content-type", "application/json".parse().unwrap());
+        assert_eq!(from_headers(&headers).as_deref(), Some("sdk"));
     }
 
     #[test]
