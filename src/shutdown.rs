@@ -1,7 +1,8 @@
 //! Graceful shutdown that ends when the work does. On SIGTERM (or SIGQUIT
 //! during an upgrade) pingora stops accepting and then waits its grace period
 //! unconditionally; this service exits the process as soon as no request is
-//! in flight, so a rollout never waits longer than the longest live stream.
+//! in flight (a new connection's first request counts from its accept), so
+//! a rollout never waits longer than the longest live stream.
 //! The grace period stays the upper bound: what is left then is cut.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -318,6 +318,37 @@ async fn the_grace_period_bounds_a_drain() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_accepted_before_a_shutdown_gets_its_first_request_answered() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
+    let mut proxy =
+        Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "10"]).await;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .unwrap();
+    // Accepted, then the shutdown begins before the client's request.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let body = ask().to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut conn = Connection::on(stream);
+    let mut res = conn.head().await;
+    while conn.next_chunk(&mut res).await.is_some() {}
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert!(res.complete, "the answer was cut");
+    assert!(
+        proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "the process left once the request was answered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binary_upgrade_hands_over_the_sockets_without_refusing_a_request() {
     let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
     let dir = scratch_dir();

@@ -41,12 +41,17 @@ use super::{AgentProxy, ProxyPath};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::limits::{Connection, Connections};
+use crate::shutdown::InFlight;
 
 /// Pingora refuses a head over 1 MiB − 1 byte; reading stops just past it.
 const MAX_HEAD_BYTES: usize = 1 << 20;
 
 /// How much a read of the head asks for at once.
 const READ_CHUNK: usize = 4096;
+
+/// How long a new connection's first request may take to begin once the
+/// server is shutting down.
+const FIRST_REQUEST_AFTER_SHUTDOWN: Duration = Duration::from_secs(1);
 
 pub struct Edge {
     /// Pingora's proxy path, for the requests our handlers pass on.
@@ -146,8 +151,14 @@ impl ServerApp for Edge {
             return None;
         };
         let mut persisted = None;
+        // A new connection's first request counts as in flight from the
+        // accept, so a graceful shutdown (or an upgrade's hand-over) waits
+        // for it: its client sent it to a listening socket.
+        let mut arriving = Some(InFlight::enter());
         loop {
-            let head = read_head(&mut stream, &connection, self.head_timeouts(), shutdown).await?;
+            let first = arriving.is_some();
+            let timeouts = self.head_timeouts();
+            let head = read_head(&mut stream, &connection, timeouts, first, shutdown).await?;
             let mut session = Session::new_h1(stream);
             if let Some(settings) = persisted.take() {
                 HttpPersistentSettings::apply_to_session(settings, &mut session);
@@ -190,6 +201,7 @@ impl ServerApp for Edge {
                     }
                 }
             };
+            arriving = None;
             (stream, persisted) = reused?.consume();
         }
     }
@@ -211,11 +223,14 @@ struct HeadTimeouts {
 /// `None` when the connection should close: the client left, it stayed
 /// idle past `timeouts.idle`, its head took longer than `timeouts.whole`
 /// (a client dripping bytes), it was shed to make room, or the server is
-/// shutting down.
+/// shutting down. A connection's `first` request still gets
+/// [`FIRST_REQUEST_AFTER_SHUTDOWN`] to begin then: accepted just before
+/// the listener closed, its client is sending it.
 async fn read_head(
     stream: &mut Stream,
     connection: &Connection<'_>,
     timeouts: HeadTimeouts,
+    first: bool,
     shutdown: &ShutdownWatch,
 ) -> Option<BytesMut> {
     let keepalive = timeouts.idle;
@@ -223,6 +238,12 @@ async fn read_head(
     {
         let idle = connection.idle();
         let mut shutdown = shutdown.clone();
+        let stop = async {
+            let _ = shutdown.wait_for(|&down| down).await;
+            if first {
+                tokio::time::sleep(FIRST_REQUEST_AFTER_SHUTDOWN).await;
+            }
+        };
         // pingora's shared 10 ms timer wheel, not a runtime timer: tokio
         // wakes its driver (an eventfd write and often a thread) when a
         // timer is registered earlier than any it had, once per request.
@@ -233,7 +254,7 @@ async fn read_head(
                 }
             }
             _ = idle.shed() => return None,
-            _ = shutdown.wait_for(|&down| down) => return None,
+            _ = stop => return None,
         }
     }
     let rest = async {
