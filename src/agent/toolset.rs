@@ -101,7 +101,7 @@ impl ToolSet {
     fn unlisted_server(&self, function: &str) -> Option<&Arc<McpServer>> {
         self.servers.iter().find(|server| {
             function
-                .strip_prefix(server.name.as_str())
+                .strip_prefix(server.name())
                 .is_some_and(|rest| rest.starts_with(mcp::SEPARATOR))
         })
     }
@@ -114,7 +114,7 @@ impl ToolSet {
         match self.unlisted_server(function) {
             Some(server) => Outcome::error(format!(
                 "`{function}` is not available: MCP server `{}` is {}",
-                server.name,
+                server.name(),
                 server.status()
             )),
             None => Outcome::error(format!("`{function}` is not a tool of this agent")),

@@ -415,10 +415,7 @@ impl Endpoint {
             );
         };
         let status = header.status.as_u16();
-        let event_stream = header
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let event_stream = is_event_stream(header);
         response.set_read_timeout(Some(self.timeouts.idle));
         Ok(Exchange {
             response: Some(response),
@@ -491,7 +488,14 @@ impl Endpoint {
     }
 }
 
-/// An HTTP/1 request head as written.
+/// Whether a response is an event stream (by its `Content-Type`).
+pub fn is_event_stream(header: &ResponseHeader) -> bool {
+    header
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
 /// A response being read: HTTP/1 by us, HTTP/2 by pingora (boxed: rare,
 /// and three times the size).
 enum Response {
@@ -783,11 +787,7 @@ mod tests {
     #[tokio::test]
     async fn localhost_is_both_loopbacks_and_the_one_that_accepts_is_kept() {
         let (_listener, port) = ipv4_loopback_only().await;
-        let options = EndpointOptions {
-            timeouts: Timeouts::all(Duration::from_secs(5)),
-            ca_file: None,
-        };
-        let endpoint = Endpoint::parse(&format!("http://localhost:{port}/v1"), options).unwrap();
+        let endpoint = test_endpoint(&format!("http://localhost:{port}/v1"));
         let peers = endpoint.peers().await.unwrap();
         assert_eq!(
             listed(&peers),
@@ -861,11 +861,7 @@ mod tests {
             }
             seen
         });
-        let options = EndpointOptions {
-            timeouts: Timeouts::all(Duration::from_secs(5)),
-            ca_file: None,
-        };
-        let endpoint = Endpoint::parse(&format!("http://127.0.0.1:{port}/v1"), options).unwrap();
+        let endpoint = test_endpoint(&format!("http://127.0.0.1:{port}/v1"));
         for _ in 0..2 {
             let path = endpoint.path("/chat/completions");
             let req = Request::new("POST", &path).unwrap();
@@ -914,11 +910,7 @@ mod tests {
                     .unwrap();
             }
         });
-        let options = EndpointOptions {
-            timeouts: Timeouts::all(Duration::from_secs(5)),
-            ca_file: None,
-        };
-        let endpoint = Endpoint::parse(&format!("http://127.0.0.1:{port}"), options).unwrap();
+        let endpoint = test_endpoint(&format!("http://127.0.0.1:{port}"));
         for _ in 0..2 {
             let req = Request::new("POST", "/v1/chat/completions").unwrap();
             let mut exchange = endpoint.send(req, Some(Bytes::from("{}"))).await.unwrap();
@@ -936,6 +928,15 @@ mod tests {
         server.await.unwrap();
     }
 
+    /// An endpoint at `url` with a 5 s bound on every phase.
+    fn test_endpoint(url: &str) -> Endpoint {
+        let options = EndpointOptions {
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+            ca_file: None,
+        };
+        Endpoint::parse(url, options).unwrap()
+    }
+
     /// Serves one connection: reads a request, answers with `wire`, closes.
     async fn answering(wire: &'static [u8]) -> Endpoint {
         use tokio::io::AsyncReadExt;
@@ -947,11 +948,7 @@ mod tests {
             let _ = socket.read(&mut buf).await.unwrap();
             socket.write_all(wire).await.unwrap();
         });
-        let options = EndpointOptions {
-            timeouts: Timeouts::all(Duration::from_secs(5)),
-            ca_file: None,
-        };
-        Endpoint::parse(&format!("http://127.0.0.1:{port}"), options).unwrap()
+        test_endpoint(&format!("http://127.0.0.1:{port}"))
     }
 
     /// An interim 100 Continue is skipped for the answer after it; a body

@@ -30,7 +30,8 @@ pub trait EditHeaders {
 
 impl Request {
     /// Refused when `target` could not go on a request line as it is.
-    pub fn new(method: &str, target: &str) -> Result<Request> {
+    pub fn new(method: &str, target: impl Into<String>) -> Result<Request> {
+        let target = target.into();
         let method = Method::from_bytes(method.as_bytes())
             .or_err(ErrorType::InvalidHTTPHeader, "invalid request method")?;
         // RFC 9112 §3.2: the origin form, visible ASCII; and UTF-8, which
@@ -44,7 +45,7 @@ impl Request {
         }
         Ok(Request {
             method,
-            target: target.to_owned(),
+            target,
             headers: Vec::with_capacity(8),
         })
     }

@@ -75,7 +75,6 @@ struct State {
 }
 
 pub struct McpServer {
-    pub name: String,
     /// The spec it was built from.
     spec: McpServerFile,
     timeout: Duration,
@@ -133,7 +132,6 @@ impl McpServer {
             _ => return Err("give either `command` (a non-empty argv) or `url`".into()),
         };
         Ok(McpServer {
-            name: name.to_owned(),
             spec: file.clone(),
             timeout: Duration::from_millis(file.timeout_ms),
             max_output_bytes: file.max_output_bytes,
@@ -150,6 +148,10 @@ impl McpServer {
             started: AtomicBool::new(false),
             alive: watch::Sender::new(()),
         })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.link.name
     }
 
     /// Whether this server was built from `spec`.
@@ -192,7 +194,7 @@ impl McpServer {
             let status = self.status();
             return Outcome::error(format!(
                 "MCP server `{}` is not available ({status}); try again later",
-                self.name
+                self.name()
             ));
         };
         if let Some(listed) = self.tools().iter().find(|t| t.name == tool) {
@@ -213,7 +215,7 @@ impl McpServer {
                 {
                     self.link.lost(&e.to_string());
                 }
-                Outcome::error(format!("MCP server `{}` failed: {e}", self.name))
+                Outcome::error(format!("MCP server `{}` failed: {e}", self.name()))
             }
             Ok(Ok(result)) => self.outcome(result),
         }

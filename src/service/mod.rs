@@ -46,6 +46,7 @@ use crate::config::Config;
 use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::ApiError;
+use crate::http_client::is_event_stream;
 use crate::metrics::{metrics, StreamGuard};
 use crate::request_id;
 use crate::shutdown::InFlight;
@@ -414,11 +415,4 @@ fn proxy_path(req: &RequestHeader, config: &Config) -> ProxyPath {
         PROXY | "stored_response" => ProxyPath::Perhaps,
         _ => ProxyPath::Never,
     }
-}
-
-fn is_event_stream(header: &ResponseHeader) -> bool {
-    header
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }

@@ -181,7 +181,7 @@ impl Upstream {
         let mut failure = None;
         while let Some(index) = attempts.next_replica(self) {
             let member = self.pool.member(index);
-            let mut req = Request::new(request.method, &Self::map_path(member, request.path))?;
+            let mut req = Request::new(request.method, Self::map_path(member, request.path))?;
             for (name, value) in request.headers {
                 req.append(name.clone(), value.clone());
             }

@@ -166,8 +166,12 @@ impl Pool {
     /// When the next round of health checks is due; `None` without them.
     pub fn health_due_at(&self) -> Option<Instant> {
         let health = self.health.as_ref()?;
-        let last = *self.last_check.lock().unwrap_or_else(|e| e.into_inner());
-        Some(last.map_or_else(Instant::now, |at| at + health.interval))
+        Some(due_after(*self.last_check(), health).unwrap_or_else(Instant::now))
+    }
+
+    fn last_check(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        // A plain timestamp: a poisoned lock still holds a usable value.
+        self.last_check.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs one round of health checks if one is due; `None` if none was,
@@ -176,11 +180,12 @@ impl Pool {
     pub async fn check_health_if_due(&self) -> Option<Result<(), String>> {
         let health = self.health.as_ref()?;
         {
-            let mut last = self.last_check.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|at| at.elapsed() < health.interval) {
+            let mut last = self.last_check();
+            let now = Instant::now();
+            if due_after(*last, health).is_some_and(|at| at > now) {
                 return None;
             }
-            *last = Some(Instant::now());
+            *last = Some(now);
         }
         join_all(self.members.iter().map(|member| async move {
             let ok = probe(member, health).await;
@@ -201,6 +206,12 @@ impl Pool {
             )))
         }
     }
+}
+
+/// When a round of checks is due after the `last` one; `None`: at once
+/// (there was none).
+fn due_after(last: Option<Instant>, health: &HealthCheck) -> Option<Instant> {
+    last.map(|at| at + health.interval)
 }
 
 async fn probe(member: &Member, health: &HealthCheck) -> bool {
