@@ -8,6 +8,7 @@
 //! answers the client through [`downstream`].
 
 pub mod agent;
+pub mod boxed;
 pub mod config;
 pub mod conversation;
 pub mod downstream;

@@ -27,6 +27,7 @@ use super::reply::{Failure, Reply};
 use super::rewrite::rewrite;
 use super::toolset::ToolSet;
 use super::Agent;
+use crate::boxed;
 use crate::config::file::{ReasoningMode, ToolEvents};
 use crate::conversation::{
     Conversation, Finish, Item, Message, Role, RoundEnd, ToolCall, ToolResult, Usage,
@@ -122,7 +123,7 @@ pub fn run_nested(
     task: String,
     ctx: CallContext,
 ) -> BoxFuture<'static, Outcome> {
-    Box::pin(async move {
+    boxed::pinned(|| async move {
         let show_reasoning = ctx.show_reasoning && agent.reasoning == ReasoningMode::Pass;
         let ctx = CallContext {
             show_reasoning,
@@ -440,13 +441,15 @@ async fn read_round<D: Downstream>(
         .wait(
             client,
             heartbeat,
-            Box::pin(upstream.post_model(
-                upstream.api,
-                Bytes::from(body),
-                &request_id,
-                Some(affinity),
-                client_auth,
-            )),
+            boxed::pinned(|| {
+                upstream.post_model(
+                    upstream.api,
+                    Bytes::from(body),
+                    &request_id,
+                    Some(affinity),
+                    client_auth,
+                )
+            }),
         )
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;
@@ -460,7 +463,7 @@ async fn read_round<D: Downstream>(
             .wait(
                 client,
                 heartbeat,
-                Box::pin(exchange.read_to_end(limits.max_upstream_body_bytes)),
+                boxed::pinned(|| exchange.read_to_end(limits.max_upstream_body_bytes)),
             )
             .await?
             .unwrap_or_default();
@@ -495,7 +498,7 @@ async fn read_round<D: Downstream>(
             .wait(
                 client,
                 heartbeat,
-                Box::pin(exchange.read_to_end(limits.max_upstream_body_bytes)),
+                boxed::pinned(|| exchange.read_to_end(limits.max_upstream_body_bytes)),
             )
             .await?
             .map_err(|e| from_upstream(&upstream.name, &e))?;

@@ -353,7 +353,7 @@ impl Endpoint {
     /// freed then, instead of weighing on the task of every open stream.
     pub fn send(&self, req: Request, body: Option<Bytes>) -> BoxFuture<'_, Result<Exchange>> {
         let deadline = self.timeouts.total.map(|t| tokio::time::Instant::now() + t);
-        Box::pin(within(deadline, self.exchange(req, body, deadline)))
+        crate::boxed::pinned(|| within(deadline, self.exchange(req, body, deadline)))
     }
 
     async fn exchange(

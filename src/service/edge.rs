@@ -38,6 +38,7 @@ use tokio::io::AsyncReadExt;
 use tracing::{error, warn};
 
 use super::{AgentProxy, ProxyPath};
+use crate::boxed;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::limits::{Connection, Connections};
@@ -88,13 +89,16 @@ impl Edge {
         }
         let app = &self.app;
         let mut ctx = app.new_ctx();
-        match app.request_filter(&mut session, &mut ctx).await {
+        // Our routes' future, built in its box (`boxed`); pingora's trait
+        // would box it by a copy.
+        match boxed::pinned(|| app.route(&mut session, &mut ctx)).await {
             Ok(true) => {
                 app.logging(&mut session, None, &mut ctx).await;
                 let settings = HttpPersistentSettings::for_session(&session);
                 // Boxed: finishing is brief, and its future (3.7 KiB) would
                 // be held for the whole request.
-                let reusable = Box::pin(session.downstream_session.finish()).await;
+                let downstream = session.downstream_session;
+                let reusable = boxed::pinned(move || downstream.finish()).await;
                 let reusable = reusable.ok().flatten();
                 Served::Answered(
                     reusable.map(|s| ReusedHttpStream::from_reusable_stream(s, settings)),
@@ -169,12 +173,13 @@ impl ServerApp for Edge {
             // Boxed, like `refuse` below: this future lives as long as the
             // connection (idle or streaming), so it keeps only what every
             // state needs; parsing a head is brief and heap-allocated.
-            match Box::pin(session.read_request()).await {
+            match boxed::pinned(|| session.read_request()).await {
                 Ok(true) => {}
                 Ok(false) => return None,
                 Err(e) if e.etype() == &ErrorType::InvalidHTTPHeader => {
                     let too_large = head.len() >= MAX_HEAD_BYTES;
-                    Box::pin(refuse(*session.downstream_session, too_large)).await;
+                    let downstream = *session.downstream_session;
+                    boxed::pinned(move || refuse(downstream, too_large)).await;
                     return None;
                 }
                 Err(_) => return None,
@@ -190,7 +195,7 @@ impl ServerApp for Edge {
                 let head = (proxy_path == ProxyPath::Perhaps).then_some(head);
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
-                match (Box::pin(self.serve(session, shutdown)).await, head) {
+                match (boxed::pinned(|| self.serve(session, shutdown)).await, head) {
                     (Served::Answered(reused), _) => reused,
                     (Served::PassedOn(session), Some(head)) => {
                         self.pass_on(session, head, shutdown).await

@@ -18,6 +18,7 @@ use crate::agent::rewrite::rewrite;
 use crate::agent::router::AUTO;
 use crate::agent::toolset::ToolSet;
 use crate::agent::{tool_loop, Agent};
+use crate::boxed;
 use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
@@ -163,11 +164,9 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
                 // future need not stay in this request's task.
                 Some(router) => {
                     client
-                        .wait(Box::pin(router.choose(
-                            &config,
-                            &conversation,
-                            &ctx.request_id,
-                        )))
+                        .wait(boxed::pinned(|| {
+                            router.choose(&config, &conversation, &ctx.request_id)
+                        }))
                         .await
                 }
                 None => Ok(None),
@@ -331,7 +330,7 @@ pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result
     let upstream = &agent.upstream;
     let mut client = Client::new(session, config.limits.heartbeat);
     let exact = client
-        .wait(Box::pin(tokenize(upstream, request.clone())))
+        .wait(boxed::pinned(|| tokenize(upstream, request.clone())))
         .await;
     let Ok(counted) = exact else {
         return handled(true);

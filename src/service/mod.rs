@@ -108,33 +108,11 @@ async fn reject(session: &mut Session, dialect: Dialect, error: &ApiError) -> Re
     handled(client.respond_error_in(dialect, error).await == Err(Gone))
 }
 
-#[async_trait]
-impl ProxyHttp for AgentProxy {
-    type CTX = RequestCtx;
-
-    /// No downstream modules: pingora's default is a response compression
-    /// module at level 0 (off), which still costs every request its setup
-    /// and a look at each response header and body piece.
-    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
-
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx {
-            config: self.config.load_full(),
-            started: Instant::now(),
-            request_id: String::new(),
-            route: PROXY,
-            agent: None,
-            summary: None,
-            stream: None,
-            _in_flight: InFlight::enter(),
-            session: None,
-            attempts: None,
-            key_name: None,
-            tenant: String::new(),
-        }
-    }
-
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+impl AgentProxy {
+    /// `request_filter`: takes the config snapshot the request keeps to its
+    /// end, routes, checks the client's key, and answers our routes. `Edge`
+    /// calls it directly; pingora's proxy path through the hook.
+    async fn route(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let config = ctx.config.clone();
         ctx.request_id = request_id::ensure(session.req_header_mut());
         let req = session.req_header();
@@ -197,6 +175,37 @@ impl ProxyHttp for AgentProxy {
                 reject(session, dialect, &error).await
             }
         }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for AgentProxy {
+    type CTX = RequestCtx;
+
+    /// No downstream modules: pingora's default is a response compression
+    /// module at level 0 (off), which still costs every request its setup
+    /// and a look at each response header and body piece.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            config: self.config.load_full(),
+            started: Instant::now(),
+            request_id: String::new(),
+            route: PROXY,
+            agent: None,
+            summary: None,
+            stream: None,
+            _in_flight: InFlight::enter(),
+            session: None,
+            attempts: None,
+            key_name: None,
+            tenant: String::new(),
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        self.route(session, ctx).await
     }
 
     async fn upstream_peer(
