@@ -66,8 +66,7 @@ pub fn derive(agent: &str, identity: &str, first_user_message: &str) -> String {
         hash.update(part.as_bytes());
     }
     let digest = hash.finalize();
-    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!("sess_{hex}")
+    format!("sess_{}", hex::encode(&digest[..12]))
 }
 
 #[cfg(test)]

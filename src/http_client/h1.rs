@@ -65,7 +65,9 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut header = ResponseHeader::build_no_case(status, Some(response.headers.len()))?;
+    // Room for the one field a forwarded answer gains (`x-request-id`):
+    // a map sized to the fields alone grows, a reallocation, on it.
+    let mut header = ResponseHeader::build_no_case(status, Some(response.headers.len() + 1))?;
     header.set_version(version);
     // One copy of the head, the values sliced out of it: one allocation
     // rather than one per value, and the read buffer stays the reader's.
@@ -75,13 +77,15 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
     for field in response.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .or_err(invalid(), "response header name")?;
-        let value =
-            same_bytes(&raw, buf, field.value).or_err(invalid(), "response header value")?;
+        // `or_err_with`: pingora's `or_err` on an `Option` makes (allocates)
+        // its error even when there is a value.
+        let value = same_bytes(&raw, buf, field.value)
+            .or_err_with(invalid(), || "response header value")?;
         if name == CONTENT_LENGTH {
             let parsed = std::str::from_utf8(&value)
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
-                .or_err(invalid(), "response content-length")?;
+                .or_err_with(invalid(), || "response content-length")?;
             if length.is_some_and(|l| l != parsed) {
                 return Error::e_explain(invalid(), "response content-lengths differ");
             }

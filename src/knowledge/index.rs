@@ -114,10 +114,7 @@ fn normalize(vector: &mut [f32]) {
 
 /// The cache key of a chunk's text.
 pub fn text_hash(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(text.as_bytes()))
 }
 
 /// Embeddings already computed, by model and text hash. Blocking: used from

@@ -93,7 +93,7 @@ impl Edge {
         // would box it by a copy.
         match boxed::pinned(|| app.route(&mut session, &mut ctx)).await {
             Ok(true) => {
-                app.logging(&mut session, None, &mut ctx).await;
+                app.log(&session, None, &mut ctx);
                 let settings = HttpPersistentSettings::for_session(&session);
                 // Boxed: finishing is brief, and its future (3.7 KiB) would
                 // be held for the whole request.
@@ -110,7 +110,7 @@ impl Edge {
                 if !app.suppress_error_log(&session, &ctx, &e) {
                     error!("Fail to filter request: {e}, status: {}", failed.error_code);
                 }
-                app.logging(&mut session, Some(&e), &mut ctx).await;
+                app.log(&session, Some(&e), &mut ctx);
                 Served::Answered(None)
             }
         }

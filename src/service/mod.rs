@@ -176,6 +176,75 @@ impl AgentProxy {
             }
         }
     }
+
+    /// `logging`: one line and the metrics of a finished request. Not
+    /// async: `Edge` calls it without the box pingora's trait would make.
+    fn log(&self, session: &Session, error: Option<&Error>, ctx: &mut RequestCtx) {
+        ctx.stream = None;
+        let response = session.response_written();
+        let status = response.map_or(0, |h| h.status.as_u16());
+        let stream = response.is_some_and(is_event_stream);
+        let summary = ctx.summary.take().unwrap_or_default();
+        let agent = ctx.agent.as_deref().unwrap_or_default();
+        let elapsed = ctx.started.elapsed();
+        let m = metrics();
+        m.requests
+            .with_label_values(&[
+                ctx.route,
+                agent,
+                &status.to_string(),
+                if stream { "true" } else { "false" },
+            ])
+            .inc();
+        m.request_seconds
+            .with_label_values(&[ctx.route])
+            .observe(elapsed.as_secs_f64());
+        if ctx.agent.is_some() {
+            m.rounds
+                .with_label_values(&[agent])
+                .observe(f64::from(summary.rounds));
+            m.tokens
+                .with_label_values(&[agent, "prompt"])
+                .inc_by(summary.usage.prompt_tokens);
+            m.tokens
+                .with_label_values(&[agent, "completion"])
+                .inc_by(summary.usage.completion_tokens);
+            if let Some(first) = summary.first_token {
+                m.first_token_seconds
+                    .with_label_values(&[agent])
+                    .observe(first.as_secs_f64());
+            }
+        }
+        let req = session.req_header();
+        let upstream = match &ctx.agent {
+            Some(id) => ctx
+                .config
+                .agent(id)
+                .map_or("-", |a| a.upstream.name.as_str()),
+            None if matches!(ctx.route, "chat" | "responses" | "messages" | PROXY) => {
+                ctx.config.default_upstream.name.as_str()
+            }
+            None => "-",
+        };
+        info!(
+            request_id = %ctx.request_id,
+            method = %req.method,
+            path = %req.uri.path(),
+            status,
+            route = ctx.route,
+            agent = if agent.is_empty() { "-" } else { agent },
+            session = ctx.session.as_deref().unwrap_or("-"),
+            upstream,
+            rounds = summary.rounds,
+            tools = summary.tool_calls,
+            prompt_tokens = summary.usage.prompt_tokens,
+            completion_tokens = summary.usage.completion_tokens,
+            first_token_ms = summary.first_token.map(|d| d.as_millis() as u64),
+            ms = elapsed.as_millis() as u64,
+            error = error.map_or("-", |e| e.etype().as_str()),
+            "request"
+        );
+    }
 }
 
 #[async_trait]
@@ -309,70 +378,7 @@ impl ProxyHttp for AgentProxy {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
-        ctx.stream = None;
-        let response = session.response_written();
-        let status = response.map_or(0, |h| h.status.as_u16());
-        let stream = response.is_some_and(is_event_stream);
-        let summary = ctx.summary.take().unwrap_or_default();
-        let agent = ctx.agent.as_deref().unwrap_or_default();
-        let elapsed = ctx.started.elapsed();
-        let m = metrics();
-        m.requests
-            .with_label_values(&[
-                ctx.route,
-                agent,
-                &status.to_string(),
-                if stream { "true" } else { "false" },
-            ])
-            .inc();
-        m.request_seconds
-            .with_label_values(&[ctx.route])
-            .observe(elapsed.as_secs_f64());
-        if ctx.agent.is_some() {
-            m.rounds
-                .with_label_values(&[agent])
-                .observe(f64::from(summary.rounds));
-            m.tokens
-                .with_label_values(&[agent, "prompt"])
-                .inc_by(summary.usage.prompt_tokens);
-            m.tokens
-                .with_label_values(&[agent, "completion"])
-                .inc_by(summary.usage.completion_tokens);
-            if let Some(first) = summary.first_token {
-                m.first_token_seconds
-                    .with_label_values(&[agent])
-                    .observe(first.as_secs_f64());
-            }
-        }
-        let req = session.req_header();
-        let upstream = match &ctx.agent {
-            Some(id) => ctx
-                .config
-                .agent(id)
-                .map_or("-", |a| a.upstream.name.as_str()),
-            None if matches!(ctx.route, "chat" | "responses" | "messages" | PROXY) => {
-                ctx.config.default_upstream.name.as_str()
-            }
-            None => "-",
-        };
-        info!(
-            request_id = %ctx.request_id,
-            method = %req.method,
-            path = %req.uri.path(),
-            status,
-            route = ctx.route,
-            agent = if agent.is_empty() { "-" } else { agent },
-            session = ctx.session.as_deref().unwrap_or("-"),
-            upstream,
-            rounds = summary.rounds,
-            tools = summary.tool_calls,
-            prompt_tokens = summary.usage.prompt_tokens,
-            completion_tokens = summary.usage.completion_tokens,
-            first_token_ms = summary.first_token.map(|d| d.as_millis() as u64),
-            ms = elapsed.as_millis() as u64,
-            error = error.map_or("-", |e| e.etype().as_str()),
-            "request"
-        );
+        self.log(session, error, ctx);
     }
 }
 

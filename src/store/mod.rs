@@ -373,8 +373,7 @@ pub fn tenant_of(key: Option<&crate::config::ApiKey>) -> String {
             Some(name) => format!("name:{name}"),
             None => {
                 let digest = Sha256::digest(key.key.as_bytes());
-                let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-                format!("key:{hex}")
+                format!("key:{}", hex::encode(&digest[..16]))
             }
         },
     }
