@@ -7,7 +7,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -167,11 +168,31 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// `agent`'s own series.
+    pub fn agent_series(&self, agent: &str) -> AgentSeries {
+        AgentSeries {
+            rounds: self.rounds.with_label_values(&[agent]),
+            prompt_tokens: self.tokens.with_label_values(&[agent, "prompt"]),
+            completion_tokens: self.tokens.with_label_values(&[agent, "completion"]),
+            first_token_seconds: self.first_token_seconds.with_label_values(&[agent]),
+        }
+    }
+
     pub fn upstream_error(&self, upstream: &str, kind: &str) {
         self.upstream_errors
             .with_label_values(&[upstream, kind])
             .inc();
     }
+}
+
+/// An agent's series, looked up once when its config loads: a lookup by
+/// labels hashes them under a lock, and an agent request made four.
+#[derive(Clone)]
+pub struct AgentSeries {
+    pub rounds: Histogram,
+    pub prompt_tokens: IntCounter,
+    pub completion_tokens: IntCounter,
+    pub first_token_seconds: Histogram,
 }
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";

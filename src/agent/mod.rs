@@ -43,6 +43,7 @@ pub struct Agent {
     pub knowledge: Vec<Arc<crate::knowledge::KnowledgeBase>>,
     /// Whether each request's last user message gets the best chunks first.
     pub knowledge_auto: bool,
+    pub series: crate::metrics::AgentSeries,
 }
 
 /// A tool an agent lists: resolved into functions per request, because an

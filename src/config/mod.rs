@@ -571,6 +571,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
                     .map_err(|m| error(key("memory"), m))?,
             )),
         };
+        let series = crate::metrics::metrics().agent_series(&id);
         agents.insert(
             id.clone(),
             Arc::new(Agent {
@@ -590,6 +591,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
                 memory,
                 knowledge,
                 knowledge_auto: agent.knowledge_auto,
+                series,
             }),
         );
     }

@@ -199,32 +199,25 @@ impl AgentProxy {
         m.request_seconds
             .with_label_values(&[ctx.route])
             .observe(elapsed.as_secs_f64());
-        if ctx.agent.is_some() {
-            m.rounds
-                .with_label_values(&[agent])
-                .observe(f64::from(summary.rounds));
-            m.tokens
-                .with_label_values(&[agent, "prompt"])
-                .inc_by(summary.usage.prompt_tokens);
-            m.tokens
-                .with_label_values(&[agent, "completion"])
+        let served_by = ctx.agent.as_deref().and_then(|id| ctx.config.agent(id));
+        if let Some(series) = served_by.map(|a| &a.series) {
+            series.rounds.observe(f64::from(summary.rounds));
+            series.prompt_tokens.inc_by(summary.usage.prompt_tokens);
+            series
+                .completion_tokens
                 .inc_by(summary.usage.completion_tokens);
             if let Some(first) = summary.first_token {
-                m.first_token_seconds
-                    .with_label_values(&[agent])
-                    .observe(first.as_secs_f64());
+                series.first_token_seconds.observe(first.as_secs_f64());
             }
         }
         let req = session.req_header();
-        let upstream = match &ctx.agent {
-            Some(id) => ctx
-                .config
-                .agent(id)
-                .map_or("-", |a| a.upstream.name.as_str()),
-            None if matches!(ctx.route, "chat" | "responses" | "messages" | PROXY) => {
+        let upstream = match (&ctx.agent, served_by) {
+            (_, Some(agent)) => agent.upstream.name.as_str(),
+            (Some(_), None) => "-",
+            (None, _) if matches!(ctx.route, "chat" | "responses" | "messages" | PROXY) => {
                 ctx.config.default_upstream.name.as_str()
             }
-            None => "-",
+            (None, _) => "-",
         };
         info!(
             request_id = %ctx.request_id,
