@@ -12,9 +12,10 @@
 //! - a head pingora's own parser refuses gets an OpenAI error body.
 //!
 //! Pingora parses the head once it is whole. A request for one of our own
-//! routes is then served here, by the same hooks pingora would call
-//! (`request_filter`, `fail_to_proxy`, `logging`), without pingora's proxy
-//! path around them: its per-request future is sized for connecting,
+//! routes is then served here, by what pingora's hooks would run
+//! (`request_filter`'s `route`, `fail_to_proxy`, `logging`'s `log`; called
+//! directly, without the box `async_trait` makes per call), and without
+//! pingora's proxy path around them: its per-request future is sized for connecting,
 //! caching and retrying upstream (14 KiB, held as long as a stream lasts),
 //! and it would parse the head a second time. A request for the proxy path
 //! is handed to pingora with the head as the connection's first bytes.
