@@ -205,6 +205,11 @@ fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
 pub fn open_with(path: &std::path::Path, schema: &str) -> rusqlite::Result<Connection> {
     let connection = Connection::open(path)?;
     connection.busy_timeout(std::time::Duration::from_secs(5))?;
+    // For a new file (an existing one keeps its own): a commit writes each
+    // changed page to the WAL in a `pwrite` of its own, and a batch of
+    // answers fills fewer, larger pages: the store's thread spent about a
+    // sixth less CPU per answer than with the default 4 KiB.
+    connection.pragma_update(None, "page_size", 16384)?;
     connection.pragma_update(None, "journal_mode", "WAL")?;
     // WAL with NORMAL survives a crash of the process (not of the machine)
     // without an fsync per write.
