@@ -1366,21 +1366,21 @@ fn write_end(
     keep: Option<Keep>,
     id: &str,
 ) {
-    // Our own types: serializing them cannot fail.
-    let kept = keep.and_then(|keep| Some((keep, serde_json::value::to_raw_value(response).ok()?)));
-    let Some((keep, json)) = kept else {
+    /// The Response as the final event, or as the body.
+    fn put<T: Serialize>(sink: &mut Sink, out: &mut Vec<u8>, kind: &'static str, response: T) {
         if sink.stream {
             sink.emit(out, kind, ResponseEvent { response });
         } else {
-            let _ = serde_json::to_writer(&mut *out, response);
+            // Our own types: serializing them cannot fail.
+            let _ = serde_json::to_writer(&mut *out, &response);
         }
-        return;
-    };
-    if sink.stream {
-        sink.emit(out, kind, ResponseEvent { response: &*json });
-    } else {
-        out.extend_from_slice(json.get().as_bytes());
     }
+    // Serialized once when it is kept too (our own types: cannot fail).
+    let kept = keep.and_then(|keep| Some((keep, serde_json::value::to_raw_value(response).ok()?)));
+    let Some((keep, json)) = kept else {
+        return put(sink, out, kind, response);
+    };
+    put(sink, out, kind, &*json);
     keep(Finished {
         id,
         status: response.status,

@@ -15,10 +15,11 @@
 //! routes is then served here, by what pingora's hooks would run
 //! (`request_filter`'s `route`, `fail_to_proxy`, `logging`'s `log`; called
 //! directly, without the box `async_trait` makes per call), and without
-//! pingora's proxy path around them: its per-request future is sized for connecting,
-//! caching and retrying upstream (14 KiB, held as long as a stream lasts),
-//! and it would parse the head a second time. A request for the proxy path
-//! is handed to pingora with the head as the connection's first bytes.
+//! pingora's proxy path around them: its per-request future is sized for
+//! connecting, caching and retrying upstream (14 KiB, held as long as a
+//! stream lasts), and it would parse the head a second time. A request for
+//! the proxy path is handed to pingora with the head as the connection's
+//! first bytes.
 
 use std::future::Future;
 use std::sync::Arc;

@@ -211,13 +211,14 @@ impl AgentProxy {
             }
         }
         let req = session.req_header();
-        let upstream = match (&ctx.agent, served_by) {
-            (_, Some(agent)) => agent.upstream.name.as_str(),
-            (Some(_), None) => "-",
-            (None, _) if matches!(ctx.route, "chat" | "responses" | "messages" | PROXY) => {
+        let upstream = match served_by {
+            Some(agent) => agent.upstream.name.as_str(),
+            None if ctx.agent.is_none()
+                && matches!(ctx.route, "chat" | "responses" | "messages" | PROXY) =>
+            {
                 ctx.config.default_upstream.name.as_str()
             }
-            (None, _) => "-",
+            None => "-",
         };
         info!(
             request_id = %ctx.request_id,
