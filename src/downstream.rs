@@ -5,9 +5,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::service::h1::Session;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
 
 use crate::conversation::Dialect;
 use crate::error::ApiError;
@@ -67,7 +67,7 @@ impl<'s> Client<'s> {
             tokio::select! {
                 biased;
                 out = &mut work => return Ok(out),
-                closed = self.session.downstream_session.read_body_or_idle(true), if watching => {
+                closed = self.session.idle(), if watching => {
                     match closed {
                         Err(_) => return Err(Gone),
                         // Bytes of a pipelined request: not a disconnect,
@@ -130,7 +130,7 @@ impl<'s> Client<'s> {
 
     pub async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
         self.session
-            .write_response_body(Some(bytes), false)
+            .write_response_body(bytes, false)
             .await
             .map_err(|_| Gone)
     }
@@ -155,7 +155,7 @@ impl<'s> Client<'s> {
         self.send_header(header, body.is_empty()).await?;
         if !body.is_empty() {
             self.session
-                .write_response_body(Some(body), true)
+                .write_response_body(body, true)
                 .await
                 .map_err(|_| Gone)?;
         }

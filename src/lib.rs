@@ -14,6 +14,7 @@ pub mod conversation;
 pub mod downstream;
 pub mod error;
 pub mod front;
+pub mod http1;
 pub mod http_client;
 pub mod knowledge;
 pub mod limits;

@@ -85,3 +85,100 @@ async fn a_client_dripping_its_head_is_cut_off() {
     assert!(cut.is_ok(), "the proxy closed the connection");
     assert!(upstream.requests().is_empty());
 }
+
+/// A connection to the proxy on which `bytes` were sent.
+async fn sent(port: u16, bytes: &[u8]) -> Connection {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    Connection::on(stream)
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let len = BODY.len();
+    let pipelined = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n{BODY}\
+         GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n\
+         GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    );
+    let mut conn = sent(proxy.port, pipelined.as_bytes()).await;
+    let first = conn.next_response().await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.json()["ok"], true);
+    let second = conn.next_response().await;
+    assert_eq!(second.json()["object"], "list", "{}", second.text());
+    let third = conn.next_response().await;
+    assert_eq!(third.json()["status"], "ok", "{}", third.text());
+    let chats = upstream.requests();
+    let chats = chats
+        .iter()
+        .filter(|r| r.path.ends_with("/chat/completions"));
+    assert_eq!(chats.count(), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_asks_to_close_gets_its_answer_then_the_close() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    for request in [
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /healthz HTTP/1.0\r\n\r\n",
+    ] {
+        let mut conn = sent(proxy.port, request.as_bytes()).await;
+        let res = conn.next_response().await;
+        assert_eq!(res.status, 200, "{request:?}");
+        assert_eq!(res.header("connection"), Some("close"), "{request:?}");
+        assert!(
+            conn.closed_within(Duration::from_secs(5)).await,
+            "{request:?}"
+        );
+    }
+    // An HTTP/1.0 client that asks to keep the connection keeps it.
+    let mut conn = sent(
+        proxy.port,
+        b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    )
+    .await;
+    let res = conn.next_response().await;
+    assert_eq!(res.header("connection"), Some("keep-alive"));
+    conn.send(b"GET /healthz HTTP/1.0\r\n\r\n").await.unwrap();
+    assert_eq!(conn.next_response().await.status, 200);
+}
+
+#[tokio::test]
+async fn a_head_request_gets_the_length_but_no_body() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let mut conn = sent(proxy.port, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let head = conn.head().await;
+    assert_eq!(head.status, 200);
+    assert!(head.header("content-length").is_some_and(|l| l != "0"));
+    // Had a body followed, it would be read as the next status line.
+    conn.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let next = conn.next_response().await;
+    assert_eq!(next.status, 200);
+    assert_eq!(next.json()["status"], "ok");
+}
+
+#[tokio::test]
+async fn a_client_expecting_100_continue_gets_it_before_it_sends_the_body() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        BODY.len()
+    );
+    let mut conn = sent(proxy.port, head.as_bytes()).await;
+    let interim = conn.head().await;
+    assert_eq!(interim.status, 100);
+    conn.send(BODY.as_bytes()).await.unwrap();
+    let res = conn.next_response().await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let sent = upstream.requests();
+    assert_eq!(String::from_utf8_lossy(&sent[0].body), BODY);
+    assert_eq!(sent[0].header("expect"), None, "the proxy answered it");
+}

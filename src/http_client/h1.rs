@@ -7,7 +7,7 @@
 //! to start, doubling while reads fill it), and a body's pieces are handed
 //! out of it without a copy; once the reader has dropped them, the next read
 //! reuses the same memory. The framing (RFC 9112 §6) is pure:
-//! [`parse_head`] and [`Body::decode`] are functions of the bytes read so
+//! [`parse_head`] and [`Body::decode`](crate::http1::Body::decode) are functions of the bytes read so
 //! far, and [`Response`] only feeds them from the socket.
 
 use std::time::Duration;
@@ -21,6 +21,8 @@ use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
 
+use crate::http1::{has_token, last_token, same_bytes, Body, Chunk, Decoded};
+
 /// The buffer a response starts with: a model server's head and an event
 /// stream's pieces fit in it many times over.
 const READ_SIZE: usize = 4096;
@@ -31,10 +33,6 @@ const MAX_READ_SIZE: usize = 64 * 1024;
 const MAX_HEAD: usize = 64 * 1024;
 /// The most header fields a head may have (pingora's limit).
 const MAX_HEADERS: usize = 256;
-/// The longest chunk-size line (size and extensions) accepted.
-const MAX_CHUNK_LINE: usize = 4096;
-/// The most trailer bytes accepted after the last chunk.
-const MAX_TRAILERS: usize = 64 * 1024;
 
 /// A response's status line and header fields, and how its body is framed.
 #[derive(Debug)]
@@ -138,161 +136,8 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
     )))
 }
 
-/// A chunked body that breaks its framing.
-const BAD_CHUNK: ErrorType = ErrorType::Custom("InvalidChunk");
-
-/// `part`, a slice of `buf` (as httparse returns them), out of `copy`, a
-/// copy of `buf`'s start.
-fn same_bytes(copy: &Bytes, buf: &[u8], part: &[u8]) -> Option<Bytes> {
-    let at = (part.as_ptr() as usize).checked_sub(buf.as_ptr() as usize)?;
-    let end = at
-        .checked_add(part.len())
-        .filter(|end| *end <= copy.len())?;
-    Some(copy.slice(at..end))
-}
-
 fn invalid() -> ErrorType {
     ErrorType::InvalidHTTPHeader
-}
-
-/// The last comma-separated token of a field value, trimmed.
-fn last_token(value: &[u8]) -> &[u8] {
-    value
-        .rsplit(|b| *b == b',')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii()
-}
-
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|b| *b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
-}
-
-/// Where a body's decoding is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Body {
-    /// The bytes left of a body of known length.
-    Length(u64),
-    Chunked(Chunk),
-    /// Until the server closes the connection.
-    Close,
-    /// Read to its end.
-    Done,
-}
-
-/// Where a chunked body's decoding is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Chunk {
-    /// Before a chunk-size line.
-    Size,
-    /// Inside a chunk, this many bytes left.
-    Data(u64),
-    /// Before the CRLF that ends a chunk's data.
-    DataEnd,
-    /// After the last chunk: trailer fields up to an empty line.
-    Trailers,
-}
-
-/// What [`Body::decode`] found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Decoded {
-    /// The next piece of the body.
-    Data(Bytes),
-    /// Nothing until more bytes arrive.
-    NeedMore,
-    /// The body's end.
-    End,
-}
-
-impl Body {
-    /// Takes the next piece of the body (or framing) off the front of `buf`.
-    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded> {
-        loop {
-            match self {
-                Body::Done | Body::Length(0) => {
-                    *self = Body::Done;
-                    return Ok(Decoded::End);
-                }
-                Body::Length(left) => return Ok(take(buf, left)),
-                Body::Close if buf.is_empty() => return Ok(Decoded::NeedMore),
-                Body::Close => return Ok(Decoded::Data(buf.split().freeze())),
-                Body::Chunked(Chunk::Data(left)) => {
-                    let taken = take(buf, left);
-                    if *left == 0 {
-                        *self = Body::Chunked(Chunk::DataEnd);
-                    }
-                    return Ok(taken);
-                }
-                Body::Chunked(Chunk::Size) => match httparse::parse_chunk_size(buf) {
-                    Ok(httparse::Status::Complete((len, size))) => {
-                        buf.advance(len);
-                        *self = Body::Chunked(match size {
-                            0 => Chunk::Trailers,
-                            n => Chunk::Data(n),
-                        });
-                    }
-                    Ok(httparse::Status::Partial) if buf.len() <= MAX_CHUNK_LINE => {
-                        return Ok(Decoded::NeedMore)
-                    }
-                    _ => return Error::e_explain(BAD_CHUNK, "chunk size line"),
-                },
-                Body::Chunked(Chunk::DataEnd) => match buf.get(..2) {
-                    Some(b"\r\n") => {
-                        buf.advance(2);
-                        *self = Body::Chunked(Chunk::Size);
-                    }
-                    None if buf.first().is_none_or(|b| *b == b'\r') => {
-                        return Ok(Decoded::NeedMore)
-                    }
-                    _ => return Error::e_explain(BAD_CHUNK, "chunk without CRLF"),
-                },
-                Body::Chunked(Chunk::Trailers) => {
-                    // No trailer fields (the usual case), or up to the empty line.
-                    let end = if buf.starts_with(b"\r\n") {
-                        Some(2)
-                    } else {
-                        find(buf, b"\r\n\r\n").map(|at| at + 4)
-                    };
-                    match end {
-                        Some(end) => {
-                            buf.advance(end);
-                            *self = Body::Done;
-                        }
-                        None if buf.len() <= MAX_TRAILERS => return Ok(Decoded::NeedMore),
-                        None => return Error::e_explain(BAD_CHUNK, "trailers"),
-                    }
-                }
-            }
-        }
-    }
-
-    /// The server closed the connection: the end of a body that runs to
-    /// the close, an error for any other.
-    pub fn closed(&mut self) -> Result<()> {
-        match self {
-            Body::Close | Body::Done => {
-                *self = Body::Done;
-                Ok(())
-            }
-            _ => Error::e_explain(ErrorType::ConnectionClosed, "the body ended early"),
-        }
-    }
-}
-
-/// Up to `left` bytes off the front of `buf`.
-fn take(buf: &mut BytesMut, left: &mut u64) -> Decoded {
-    if buf.is_empty() {
-        return Decoded::NeedMore;
-    }
-    let n = usize::try_from(*left).map_or(buf.len(), |left| left.min(buf.len()));
-    *left -= n as u64;
-    Decoded::Data(buf.split_to(n).freeze())
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// A response being read off its connection.
@@ -418,6 +263,7 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http1::MAX_CHUNK_LINE;
     use proptest::prelude::*;
 
     /// Decodes a whole response fed in pieces cut at `cuts`, the way reads

@@ -1,25 +1,22 @@
-//! The client connection, around pingora's handling of each request on it.
-//!
-//! Pingora keeps an idle keep-alive connection open for ever, and answers a
-//! request head it cannot parse with an empty 400 that names it
-//! (`Server: Pingora`) before any hook of ours runs. So the wait for each
-//! request's head, and a first parse of it, happen here:
+//! The client connection: each request's head awaited and parsed, then
+//! served by our routes or handed to pingora's proxy path.
 //!
 //! - the wait between requests is bounded by `limits.keepalive_timeout_ms`,
 //!   and cut short for the connection idle the longest when
-//!   `limits.max_connections` are open and another arrives;
+//!   `limits.max_connections` are open and another arrives (pingora would
+//!   keep an idle keep-alive connection open for ever);
 //! - a head, once begun, must be whole within `limits.header_timeout_ms`;
-//! - a head pingora's own parser refuses gets an OpenAI error body.
+//! - a head that cannot be parsed gets an OpenAI error body (pingora's is an
+//!   empty 400 that names it, `Server: Pingora`).
 //!
-//! Pingora parses the head once it is whole. A request for one of our own
-//! routes is then served here, by what pingora's hooks would run
-//! (`request_filter`'s `route`, `fail_to_proxy`, `logging`'s `log`; called
-//! directly, without the box `async_trait` makes per call), and without
-//! pingora's proxy path around them: its per-request future is sized for
-//! connecting, caching and retrying upstream (14 KiB, held as long as a
-//! stream lasts), and it would parse the head a second time. A request for
-//! the proxy path is handed to pingora with the head as the connection's
-//! first bytes.
+//! A request for one of our own routes is served here, on our own HTTP/1
+//! ([`h1`]), by what pingora's hooks would run (`request_filter`'s `route`,
+//! `fail_to_proxy`'s `fail`, `logging`'s `log`; called directly, without the
+//! box `async_trait` makes per call), and without pingora's proxy path
+//! around them: its per-request future is sized for connecting, caching and
+//! retrying upstream (14 KiB, held as long as a stream lasts). A request for
+//! the proxy path is handed to pingora with its head (and what of its body
+//! was read) as the connection's first bytes.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,25 +26,23 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
-use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
-use pingora::proxy::{HttpProxy, ProxyHttp, Session};
+use pingora::proxy::{HttpProxy, ProxyHttp};
 use pingora::server::ShutdownWatch;
-use pingora::ErrorType;
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
 use tracing::{error, warn};
 
-use super::{AgentProxy, ProxyPath};
+use super::{h1, AgentProxy, ProxyPath};
 use crate::boxed;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::limits::{Connection, Connections};
 use crate::shutdown::InFlight;
 
-/// Pingora refuses a head over 1 MiB − 1 byte; reading stops just past it.
-const MAX_HEAD_BYTES: usize = 1 << 20;
+/// Reading a head stops just past the longest accepted.
+const MAX_HEAD_BYTES: usize = h1::MAX_HEAD + 1;
 
 /// How much a read of the head asks for at once.
 const READ_CHUNK: usize = 4096;
@@ -67,10 +62,12 @@ pub struct Edge {
 
 /// How [`Edge::serve`] left a request.
 enum Served {
-    /// Answered; the connection, if it can take another request.
-    Answered(Option<ReusedHttpStream>),
-    /// For pingora's proxy path, untouched but for its parsed head.
-    PassedOn(Box<ServerSession>),
+    /// Answered; the connection, if it can take another request, with what
+    /// of that request was read already.
+    Answered(Option<(Stream, BytesMut)>),
+    /// For pingora's proxy path: the connection, and the request as it
+    /// arrived.
+    PassedOn(Stream, BytesMut),
 }
 
 impl Edge {
@@ -85,9 +82,9 @@ impl Edge {
 
     /// One request, through our hooks in pingora's order for a request that
     /// `request_filter` answers.
-    async fn serve(&self, mut session: Session, shutdown: &ShutdownWatch) -> Served {
+    async fn serve(&self, mut session: h1::Session, shutdown: &ShutdownWatch) -> Served {
         if *shutdown.borrow() {
-            session.set_keepalive(None);
+            session.close_after();
         }
         let app = &self.app;
         let mut ctx = app.new_ctx();
@@ -95,40 +92,51 @@ impl Edge {
         // would box it by a copy.
         match boxed::pinned(|| app.route(&mut session, &mut ctx)).await {
             Ok(true) => {
-                app.log(&session, None, &mut ctx);
-                let settings = HttpPersistentSettings::for_session(&session);
-                // Boxed: finishing is brief, and its future (3.7 KiB) would
-                // be held for the whole request.
-                let downstream = session.downstream_session;
-                let reusable = boxed::pinned(move || downstream.finish()).await;
-                let reusable = reusable.ok().flatten();
-                Served::Answered(
-                    reusable.map(|s| ReusedHttpStream::from_reusable_stream(s, settings)),
-                )
+                app.log(
+                    session.req_header(),
+                    session.response_written(),
+                    None,
+                    &mut ctx,
+                );
+                Served::Answered(session.finish().await)
             }
-            Ok(false) => Served::PassedOn(session.downstream_session),
+            Ok(false) => {
+                let (stream, request) = session.into_passed_on();
+                Served::PassedOn(stream, request)
+            }
             Err(e) => {
-                let failed = app.fail_to_proxy(&mut session, &e, &mut ctx).await;
-                if !app.suppress_error_log(&session, &ctx, &e) {
-                    error!("Fail to filter request: {e}, status: {}", failed.error_code);
+                let code = app.fail(&mut session, &e, &ctx).await;
+                if !super::is_routine(&e) {
+                    error!("Fail to filter request: {e}, status: {code}");
                 }
-                app.log(&session, Some(&e), &mut ctx);
+                app.log(
+                    session.req_header(),
+                    session.response_written(),
+                    Some(&e),
+                    &mut ctx,
+                );
                 Served::Answered(None)
             }
         }
     }
 
-    /// Hands a request whose head `session` parsed to pingora's proxy path,
-    /// which parses `head` again. Not an `async fn`: pingora's future is
-    /// boxed already, and ours would only be a frame around it.
+    /// Hands a request to pingora's proxy path, which parses `request` (its
+    /// head, and what of its body was read) as the connection's first bytes.
+    /// Not an `async fn`: pingora's future is boxed already, and ours would
+    /// only be a frame around it.
     fn pass_on<'a>(
         &'a self,
-        mut session: Box<ServerSession>,
-        head: BytesMut,
+        stream: Stream,
+        request: BytesMut,
+        persisted: Option<HttpPersistentSettings>,
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Option<ReusedHttpStream>> + 'a {
-        session.set_pipelined_prefix(head);
-        self.proxy.process_new_http(*session, shutdown)
+        let mut session = ServerSession::new_http1(stream);
+        if let Some(settings) = persisted {
+            settings.apply_to_session(&mut session);
+        }
+        session.set_pipelined_prefix(request);
+        self.proxy.process_new_http(session, shutdown)
     }
 
     /// How long to wait for a request, and then for the rest of its head.
@@ -156,7 +164,10 @@ impl ServerApp for Edge {
             );
             return None;
         };
+        // What pingora's proxy path left for the next request it serves.
         let mut persisted = None;
+        // Bytes of the next request, read with the last one.
+        let mut next = BytesMut::new();
         // A new connection's first request counts as in flight from the
         // accept, so a graceful shutdown (or an upgrade's hand-over) waits
         // for it: its client sent it to a listening socket.
@@ -164,51 +175,43 @@ impl ServerApp for Edge {
         loop {
             let first = arriving.is_some();
             let timeouts = self.head_timeouts();
-            let head = read_head(&mut stream, &connection, timeouts, first, shutdown).await?;
-            let mut session = Session::new_h1(stream);
-            if let Some(settings) = persisted.take() {
-                HttpPersistentSettings::apply_to_session(settings, &mut session);
-            }
-            // Pingora parses (and keeps) the copy; `head` stays for a
-            // request that goes on to its proxy path, which parses it again.
-            session.set_pipelined_prefix(head.clone());
-            // Boxed, like `refuse` below: this future lives as long as the
-            // connection (idle or streaming), so it keeps only what every
-            // state needs; parsing a head is brief and heap-allocated.
-            match boxed::pinned(|| session.read_request()).await {
-                Ok(true) => {}
-                Ok(false) => return None,
-                Err(e) if e.etype() == &ErrorType::InvalidHTTPHeader => {
-                    let too_large = head.len() >= MAX_HEAD_BYTES;
-                    let downstream = *session.downstream_session;
-                    boxed::pinned(move || refuse(downstream, too_large)).await;
+            let mut buf =
+                read_head(&mut stream, next, &connection, timeouts, first, shutdown).await?;
+            let head = match h1::parse(&mut buf) {
+                Ok(head) => head,
+                Err(malformed) => {
+                    boxed::pinned(move || refuse(stream, malformed)).await;
                     return None;
                 }
-                Err(_) => return None,
-            }
-            let proxy_path = super::proxy_path(session.req_header(), &self.config.load());
+            };
+            let proxy_path = super::proxy_path(&head.header, &self.config.load());
+            let session = h1::Session::new(stream, head, buf);
             let reused = if proxy_path == ProxyPath::Now {
-                self.pass_on(session.downstream_session, head, shutdown)
+                let (stream, request) = session.into_passed_on();
+                self.pass_on(stream, request, persisted.take(), shutdown)
                     .await
             } else {
-                // The head is kept only for a request that may yet be passed
-                // on: a front door's (with up to 4 KiB of its body) would
-                // hold it for as long as its answer streams.
-                let head = (proxy_path == ProxyPath::Perhaps).then_some(head);
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
-                match (boxed::pinned(|| self.serve(session, shutdown)).await, head) {
-                    (Served::Answered(reused), _) => reused,
-                    (Served::PassedOn(session), Some(head)) => {
-                        self.pass_on(session, head, shutdown).await
+                match boxed::pinned(|| self.serve(session, shutdown)).await {
+                    Served::Answered(Some((reusable, read))) => {
+                        arriving = None;
+                        (stream, next) = (reusable, read);
+                        continue;
                     }
-                    (Served::PassedOn(_), None) => {
+                    Served::Answered(None) => return None,
+                    Served::PassedOn(stream, request) if proxy_path == ProxyPath::Perhaps => {
+                        self.pass_on(stream, request, persisted.take(), shutdown)
+                            .await
+                    }
+                    Served::PassedOn(..) => {
                         error!("a request passed on from a route that never is: connection closed");
                         None
                     }
                 }
             };
             arriving = None;
+            next = BytesMut::new();
             (stream, persisted) = reused?.consume();
         }
     }
@@ -232,17 +235,20 @@ struct HeadTimeouts {
 /// (a client dripping bytes), it was shed to make room, or the server is
 /// shutting down. A connection's `first` request still gets
 /// [`FIRST_REQUEST_AFTER_SHUTDOWN`] to begin then: accepted just before
-/// the listener closed, its client is sending it.
+/// the listener closed, its client is sending it. `read`: what of it was
+/// read with the last request (pipelined), if anything.
 async fn read_head(
     stream: &mut Stream,
+    read: BytesMut,
     connection: &Connection<'_>,
     timeouts: HeadTimeouts,
     first: bool,
     shutdown: &ShutdownWatch,
 ) -> Option<BytesMut> {
     let keepalive = timeouts.idle;
-    let mut head = BytesMut::with_capacity(READ_CHUNK);
-    {
+    let mut head = read;
+    if head.is_empty() {
+        head.reserve(READ_CHUNK);
         let idle = connection.idle();
         let mut shutdown = shutdown.clone();
         let stop = async {
@@ -275,9 +281,7 @@ async fn read_head(
         true
     };
     match fast_timeout(timeouts.whole, rest).await {
-        // A copy the size of the head, not of the buffer it was read into:
-        // pingora keeps the buffer it parses for as long as the request lasts.
-        Ok(true) => Some(BytesMut::from(&head[..])),
+        Ok(true) => Some(head),
         _ => None,
     }
 }
@@ -305,41 +309,20 @@ fn head_complete(head: &[u8], scanned: &mut usize) -> bool {
     found
 }
 
-/// Answers a head pingora's parser refused with an OpenAI error, and closes.
-async fn refuse(mut session: ServerSession, too_large: bool) {
-    let error = ApiError::bad_request(if too_large {
-        "the request head is larger than 1 MiB"
-    } else {
-        "malformed HTTP request: the request line or a header cannot be parsed"
-    });
-    let body = error.to_json();
-    let Ok(mut header) = ResponseHeader::build(error.status, Some(2)) else {
-        return;
-    };
-    let headers = [
-        (http::header::CONTENT_TYPE, "application/json"),
-        (http::header::CONTENT_LENGTH, &body.len().to_string()),
-    ];
-    for (name, value) in headers {
-        if header.insert_header(name, value).is_err() {
-            return;
-        }
-    }
-    if session.write_error_response(header, body).await.is_ok() {
-        session.shutdown().await;
-        linger(session).await;
+/// Answers a head that cannot be served with an OpenAI error, and closes.
+async fn refuse(mut stream: Stream, malformed: h1::Malformed) {
+    let body = ApiError::bad_request(malformed.0).to_json();
+    if h1::refuse(&mut stream, 400, &body).await.is_ok() {
+        stream.shutdown().await;
+        linger(stream).await;
     }
 }
 
 /// Reads what the client still sends, for a bounded time, before the
 /// connection closes: closing with unread bytes resets it, and the client
 /// could lose the answer.
-async fn linger(session: ServerSession) {
+async fn linger(mut stream: Stream) {
     const LINGER: Duration = Duration::from_secs(2);
-    let ServerSession::H1(session) = session else {
-        return;
-    };
-    let mut stream = session.into_inner();
     let mut sink = vec![0; READ_CHUNK];
     let drain = async { while matches!(stream.read(&mut sink).await, Ok(1..)) {} };
     let _ = tokio::time::timeout(LINGER, drain).await;

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
+use super::h1::Session;
 use bytes::{Bytes, BytesMut};
-use pingora::proxy::Session;
 use pingora::Result;
 use tracing::info;
 

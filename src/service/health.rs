@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::h1::Session;
 use bytes::Bytes;
-use pingora::proxy::Session;
 use pingora::Result;
 use serde_json::{json, Value};
 

@@ -9,8 +9,8 @@
 //! `user` is an identity as the notes show it (`name:alice`,
 //! `name:acme/user:bob`, `anonymous`); empty for agents' own notes.
 
+use super::h1::Session;
 use bytes::Bytes;
-use pingora::proxy::Session;
 use pingora::Result;
 use serde_json::{json, Value};
 

@@ -1,27 +1,31 @@
 //! The pingora service: a request's life, in hook order.
 //!
 //! 0. [`Listener`] accepts the client's connection and runs it in a task of
-//!    its own. [`Edge`] waits for each request's head on it
-//!    (keep-alive timeout, connection cap), refuses one that cannot be
-//!    parsed, and has pingora parse it. A request for one of our routes it
-//!    serves itself, through the hooks below; the rest (no route of ours,
-//!    with `passthrough`) it hands to pingora's proxy path.
-//! 1. `request_filter` takes the config snapshot the request keeps to its
-//!    end, routes, and checks the client's key. The proxy's own endpoints and
-//!    every chat completion (agent or not) are answered here, by our handlers.
+//!    its own. [`Edge`] waits for each request's head on it (keep-alive
+//!    timeout, connection cap), and parses it ([`h1`], our own HTTP/1 for
+//!    the client side), refusing one that cannot be served. A request for
+//!    one of our routes it serves itself, through the hooks below; the rest
+//!    (no route of ours, with `passthrough`) it hands to pingora's proxy
+//!    path.
+//! 1. `route` (pingora's `request_filter`, for our routes) takes the config
+//!    snapshot the request keeps to its end, admits the request (its id, its
+//!    route, `Host`), checks the client's key, and answers: the proxy's own
+//!    endpoints and every chat completion (agent or not).
 //! 2. Everything else goes through pingora's proxy path to `default_upstream`:
-//!    `upstream_peer` and `fail_to_connect` follow the upstream layer's one
-//!    retry policy ([`Attempts`]: the same replica order, failover and
-//!    `retries` as the agent loop), `upstream_request_filter` maps the path
-//!    and sets credentials; bodies stream through untouched.
-//! 3. `fail_to_proxy` turns failures into OpenAI-format errors;
-//!    `logging` writes one line per request.
+//!    `request_filter` admits it the same way, `upstream_peer` and
+//!    `fail_to_connect` follow the upstream layer's one retry policy
+//!    ([`Attempts`]: the same replica order, failover and `retries` as the
+//!    agent loop), `upstream_request_filter` maps the path and sets
+//!    credentials; bodies stream through untouched.
+//! 3. `fail_to_proxy` (`fail` on our routes) turns failures into
+//!    OpenAI-format errors; `logging` (`log`) writes one line per request.
 
 mod admin;
 mod auth;
 mod edge;
 mod forward;
 mod front_door;
+pub(crate) mod h1;
 mod health;
 mod listen;
 mod memories;
@@ -36,7 +40,7 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::modules::http::HttpModules;
-use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::proxy::{FailToProxy, ProxyHttp, Session as ProxySession};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use tracing::info;
@@ -102,43 +106,64 @@ fn handled(cut: bool) -> Result<bool> {
 
 /// Answers with an error in `dialect`'s shape; the request body may be
 /// unread, so the connection is not reused.
-async fn reject(session: &mut Session, dialect: Dialect, error: &ApiError) -> Result<bool> {
-    session.set_keepalive(None);
+async fn reject(session: &mut h1::Session, dialect: Dialect, error: &ApiError) -> Result<bool> {
+    session.close_after();
     let mut client = Client::new(session, std::time::Duration::MAX);
     handled(client.respond_error_in(dialect, error).await == Err(Gone))
 }
 
 impl AgentProxy {
-    /// `request_filter`: takes the config snapshot the request keeps to its
-    /// end, routes, checks the client's key, and answers our routes. `Edge`
-    /// calls it directly; pingora's proxy path through the hook.
-    async fn route(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let config = ctx.config.clone();
-        ctx.request_id = request_id::ensure(session.req_header_mut());
-        let req = session.req_header();
+    /// What every request goes through first, on our routes and on
+    /// pingora's proxy path alike: its id, its session, its route and the
+    /// dialect its errors are in, and RFC 9112's `Host` rule.
+    fn admit(
+        &self,
+        req: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<Dialect, (Dialect, ApiError)> {
+        ctx.request_id = request_id::ensure(req);
         ctx.session = crate::session::from_headers(&req.headers);
-        let method = req.method.clone();
-        let path = req.uri.path().to_owned();
-        ctx.route = route_of(method.as_str(), &path, &config);
+        ctx.route = route_of(req.method.as_str(), req.uri.path(), &ctx.config);
         let dialect = match ctx.route {
             "messages" | "count_tokens" => Dialect::Messages,
-            "models" | "model"
-                if session
-                    .req_header()
-                    .headers
-                    .contains_key("anthropic-version") =>
-            {
+            "models" | "model" if req.headers.contains_key("anthropic-version") => {
                 Dialect::Messages
             }
             _ => Dialect::Chat,
         };
         // RFC 9112 §3.2: an HTTP/1.1 request without `Host` is malformed
         // (HTTP/1.0 had no such header).
-        let req = session.req_header();
         if req.version == http::Version::HTTP_11 && !req.headers.contains_key(http::header::HOST) {
             let error = ApiError::bad_request("an HTTP/1.1 request needs a `Host` header");
-            return reject(session, dialect, &error).await;
+            return Err((dialect, error));
         }
+        Ok(dialect)
+    }
+
+    /// Checks the client's key (`auth.api_keys`).
+    fn authenticate(&self, req: &RequestHeader, ctx: &mut RequestCtx) -> Result<(), ApiError> {
+        match auth::authenticate(&ctx.config, req) {
+            Ok(key) => {
+                ctx.key_name = key.and_then(|k| k.name.clone());
+                ctx.tenant = crate::store::tenant_of(key);
+                Ok(())
+            }
+            Err(auth::Refused) => Err(ApiError::invalid_api_key()),
+        }
+    }
+
+    /// Our routes (pingora's `request_filter`, called by `Edge`): admits the
+    /// request, checks the client's key, and answers it; `Ok(false)` passes
+    /// it on to pingora's proxy path.
+    async fn route(&self, session: &mut h1::Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let config = ctx.config.clone();
+        let dialect = match self.admit(session.req_header_mut(), ctx) {
+            Ok(dialect) => dialect,
+            Err((dialect, error)) => return reject(session, dialect, &error).await,
+        };
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_owned();
         match path.as_str() {
             "/healthz" if ctx.route == "health" => return health::live(session).await,
             "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
@@ -151,14 +176,8 @@ impl AgentProxy {
         if ctx.route == "admin" {
             return memories::handle(session, &config).await;
         }
-        match auth::authenticate(&config, session.req_header()) {
-            Ok(key) => {
-                ctx.key_name = key.and_then(|k| k.name.clone());
-                ctx.tenant = crate::store::tenant_of(key);
-            }
-            Err(auth::Refused) => {
-                return reject(session, dialect, &ApiError::invalid_api_key()).await
-            }
+        if let Err(error) = self.authenticate(session.req_header(), ctx) {
+            return reject(session, dialect, &error).await;
         }
         match ctx.route {
             "metrics" => health::metrics(session).await,
@@ -177,11 +196,17 @@ impl AgentProxy {
         }
     }
 
-    /// `logging`: one line and the metrics of a finished request. Not
-    /// async: `Edge` calls it without the box pingora's trait would make.
-    fn log(&self, session: &Session, error: Option<&Error>, ctx: &mut RequestCtx) {
+    /// `logging`: one line and the metrics of a finished request, `req`,
+    /// answered with `response`. Not async: `Edge` calls it without the box
+    /// pingora's trait would make.
+    fn log(
+        &self,
+        req: &RequestHeader,
+        response: Option<&ResponseHeader>,
+        error: Option<&Error>,
+        ctx: &mut RequestCtx,
+    ) {
         ctx.stream = None;
-        let response = session.response_written();
         let status = response.map_or(0, |h| h.status.as_u16());
         let stream = response.is_some_and(is_event_stream);
         let summary = ctx.summary.take().unwrap_or_default();
@@ -210,7 +235,6 @@ impl AgentProxy {
                 series.first_token_seconds.observe(first.as_secs_f64());
             }
         }
-        let req = session.req_header();
         let upstream = match served_by {
             Some(agent) => agent.upstream.name.as_str(),
             None if ctx.agent.is_none()
@@ -267,13 +291,38 @@ impl ProxyHttp for AgentProxy {
         }
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        self.route(session, ctx).await
+    /// The requests `Edge` hands over: admitted as our routes' are, then
+    /// proxied while `passthrough` is on.
+    async fn request_filter(
+        &self,
+        session: &mut ProxySession,
+        ctx: &mut RequestCtx,
+    ) -> Result<bool> {
+        let admitted = self
+            .admit(session.req_header_mut(), ctx)
+            .and_then(|dialect| {
+                self.authenticate(session.req_header(), ctx)
+                    .map(|()| dialect)
+                    .map_err(|error| (dialect, error))
+            });
+        let (dialect, error) = match admitted {
+            Ok(_) if ctx.config.passthrough => return Ok(false),
+            Ok(dialect) => {
+                let req = session.req_header();
+                let error =
+                    ApiError::not_found(format!("no route for {} {}", req.method, req.uri.path()));
+                (dialect, error)
+            }
+            Err(refused) => refused,
+        };
+        session.set_keepalive(None);
+        respond_proxied(session, dialect, &error, &ctx.request_id).await?;
+        Ok(true)
     }
 
     async fn upstream_peer(
         &self,
-        session: &mut Session,
+        session: &mut ProxySession,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
         let method = session.req_header().method.as_str();
@@ -285,7 +334,7 @@ impl ProxyHttp for AgentProxy {
 
     fn fail_to_connect(
         &self,
-        _session: &mut Session,
+        _session: &mut ProxySession,
         _peer: &HttpPeer,
         ctx: &mut RequestCtx,
         e: Box<Error>,
@@ -298,7 +347,7 @@ impl ProxyHttp for AgentProxy {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        _session: &mut ProxySession,
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
@@ -320,7 +369,7 @@ impl ProxyHttp for AgentProxy {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        _session: &mut ProxySession,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
@@ -337,14 +386,18 @@ impl ProxyHttp for AgentProxy {
         Ok(())
     }
 
-    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, error: &Error) -> bool {
-        // A client that hangs up is routine, not an error worth a log line.
-        error.esource() == &ErrorSource::Downstream || error.etype() == &ErrorType::ConnectionClosed
+    fn suppress_error_log(
+        &self,
+        _session: &ProxySession,
+        _ctx: &RequestCtx,
+        error: &Error,
+    ) -> bool {
+        is_routine(error)
     }
 
     async fn fail_to_proxy(
         &self,
-        session: &mut Session,
+        session: &mut ProxySession,
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
@@ -352,18 +405,11 @@ impl ProxyHttp for AgentProxy {
         if let (ErrorSource::Upstream, Some(attempts)) = (e.esource(), ctx.attempts.as_mut()) {
             attempts.broke_off(upstream, e);
         }
-        let error = match (e.etype(), e.esource()) {
-            (ErrorType::HTTPStatus(code), _) => Some(ApiError::bad_request(format!("HTTP {code}"))),
-            (_, ErrorSource::Downstream) => None,
-            (ErrorType::ConnectionClosed, _) if session.response_written().is_some() => None,
-            (_, ErrorSource::Upstream) => Some(crate::error::from_upstream(&upstream.name, e)),
-            _ => Some(ApiError::internal("internal error")),
-        };
         let mut code = 0;
-        if let Some(error) = error.filter(|_| session.response_written().is_none()) {
+        let error = failure(e, &upstream.name).filter(|_| session.response_written().is_none());
+        if let Some(error) = error {
             code = error.status;
-            let mut client = Client::new(session, std::time::Duration::MAX);
-            let _ = client.respond_error(&error).await;
+            let _ = respond_proxied(session, Dialect::Chat, &error, &ctx.request_id).await;
         }
         FailToProxy {
             error_code: code,
@@ -371,9 +417,62 @@ impl ProxyHttp for AgentProxy {
         }
     }
 
-    async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
-        self.log(session, error, ctx);
+    async fn logging(
+        &self,
+        session: &mut ProxySession,
+        error: Option<&Error>,
+        ctx: &mut RequestCtx,
+    ) {
+        self.log(session.req_header(), session.response_written(), error, ctx);
     }
+}
+
+impl AgentProxy {
+    /// `fail_to_proxy` for our routes: answers a request whose handler
+    /// failed, if its response has not begun; returns the status sent.
+    async fn fail(&self, session: &mut h1::Session, e: &Error, ctx: &RequestCtx) -> u16 {
+        let error = failure(e, &ctx.config.default_upstream.name)
+            .filter(|_| session.response_written().is_none());
+        let Some(error) = error else {
+            return 0;
+        };
+        let mut client = Client::new(session, std::time::Duration::MAX);
+        let _ = client.respond_error(&error).await;
+        error.status
+    }
+}
+
+/// A client that hangs up is routine, not an error worth a log line.
+fn is_routine(error: &Error) -> bool {
+    error.esource() == &ErrorSource::Downstream || error.etype() == &ErrorType::ConnectionClosed
+}
+
+/// What the client of a failed request is told, if it is still there.
+fn failure(e: &Error, upstream: &str) -> Option<ApiError> {
+    match (e.etype(), e.esource()) {
+        (ErrorType::HTTPStatus(code), _) => Some(ApiError::bad_request(format!("HTTP {code}"))),
+        (_, ErrorSource::Downstream) => None,
+        (_, ErrorSource::Upstream) => Some(crate::error::from_upstream(upstream, e)),
+        _ => Some(ApiError::internal("internal error")),
+    }
+}
+
+/// An error in `dialect`'s shape, on pingora's proxy path.
+async fn respond_proxied(
+    session: &mut ProxySession,
+    dialect: Dialect,
+    error: &ApiError,
+    request_id: &str,
+) -> Result<()> {
+    let (status, body) = crate::front::error_response(dialect, error);
+    let mut header = ResponseHeader::build_no_case(status, Some(3))?;
+    header.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+    header.insert_header(http::header::CONTENT_LENGTH, body.len())?;
+    header.insert_header(request_id::HEADER, request_id)?;
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
+    session.write_response_body(Some(body), true).await
 }
 
 /// The route of `method path`, for metrics and for dispatch: the proxy's

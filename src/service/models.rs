@@ -2,8 +2,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::h1::Session;
 use bytes::Bytes;
-use pingora::proxy::Session;
 use pingora::Result;
 use serde_json::Value;
 use tracing::warn;

@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
+use super::h1::Session;
 use bytes::Bytes;
-use pingora::proxy::Session;
 use pingora::Result;
 use serde_json::{json, Map, Value};
 

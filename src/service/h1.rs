@@ -1,0 +1,873 @@
+//! HTTP/1.1 on the client's connection, for the requests our own routes
+//! answer: the head parsed, the body read, the response written, straight
+//! on the connection.
+//!
+//! pingora's server session did this before. Per request it allocated and
+//! moved a 680-byte session, built a 3.7 KiB future to finish it, wrote each
+//! response head into a 4 KiB buffer of its own, and parsed the head into
+//! maps that also keep each name's case. The framing is pingora's still
+//! where it guards against smuggling (RFC 9112 §6, RFC 9110 §8.6): a length
+//! beside a transfer coding is dropped with the connection's reuse, a coding
+//! that does not end in `chunked` or comes with HTTP/1.0 is refused, so are
+//! lengths that disagree, and an authority that disagrees with `Host`
+//! (pingora's own check). Bodies are decoded by [`crate::http1`], as the
+//! upstream side's are.
+//!
+//! [`parse`] is pure; [`Session`] feeds it and the body decoder from the
+//! socket and writes the response.
+
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
+use http::{HeaderValue, Method, StatusCode, Version};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::protocols::http::authority::validate_request_authority;
+use pingora::protocols::http::date::get_cached_date;
+use pingora::protocols::Stream;
+use pingora::{Error, ErrorType, OrErr, Result};
+use pingora_timeout::fast_timeout::fast_timeout;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::http1::{has_token, last_token, same_bytes, Body, Chunk, Decoded};
+
+/// The longest request head accepted (pingora's limit).
+pub const MAX_HEAD: usize = (1 << 20) - 1;
+/// The most header fields a request may have (pingora's limit).
+const MAX_HEADERS: usize = 256;
+/// How much a read of a request body asks for at once.
+const BODY_READ: usize = 16 * 1024;
+/// How long each read of a request body may take (pingora's default).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why a request head cannot be served: it is answered 400 and the
+/// connection closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed(pub &'static str);
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct Head {
+    pub header: RequestHeader,
+    /// The head as it arrived (its field values are slices of it): what a
+    /// request passed on to pingora's proxy path is parsed from again.
+    raw: Bytes,
+    body: Body,
+    keep_alive: bool,
+}
+
+/// Parses the request head at the start of `buf`, which holds a whole one
+/// (a blank line ends it), and takes it off: `buf` keeps what followed.
+///
+/// A request target with bytes httparse refuses (spaces, quotes, controls)
+/// is percent-encoded first, as pingora does.
+pub fn parse(buf: &mut BytesMut) -> Result<Head, Malformed> {
+    match parse_as_sent(buf) {
+        Err(Parsing::Target) => {
+            *buf = escape_target(buf).ok_or(MALFORMED)?;
+            parse_as_sent(buf).map_err(Parsing::into_malformed)
+        }
+        parsed => parsed.map_err(Parsing::into_malformed),
+    }
+}
+
+const MALFORMED: Malformed =
+    Malformed("malformed HTTP request: the request line or a header cannot be parsed");
+
+enum Parsing {
+    /// The request line has bytes a target may not: escaping may mend it.
+    Target,
+    Malformed(Malformed),
+}
+
+impl Parsing {
+    fn into_malformed(self) -> Malformed {
+        match self {
+            Parsing::Target => MALFORMED,
+            Parsing::Malformed(m) => m,
+        }
+    }
+}
+
+impl From<Malformed> for Parsing {
+    fn from(m: Malformed) -> Self {
+        Parsing::Malformed(m)
+    }
+}
+
+fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
+    let mut fields = [MaybeUninit::<httparse::Header>::uninit(); MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let len = match request.parse_with_uninit_headers(buf, &mut fields) {
+        Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
+        Ok(_) => return Err(Malformed("the request head is larger than 1 MiB").into()),
+        Err(httparse::Error::Token | httparse::Error::Version) => return Err(Parsing::Target),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(Malformed("a request head may have at most 256 header fields").into())
+        }
+        Err(_) => return Err(MALFORMED.into()),
+    };
+    // One copy of the head, the values sliced out of it; `buf` keeps the
+    // body's bytes and is reused for the rest of them.
+    let raw = Bytes::copy_from_slice(&buf[..len]);
+    // Room for the one field a request gains (`x-request-id`).
+    let mut header = RequestHeader::build_no_case(
+        request.method.unwrap_or_default(),
+        request.path.unwrap_or_default().as_bytes(),
+        Some(request.headers.len() + 1),
+    )
+    .map_err(|_| MALFORMED)?;
+    let version = match request.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    header.set_version(version);
+    for field in request.headers.iter() {
+        let name = same_bytes(&raw, buf, field.name.as_bytes()).ok_or(MALFORMED)?;
+        let value = same_bytes(&raw, buf, field.value)
+            .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
+            .ok_or(MALFORMED)?;
+        header.append_header(name, value).map_err(|_| MALFORMED)?;
+    }
+    bytes::Buf::advance(buf, len);
+    let (body, keep_alive) = framing(&mut header)?;
+    Ok(Head {
+        header,
+        raw,
+        body,
+        keep_alive,
+    })
+}
+
+/// How the request's body is delimited, and whether the connection may
+/// serve another request after it.
+fn framing(header: &mut RequestHeader) -> Result<(Body, bool), Malformed> {
+    validate_request_authority(header)
+        .map_err(|_| Malformed("the request's authority is ambiguous or names another host"))?;
+    let http10 = header.version == Version::HTTP_10;
+    let connection = header.headers.get_all(CONNECTION);
+    let close = connection.iter().any(|v| has_token(v.as_bytes(), b"close"));
+    let asked = connection
+        .iter()
+        .any(|v| has_token(v.as_bytes(), b"keep-alive"));
+    let mut keep_alive = !close && (!http10 || asked);
+    let coding = header.headers.get_all(TRANSFER_ENCODING).iter().next_back();
+    let body = match coding {
+        Some(coding) => {
+            if http10 {
+                return Err(Malformed(
+                    "an HTTP/1.0 request cannot have a Transfer-Encoding",
+                ));
+            }
+            if !last_token(coding.as_bytes()).eq_ignore_ascii_case(b"chunked") {
+                return Err(Malformed("the final Transfer-Encoding must be chunked"));
+            }
+            // The coding wins (RFC 9112 §6.3); the connection is not
+            // trusted with another request (§6.1).
+            if header.remove_header(&CONTENT_LENGTH).is_some() {
+                keep_alive = false;
+            }
+            Body::Chunked(Chunk::Size)
+        }
+        None => Body::Length(content_length(header)?.unwrap_or(0)),
+    };
+    Ok((body, keep_alive))
+}
+
+/// The request's `Content-Length`: identical values, repeated or listed,
+/// are one (RFC 9110 §8.6); values that differ or are not numbers are
+/// refused.
+fn content_length(header: &RequestHeader) -> Result<Option<u64>, Malformed> {
+    let mut length = None;
+    for value in header.headers.get_all(CONTENT_LENGTH) {
+        for token in value.as_bytes().split(|b| *b == b',') {
+            let token = token.trim_ascii();
+            let parsed = (!token.is_empty() && token.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(token).ok()?.parse::<u64>().ok())
+                .flatten()
+                .ok_or(Malformed("the Content-Length is not a number"))?;
+            if length.is_some_and(|l| l != parsed) {
+                return Err(Malformed("the request has differing Content-Lengths"));
+            }
+            length = Some(parsed);
+        }
+    }
+    Ok(length)
+}
+
+/// `buf` with its request target percent-encoded where httparse refuses
+/// it (controls, space, `"`, `<`, `>`, and bytes past ASCII), as pingora
+/// does: the target runs from after the method to the last ` HTTP/` of the
+/// request line. `None` when there is no such line to mend.
+fn escape_target(buf: &[u8]) -> Option<BytesMut> {
+    let line_end = buf.iter().position(|b| *b == b'\n')?;
+    let line = &buf[..line_end];
+    let method_end = line.iter().position(|b| *b == b' ')?;
+    if method_end == 0
+        || !line[..method_end]
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+    {
+        return None;
+    }
+    let start = method_end + 1;
+    let end = line
+        .windows(7)
+        .rposition(|w| w.starts_with(b" HTTP/") && w[6].is_ascii_digit())
+        .filter(|end| *end > start)?;
+    let escape = |b: u8| !(0x20..0x7f).contains(&b) || matches!(b, b' ' | b'"' | b'<' | b'>');
+    let mut escaped = BytesMut::with_capacity(buf.len() + 32);
+    escaped.extend_from_slice(&buf[..start]);
+    for &b in &line[start..end] {
+        if escape(b) {
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            escaped.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        } else {
+            escaped.put_u8(b);
+        }
+    }
+    if escaped.len() == end {
+        return None;
+    }
+    escaped.extend_from_slice(&buf[end..]);
+    Some(escaped)
+}
+
+/// How a response's body goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// No response head yet.
+    NotStarted,
+    /// As it is: its `Content-Length` delimits it.
+    Length,
+    Chunked,
+    /// As it is, delimited by the connection's close.
+    Close,
+    /// None at all: a `HEAD` request's, or a 204's or 304's.
+    Nothing,
+    /// The response is complete.
+    Ended,
+}
+
+/// Decides how `header`'s body is framed for a client of `request`, and
+/// sets the fields that say so (`Connection`, and `Date` as RFC 9110 §6.6.1
+/// asks of a server with a clock). `keep_alive` is cleared when the body
+/// runs to the connection's close.
+fn frame_response(
+    header: &mut ResponseHeader,
+    request: &RequestHeader,
+    keep_alive: &mut bool,
+) -> Result<Out> {
+    let status = header.status;
+    let out = if request.method == Method::HEAD
+        || matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED)
+        || status.is_informational()
+    {
+        Out::Nothing
+    } else if header.headers.contains_key(CONTENT_LENGTH) {
+        Out::Length
+    } else if request.version == Version::HTTP_11
+        && header
+            .headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .is_some_and(|v| last_token(v.as_bytes()).eq_ignore_ascii_case(b"chunked"))
+    {
+        Out::Chunked
+    } else {
+        // An HTTP/1.0 client knows no chunks: the close ends the body.
+        header.remove_header(&TRANSFER_ENCODING);
+        *keep_alive = false;
+        Out::Close
+    };
+    header.insert_header(DATE, get_cached_date())?;
+    let connection = if *keep_alive { "keep-alive" } else { "close" };
+    header.insert_header(CONNECTION, HeaderValue::from_static(connection))?;
+    Ok(out)
+}
+
+/// `header` in HTTP/1.1's wire format, its blank line included.
+fn head_bytes(header: &ResponseHeader) -> BytesMut {
+    let reason = header.get_reason_phrase().unwrap_or_default();
+    let fields: usize = header
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    let mut buf = BytesMut::with_capacity(17 + reason.len() + fields);
+    buf.put_slice(b"HTTP/1.1 ");
+    buf.put_slice(header.status.as_str().as_bytes());
+    buf.put_u8(b' ');
+    buf.put_slice(reason.as_bytes());
+    buf.put_slice(b"\r\n");
+    header.header_to_h1_wire(&mut buf);
+    buf.put_slice(b"\r\n");
+    buf
+}
+
+/// One request on the client's connection, and its response.
+pub struct Session {
+    stream: Stream,
+    header: RequestHeader,
+    raw: Bytes,
+    /// Bytes read past the head: the body's, then a next request's.
+    buf: BytesMut,
+    body: Body,
+    keep_alive: bool,
+    response: Option<Box<ResponseHeader>>,
+    out: Out,
+}
+
+impl Session {
+    /// The request `head`, parsed off `rest`, which holds whatever of the
+    /// body (or a next request) came with it.
+    pub fn new(stream: Stream, head: Head, rest: BytesMut) -> Session {
+        let mut session = Session {
+            stream,
+            header: head.header,
+            raw: head.raw,
+            buf: rest,
+            body: head.body,
+            keep_alive: head.keep_alive,
+            response: None,
+            out: Out::NotStarted,
+        };
+        session.release_buffer();
+        session
+    }
+
+    pub fn req_header(&self) -> &RequestHeader {
+        &self.header
+    }
+
+    pub fn req_header_mut(&mut self) -> &mut RequestHeader {
+        &mut self.header
+    }
+
+    /// The connection closes after this request.
+    pub fn close_after(&mut self) {
+        self.keep_alive = false;
+    }
+
+    pub fn client_addr(&self) -> Option<pingora::protocols::l4::socket::SocketAddr> {
+        let digest = self.stream.get_socket_digest()?;
+        digest.peer_addr().cloned()
+    }
+
+    /// The next piece of the request body; `None` at its end.
+    pub async fn read_request_body(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            match self.body.decode(&mut self.buf)? {
+                Decoded::Data(piece) => return Ok(Some(piece)),
+                Decoded::End => {
+                    self.release_buffer();
+                    return Ok(None);
+                }
+                Decoded::NeedMore => {}
+            }
+            self.buf.reserve(BODY_READ);
+            let read = fast_timeout(BODY_READ_TIMEOUT, self.stream.read_buf(&mut self.buf))
+                .await
+                .or_err(ErrorType::ReadTimedout, "reading the request body")?
+                .or_err(ErrorType::ReadError, "reading the request body")?;
+            if read == 0 {
+                return Error::e_explain(ErrorType::ConnectionClosed, "the body ended early");
+            }
+        }
+    }
+
+    /// Once the body is read and nothing of a next request waits: the
+    /// buffer's memory goes, so an open stream does not hold it.
+    fn release_buffer(&mut self) {
+        if self.body_done() && self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    fn body_done(&self) -> bool {
+        matches!(self.body, Body::Done | Body::Length(0))
+    }
+
+    /// `100 Continue`, to a client waiting for it before it sends the body.
+    pub async fn write_continue_response(&mut self) -> Result<()> {
+        self.send(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+        self.flush().await
+    }
+
+    /// The response head that was sent.
+    pub fn response_written(&self) -> Option<&ResponseHeader> {
+        self.response.as_deref()
+    }
+
+    /// Sends the response head; `end`: there is no body. A head without a
+    /// `Content-Length` (an event stream) leaves at once, one with it with
+    /// the body.
+    pub async fn write_response_header(
+        &mut self,
+        mut header: Box<ResponseHeader>,
+        end: bool,
+    ) -> Result<()> {
+        if self.out != Out::NotStarted {
+            return Error::e_explain(ErrorType::InternalError, "a response head was sent already");
+        }
+        // A body left unread would be taken for the next request.
+        if !self.body_done() {
+            self.keep_alive = false;
+        }
+        self.out = frame_response(&mut header, &self.header, &mut self.keep_alive)?;
+        let head = head_bytes(&header);
+        self.response = Some(header);
+        self.send(&head).await?;
+        if end {
+            self.end_body().await?;
+            self.flush().await
+        } else if self.out == Out::Length {
+            Ok(())
+        } else {
+            self.flush().await
+        }
+    }
+
+    /// Sends a piece of the response body; `end`: it is the last.
+    pub async fn write_response_body(&mut self, body: Bytes, end: bool) -> Result<()> {
+        match self.out {
+            Out::Length | Out::Close => self.send(&body).await?,
+            Out::Chunked if !body.is_empty() => {
+                let mut size = [0u8; 18];
+                let line = chunk_size_line(body.len(), &mut size);
+                self.send(line).await?;
+                self.send(&body).await?;
+                self.send(b"\r\n").await?;
+            }
+            Out::Chunked | Out::Nothing => {}
+            Out::NotStarted | Out::Ended => {
+                return Error::e_explain(ErrorType::InternalError, "no response body to write")
+            }
+        }
+        if end {
+            self.end_body().await?;
+        }
+        self.flush().await
+    }
+
+    async fn end_body(&mut self) -> Result<()> {
+        if self.out == Out::Chunked {
+            self.send(b"0\r\n\r\n").await?;
+        }
+        if self.out != Out::NotStarted {
+            self.out = Out::Ended;
+        }
+        Ok(())
+    }
+
+    /// Resolves when the client goes away (an error), or sends the first
+    /// bytes of its next request (kept for it). Pending while the body is
+    /// unread: its bytes are not a sign of either.
+    pub async fn idle(&mut self) -> Result<()> {
+        if !self.body_done() || !self.buf.is_empty() {
+            return std::future::pending().await;
+        }
+        // One byte, as pingora probes: the rest waits in the socket.
+        let mut probe = [0u8; 1];
+        let read = self
+            .stream
+            .read(&mut probe)
+            .await
+            .or_err(ErrorType::ReadError, "while idle")?;
+        if read == 0 {
+            self.keep_alive = false;
+            return Error::e_explain(ErrorType::ConnectionClosed, "the client closed");
+        }
+        self.buf.extend_from_slice(&probe[..read]);
+        Ok(())
+    }
+
+    /// Ends the response and returns the connection if it can take another
+    /// request, with what of that request was already read.
+    pub async fn finish(mut self) -> Option<(Stream, BytesMut)> {
+        let ended = match self.out {
+            Out::Chunked => self.send(b"0\r\n\r\n").await.is_ok(),
+            Out::Length | Out::Nothing | Out::Ended => true,
+            Out::NotStarted | Out::Close => false,
+        };
+        let flushed = self.flush().await.is_ok();
+        (ended && flushed && self.keep_alive && self.body_done()).then_some((self.stream, self.buf))
+    }
+
+    /// The connection and the request as it arrived, for pingora's proxy
+    /// path to parse again (the head, and what of the body was read).
+    pub fn into_passed_on(self) -> (Stream, BytesMut) {
+        let mut prefix = BytesMut::with_capacity(self.raw.len() + self.buf.len());
+        prefix.extend_from_slice(&self.raw);
+        prefix.extend_from_slice(&self.buf);
+        (self.stream, prefix)
+    }
+
+    async fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        self.stream
+            .write_all(bytes)
+            .await
+            .or_err(ErrorType::WriteError, "writing the response")
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        self.stream
+            .flush()
+            .await
+            .or_err(ErrorType::WriteError, "writing the response")
+    }
+}
+
+/// Answers a request that cannot be served with `status` and a JSON `body`,
+/// the connection to close after it.
+pub async fn refuse(stream: &mut Stream, status: u16, body: &[u8]) -> Result<()> {
+    let mut header = ResponseHeader::build_no_case(status, Some(4))?;
+    header.insert_header(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )?;
+    header.insert_header(CONTENT_LENGTH, body.len())?;
+    header.insert_header(DATE, get_cached_date())?;
+    header.insert_header(CONNECTION, HeaderValue::from_static("close"))?;
+    let head = head_bytes(&header);
+    for bytes in [&head[..], body] {
+        stream
+            .write_all(bytes)
+            .await
+            .or_err(ErrorType::WriteError, "writing the response")?;
+    }
+    stream
+        .flush()
+        .await
+        .or_err(ErrorType::WriteError, "writing the response")
+}
+
+/// A chunk's size line (`{len:x}\r\n`) in `buf`.
+fn chunk_size_line(len: usize, buf: &mut [u8; 18]) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut at = 16;
+    let mut left = len;
+    loop {
+        at -= 1;
+        buf[at] = HEX[left & 15];
+        left >>= 4;
+        if left == 0 {
+            break;
+        }
+    }
+    buf[16] = b'\r';
+    buf[17] = b'\n';
+    &buf[at..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tokio::io::{duplex, AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    fn parsed(wire: &str) -> Result<(Head, BytesMut), Malformed> {
+        let mut buf = BytesMut::from(wire);
+        parse(&mut buf).map(|head| (head, buf))
+    }
+
+    fn field<'h>(head: &'h Head, name: &str) -> Option<&'h str> {
+        head.header.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn a_head_is_taken_off_what_follows_it() {
+        let (head, rest) = parsed(
+            "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nX-Custom: v\r\nContent-Length: 4\r\n\r\nbodyGET / HTTP/1.1\r\n",
+        )
+        .unwrap();
+        assert_eq!(head.header.method, Method::POST);
+        assert_eq!(head.header.uri.path(), "/v1/chat/completions");
+        assert_eq!(head.header.uri.query(), Some("x=1"));
+        assert_eq!(field(&head, "x-custom"), Some("v"));
+        assert_eq!(head.body, Body::Length(4));
+        assert!(head.keep_alive);
+        assert_eq!(&rest[..], b"bodyGET / HTTP/1.1\r\n");
+    }
+
+    #[test]
+    fn whether_the_connection_stays_open() {
+        let keep = |wire: &str| parsed(wire).unwrap().0.keep_alive;
+        assert!(keep("GET / HTTP/1.1\r\nHost: a\r\n\r\n"));
+        assert!(!keep(
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!keep("GET / HTTP/1.0\r\n\r\n"));
+        assert!(keep("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
+    }
+
+    #[test]
+    fn framing_that_could_smuggle_a_request_is_refused_or_defused() {
+        // Both: the coding wins, the length goes, and so does the connection.
+        let (head, _) = parsed(
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(head.body, Body::Chunked(Chunk::Size));
+        assert_eq!(field(&head, "content-length"), None);
+        assert!(!head.keep_alive);
+        // Identical lengths are one (RFC 9110 §8.6).
+        let (head, _) = parsed(
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3, 3\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(head.body, Body::Length(3));
+        for wire in [
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0x3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET http://evil.example/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: user@a\r\n\r\n",
+        ] {
+            assert!(parsed(wire).is_err(), "{wire:?}");
+        }
+        // The final coding decides.
+        let (head, _) =
+            parsed("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+                .unwrap();
+        assert_eq!(head.body, Body::Chunked(Chunk::Size));
+    }
+
+    #[test]
+    fn a_target_httparse_refuses_is_escaped_as_pingora_does() {
+        let (head, rest) = parsed("GET /a b\"c<d> HTTP/1.1\r\nHost: a\r\n\r\nnext").unwrap();
+        assert_eq!(head.header.uri.path(), "/a%20b%22c%3Cd%3E");
+        assert_eq!(&rest[..], b"next");
+        assert_eq!(
+            escape_target(b"GET /plain HTTP/1.1\r\n\r\n"),
+            None,
+            "nothing to escape"
+        );
+        for wire in [
+            "G(T / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/9.9\r\n\r\n",
+            "GET /\r\n\r\n",
+        ] {
+            assert_eq!(parsed(wire).err(), Some(MALFORMED), "{wire:?}");
+        }
+    }
+
+    #[test]
+    fn too_many_fields_or_too_long_a_head_are_refused() {
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            (0..300)
+                .map(|i| format!("X-{i}: v\r\n"))
+                .collect::<String>()
+        );
+        assert!(parsed(&many).unwrap_err().0.contains("256"));
+        let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(MAX_HEAD));
+        assert!(parsed(&long).unwrap_err().0.contains("1 MiB"));
+    }
+
+    #[test]
+    fn a_chunk_size_line_is_lower_hex() {
+        let mut buf = [0; 18];
+        assert_eq!(chunk_size_line(0, &mut buf), b"0\r\n");
+        assert_eq!(chunk_size_line(255, &mut buf), b"ff\r\n");
+        assert_eq!(chunk_size_line(0x1234abcd, &mut buf), b"1234abcd\r\n");
+    }
+
+    /// A session on one end of an in-memory connection; the test is the client.
+    fn session(wire: &str) -> (Session, DuplexStream) {
+        let (ours, client) = duplex(1 << 20);
+        let mut buf = BytesMut::from(wire);
+        let head = parse(&mut buf).unwrap();
+        (Session::new(Box::new(ours), head, buf), client)
+    }
+
+    /// What the client read (header names lower-cased), and whether the
+    /// connection could serve another request.
+    async fn response(session: Session, mut client: DuplexStream) -> (String, bool) {
+        let reusable = session.finish().await.is_some();
+        client.shutdown().await.unwrap();
+        let mut out = String::new();
+        client.read_to_string(&mut out).await.unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        (
+            format!("{}\r\n\r\n{body}", head.to_ascii_lowercase()),
+            reusable,
+        )
+    }
+
+    fn json_header(len: usize) -> Box<ResponseHeader> {
+        let mut header = ResponseHeader::build_no_case(200, None).unwrap();
+        header.insert_header("content-length", len).unwrap();
+        Box::new(header)
+    }
+
+    /// The client's view of `{}` answered to `request` with a length.
+    async fn json_reply(request: &str) -> (String, bool) {
+        let (mut s, client) = session(request);
+        s.write_response_header(json_header(2), false)
+            .await
+            .unwrap();
+        s.write_response_body(Bytes::from_static(b"{}"), true)
+            .await
+            .unwrap();
+        assert_eq!(s.response_written().unwrap().status, 200);
+        response(s, client).await
+    }
+
+    /// The client's view of one event streamed to `request` (and an empty
+    /// write, which sends nothing).
+    async fn one_event(request: &str) -> (String, bool) {
+        let (mut s, client) = session(request);
+        let mut header = ResponseHeader::build_no_case(200, None).unwrap();
+        header
+            .insert_header("transfer-encoding", "chunked")
+            .unwrap();
+        s.write_response_header(Box::new(header), false)
+            .await
+            .unwrap();
+        s.write_response_body(Bytes::from_static(b"data: 1\n\n"), false)
+            .await
+            .unwrap();
+        s.write_response_body(Bytes::new(), false).await.unwrap();
+        response(s, client).await
+    }
+
+    #[tokio::test]
+    async fn a_response_with_a_length_is_sent_as_it_is() {
+        let (out, reusable) = json_reply("GET /x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(out.starts_with("http/1.1 200 ok\r\n"), "{out}");
+        assert!(out.contains("connection: keep-alive\r\n"), "{out}");
+        assert!(out.contains("date: "), "{out}");
+        assert!(out.ends_with("\r\n\r\n{}"), "{out}");
+        assert!(reusable);
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_chunked_and_ended_by_finish() {
+        let (out, reusable) = one_event("GET /x HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(
+            out.ends_with("\r\n\r\n9\r\ndata: 1\n\n\r\n0\r\n\r\n"),
+            "{out:?}"
+        );
+        assert!(reusable);
+    }
+
+    #[tokio::test]
+    async fn an_http_1_0_client_gets_a_stream_delimited_by_the_close() {
+        let (out, reusable) = one_event("GET /x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").await;
+        assert!(!out.contains("transfer-encoding"), "{out}");
+        assert!(out.contains("connection: close\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\ndata: 1\n\n"), "{out:?}");
+        assert!(!reusable);
+    }
+
+    #[tokio::test]
+    async fn a_head_request_gets_no_body() {
+        let (out, reusable) = json_reply("HEAD / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(out.contains("content-length: 2\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\n"), "{out:?}");
+        assert!(reusable);
+    }
+
+    #[tokio::test]
+    async fn a_body_left_unread_closes_the_connection() {
+        let (mut s, client) = session("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nab");
+        s.write_response_header(json_header(0), true).await.unwrap();
+        let (out, reusable) = response(s, client).await;
+        assert!(out.contains("connection: close\r\n"), "{out}");
+        assert!(!reusable);
+    }
+
+    #[tokio::test]
+    async fn the_next_request_read_with_this_one_is_handed_back() {
+        let (mut s, client) = session(
+            "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET /next HTTP/1.1\r\n",
+        );
+        assert_eq!(s.read_request_body().await.unwrap().unwrap(), "abc");
+        assert_eq!(s.read_request_body().await.unwrap(), None);
+        s.write_response_header(json_header(0), true).await.unwrap();
+        let (_, read) = s.finish().await.unwrap();
+        assert_eq!(&read[..], b"GET /next HTTP/1.1\r\n");
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn idle_sees_the_client_leave_or_its_next_request_begin() {
+        let (mut s, mut client) = session("GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+        client.write_all(b"GET /next").await.unwrap();
+        s.idle().await.unwrap();
+        s.write_response_header(json_header(0), true).await.unwrap();
+        let (_, read) = s.finish().await.unwrap();
+        assert_eq!(
+            &read[..],
+            b"G",
+            "one byte taken, the rest left in the socket"
+        );
+
+        let (mut s, client) = session("GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+        drop(client);
+        assert!(s.idle().await.is_err());
+    }
+
+    /// Reads a request's whole body, its bytes arriving in `pieces`.
+    async fn body_in_pieces(head: &str, body: &[u8], cuts: &[usize]) -> Result<Vec<u8>> {
+        let (mut s, mut client) = session(head);
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        points.push(body.len());
+        points.sort_unstable();
+        let wire = body.to_vec();
+        // The client closes after its last piece.
+        tokio::spawn(async move {
+            let mut fed = 0;
+            for end in points {
+                let _ = client.write_all(&wire[fed.min(end)..end]).await;
+                fed = fed.max(end);
+                tokio::task::yield_now().await;
+            }
+        });
+        let mut read = Vec::new();
+        while let Some(piece) = s.read_request_body().await? {
+            read.extend_from_slice(&piece);
+        }
+        Ok(read)
+    }
+
+    proptest! {
+        #[test]
+        fn any_cutting_of_a_chunked_body_reads_the_same(
+            pieces in proptest::collection::vec("[a-z]{1,40}", 1..8),
+            cuts in proptest::collection::vec(0usize..400, 0..6),
+        ) {
+            let mut wire = String::new();
+            for piece in &pieces {
+                wire.push_str(&format!("{:x};ext=1\r\n{piece}\r\n", piece.len()));
+            }
+            wire.push_str("0\r\nTrailer: x\r\n\r\n");
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let read = runtime.block_on(body_in_pieces(
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+                wire.as_bytes(),
+                &cuts,
+            ));
+            prop_assert_eq!(read.unwrap(), pieces.concat().into_bytes());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_ends_early_or_breaks_its_chunks_is_an_error() {
+        let head = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n";
+        assert!(body_in_pieces(head, b"short", &[]).await.is_err());
+        let head = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(body_in_pieces(head, b"3\r\nabcX0\r\n\r\n", &[])
+            .await
+            .is_err());
+        assert!(body_in_pieces(head, b"zz\r\n", &[]).await.is_err());
+    }
+}
