@@ -116,12 +116,8 @@ impl<'s> Client<'s> {
         self.streaming.get_or_insert_with(StreamGuard::open);
     }
 
-    /// Sends a response header, with the request's id.
-    pub async fn send_header(&mut self, mut header: ResponseHeader, end: bool) -> Result<(), Gone> {
-        let id = self.request_id().to_owned();
-        header
-            .insert_header(request_id::HEADER, id)
-            .map_err(|_| Gone)?;
+    /// Sends a response header (the session adds the request's id).
+    pub async fn send_header(&mut self, header: ResponseHeader, end: bool) -> Result<(), Gone> {
         self.session
             .write_response_header(Box::new(header), end)
             .await

@@ -3,6 +3,9 @@
 //! id, the role once, deltas as they come, one finish chunk, `[DONE]`) or one
 //! `chat.completion`, whatever number of rounds the loop took.
 
+use std::borrow::Cow;
+
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::Encoder;
@@ -401,7 +404,7 @@ impl Encoder for ChatEncoder {
     }
 
     fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>) {
-        self.tool_calls = calls.iter().map(wire_call).collect();
+        self.tool_calls = calls.iter().map(|call| wire_call(call).into()).collect();
         if self.stream {
             let indexed = self
                 .tool_calls
@@ -461,17 +464,51 @@ impl Encoder for ChatEncoder {
     }
 }
 
-/// A call in chat shape; a custom tool's raw input becomes its one argument.
-pub fn wire_call(call: &ToolCall) -> openai::ToolCall {
-    openai::ToolCall {
-        id: call.id.clone(),
-        kind: "function".into(),
-        function: openai::FunctionCall {
-            name: call.name.clone(),
-            arguments: match call.kind {
-                CallKind::Function => call.arguments.clone(),
-                CallKind::Custom => serde_json::json!({ "input": call.arguments }).to_string(),
-            },
+/// A call in chat shape, borrowed from the conversation (a round re-sends
+/// every call of the history).
+#[derive(Serialize)]
+pub struct WireCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    arguments: Cow<'a, str>,
+}
+
+pub fn wire_call(call: &ToolCall) -> WireCall<'_> {
+    WireCall {
+        id: &call.id,
+        kind: "function",
+        function: WireFunction {
+            name: &call.name,
+            arguments: wire_arguments(call),
         },
+    }
+}
+
+/// A call's arguments in chat shape: a custom tool's raw input becomes its
+/// one argument, `input`.
+pub fn wire_arguments(call: &ToolCall) -> Cow<'_, str> {
+    match call.kind {
+        CallKind::Function => Cow::Borrowed(&call.arguments),
+        CallKind::Custom => Cow::Owned(serde_json::json!({ "input": call.arguments }).to_string()),
+    }
+}
+
+impl From<WireCall<'_>> for openai::ToolCall {
+    fn from(call: WireCall<'_>) -> Self {
+        openai::ToolCall {
+            id: call.id.to_owned(),
+            kind: call.kind.to_owned(),
+            function: openai::FunctionCall {
+                name: call.function.name.to_owned(),
+                arguments: call.function.arguments.into_owned(),
+            },
+        }
     }
 }

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::chat::wire_call;
+use super::chat::wire_arguments;
 use super::{
     invalid, json_object, new_id, note_dropped, required_str, take_bool, take_f64, take_str,
     take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn,
@@ -751,11 +751,7 @@ fn stop_reason(finish: Finish) -> &'static str {
 /// when there are none or they are not one, as a model's broken JSON cannot
 /// go out as an object.
 fn call_input(call: &ToolCall) -> Option<Box<RawValue>> {
-    let arguments = match call.kind {
-        CallKind::Function => Cow::Borrowed(call.arguments.as_str()),
-        // A custom tool's raw input, as its one argument.
-        CallKind::Custom => Cow::Owned(wire_call(call).function.arguments),
-    };
+    let arguments = wire_arguments(call);
     let arguments = arguments.trim();
     if !arguments.starts_with('{') {
         return None;

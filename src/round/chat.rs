@@ -11,8 +11,8 @@ use crate::conversation::{
     CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, Schema,
     ToolCall, ToolChoice, UpstreamError,
 };
-use crate::front::chat::wire_call;
-use crate::openai::{self, ChunkIn, CompletionIn};
+use crate::front::chat::{wire_call, WireCall};
+use crate::openai::{ChunkIn, CompletionIn};
 use crate::sse;
 
 // ------------------------------------------------------------- encoding
@@ -58,19 +58,29 @@ struct StreamOptionsOut {
 struct MessageOut<'a> {
     role: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<Value>,
+    content: Option<ContentOut<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_content: Option<&'a str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    tool_calls: Vec<openai::ToolCall>,
+    tool_calls: Vec<WireCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<&'a str>,
     #[serde(flatten)]
     extra: Option<&'a Map<String, Value>>,
 }
 
-impl MessageOut<'_> {
-    fn new(role: &'static str, content: Option<Value>) -> Self {
+/// A message's content as sent: its text borrowed from the conversation
+/// (a round re-sends the whole history; copying it into JSON values first
+/// cost an allocation and a copy per message), or content parts.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ContentOut<'a> {
+    Text(&'a str),
+    Parts(Value),
+}
+
+impl<'a> MessageOut<'a> {
+    fn new(role: &'static str, content: Option<ContentOut<'a>>) -> Self {
         MessageOut {
             role,
             content,
@@ -179,10 +189,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
 fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'_>> {
     let mut out = Vec::with_capacity(conversation.items.len() + 1);
     if let Some(system) = &conversation.system {
-        out.push(MessageOut::new(
-            "system",
-            Some(Value::from(system.as_str())),
-        ));
+        out.push(MessageOut::new("system", Some(ContentOut::Text(system))));
     }
     let mut reasoning: Option<&str> = None;
     // Whether the last message is an assistant turn that calls may join.
@@ -219,7 +226,7 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
                 }
             }
             Item::ToolResult(result) => {
-                let mut m = MessageOut::new("tool", Some(Value::from(result.output.as_str())));
+                let mut m = MessageOut::new("tool", Some(ContentOut::Text(&result.output)));
                 m.tool_call_id = Some(&result.call_id);
                 out.push(m);
                 open_turn = false;
@@ -231,11 +238,11 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
 
 /// One text part as a plain string (what every template takes); anything
 /// else as chat content parts.
-fn content(parts: &[Part]) -> Value {
+fn content(parts: &[Part]) -> ContentOut<'_> {
     if let [Part::Text(text)] = parts {
-        return Value::from(text.as_str());
+        return ContentOut::Text(text);
     }
-    Value::Array(
+    ContentOut::Parts(Value::Array(
         parts
             .iter()
             .map(|part| match part {
@@ -250,7 +257,7 @@ fn content(parts: &[Part]) -> Value {
                 Part::Other(other) => other.clone(),
             })
             .collect(),
-    )
+    ))
 }
 
 // ------------------------------------------------------------- decoding

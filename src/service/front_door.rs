@@ -141,19 +141,8 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     // turns on one replica (`prefix_affinity`).
     conversation.session = ctx.session.clone().or(conversation.session);
     let user = conversation.options.user.clone();
-    let ctx_call = CallContext {
-        config: config.clone(),
-        request_id: ctx.request_id.clone(),
-        identity: crate::session::identity(&ctx.tenant, user.as_deref(), config.trust_user_field),
-        // Set once the agent is known (a derived id is the agent's own).
-        session: String::new(),
-        user,
-        key_name: ctx.key_name.clone(),
-        headers: Arc::new(session.req_header().headers.clone()),
-        stack: Vec::new(),
-        progress: None,
-        show_reasoning: false,
-    };
+    let identity = crate::session::identity(&ctx.tenant, user.as_deref(), config.trust_user_field);
+    let headers = Arc::new(session.req_header().headers.clone());
     let mut client = Client::new(session, config.limits.heartbeat);
     let agent = match agent {
         Some(agent) => agent,
@@ -189,7 +178,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         Some(id) => (id, "client"),
         None => {
             let first_user = conversation.first_user_text().unwrap_or_default();
-            let id = crate::session::derive(&agent.id, &ctx_call.identity, &first_user);
+            let id = crate::session::derive(&agent.id, &identity, &first_user);
             (id, "derived")
         }
     };
@@ -198,9 +187,18 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         .with_label_values(&[source])
         .inc();
     ctx.session = Some(session_id.clone());
+    // The context of the agent's loop: the outermost of the stack.
     let call = CallContext {
+        config: config.clone(),
+        request_id: ctx.request_id.clone(),
+        identity,
         session: session_id,
-        ..ctx_call.nested(&agent.id)
+        user,
+        key_name: ctx.key_name.clone(),
+        headers,
+        stack: vec![agent.id.clone()],
+        progress: None,
+        show_reasoning: false,
     };
     // An alias answers under the name the client asked for.
     let named = match asked {

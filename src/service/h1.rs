@@ -31,6 +31,7 @@ use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::http1::{has_token, last_token, same_bytes, Body, Chunk, Decoded};
+use crate::request_id;
 
 /// The longest request head accepted (pingora's limit).
 pub const MAX_HEAD: usize = (1 << 20) - 1;
@@ -250,17 +251,15 @@ enum Out {
     Ended,
 }
 
-/// Decides how `header`'s body is framed for a client of `request`, and
-/// sets the fields that say so (`Connection`, and `Date` as RFC 9110 §6.6.1
-/// asks of a server with a clock). `keep_alive` is cleared when the body
-/// runs to the connection's close.
+/// Decides how `header`'s body is framed for a client of `request`.
+/// `keep_alive` is cleared when the body runs to the connection's close.
 fn frame_response(
     header: &mut ResponseHeader,
     request: &RequestHeader,
     keep_alive: &mut bool,
-) -> Result<Out> {
+) -> Out {
     let status = header.status;
-    let out = if request.method == Method::HEAD
+    if request.method == Method::HEAD
         || matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED)
         || status.is_informational()
     {
@@ -281,28 +280,56 @@ fn frame_response(
         header.remove_header(&TRANSFER_ENCODING);
         *keep_alive = false;
         Out::Close
-    };
-    header.insert_header(DATE, get_cached_date())?;
-    let connection = if *keep_alive { "keep-alive" } else { "close" };
-    header.insert_header(CONNECTION, HeaderValue::from_static(connection))?;
-    Ok(out)
+    }
 }
 
-/// `header` in HTTP/1.1's wire format, its blank line included.
-fn head_bytes(header: &ResponseHeader) -> BytesMut {
+/// The fields every response head gets as it is written, without a trip
+/// through its map: the request's id, `Date` (RFC 9110 §6.6.1, unless the
+/// upstream's answer has one) and `Connection`.
+struct Stamp<'a> {
+    request_id: Option<&'a HeaderValue>,
+    date: bool,
+    keep_alive: bool,
+}
+
+/// `header` in HTTP/1.1's wire format with `stamp`'s fields, its blank
+/// line included.
+fn head_bytes(header: &ResponseHeader, stamp: &Stamp) -> BytesMut {
     let reason = header.get_reason_phrase().unwrap_or_default();
+    let date = stamp.date.then(get_cached_date);
     let fields: usize = header
         .headers
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
-    let mut buf = BytesMut::with_capacity(17 + reason.len() + fields);
+    let stamped = stamp.request_id.map_or(0, |id| id.len() + 16)
+        + date.as_ref().map_or(0, |d| d.len() + 8)
+        + 24;
+    let mut buf = BytesMut::with_capacity(17 + reason.len() + fields + stamped);
     buf.put_slice(b"HTTP/1.1 ");
     buf.put_slice(header.status.as_str().as_bytes());
     buf.put_u8(b' ');
     buf.put_slice(reason.as_bytes());
     buf.put_slice(b"\r\n");
     header.header_to_h1_wire(&mut buf);
+    let mut field = |name: &[u8], value: &[u8]| {
+        buf.put_slice(name);
+        buf.put_slice(b": ");
+        buf.put_slice(value);
+        buf.put_slice(b"\r\n");
+    };
+    if let Some(id) = stamp.request_id {
+        field(request_id::HEADER.as_bytes(), id.as_bytes());
+    }
+    if let Some(date) = &date {
+        field(b"date", date.as_bytes());
+    }
+    let connection: &[u8] = if stamp.keep_alive {
+        b"keep-alive"
+    } else {
+        b"close"
+    };
+    field(b"connection", connection);
     buf.put_slice(b"\r\n");
     buf
 }
@@ -416,8 +443,16 @@ impl Session {
         if !self.body_done() {
             self.keep_alive = false;
         }
-        self.out = frame_response(&mut header, &self.header, &mut self.keep_alive)?;
-        let head = head_bytes(&header);
+        self.out = frame_response(&mut header, &self.header, &mut self.keep_alive);
+        // Ours replace an upstream's.
+        header.remove_header(request_id::HEADER);
+        header.remove_header(&CONNECTION);
+        let stamp = Stamp {
+            request_id: self.header.headers.get(request_id::HEADER),
+            date: !header.headers.contains_key(DATE),
+            keep_alive: self.keep_alive,
+        };
+        let head = head_bytes(&header, &stamp);
         self.response = Some(header);
         self.send(&head).await?;
         if end {
@@ -523,15 +558,18 @@ impl Session {
 /// Answers a request that cannot be served with `status` and a JSON `body`,
 /// the connection to close after it.
 pub async fn refuse(stream: &mut Stream, status: u16, body: &[u8]) -> Result<()> {
-    let mut header = ResponseHeader::build_no_case(status, Some(4))?;
+    let mut header = ResponseHeader::build_no_case(status, Some(2))?;
     header.insert_header(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     )?;
     header.insert_header(CONTENT_LENGTH, body.len())?;
-    header.insert_header(DATE, get_cached_date())?;
-    header.insert_header(CONNECTION, HeaderValue::from_static("close"))?;
-    let head = head_bytes(&header);
+    let stamp = Stamp {
+        request_id: None,
+        date: true,
+        keep_alive: false,
+    };
+    let head = head_bytes(&header, &stamp);
     for bytes in [&head[..], body] {
         stream
             .write_all(bytes)
@@ -766,6 +804,26 @@ mod tests {
         assert!(out.contains("connection: close\r\n"), "{out}");
         assert!(out.ends_with("\r\n\r\ndata: 1\n\n"), "{out:?}");
         assert!(!reusable);
+    }
+
+    #[tokio::test]
+    async fn every_head_carries_the_request_id_and_an_upstream_s_date() {
+        let (mut s, client) = session("GET /x HTTP/1.1\r\nHost: a\r\nX-Request-Id: ours\r\n\r\n");
+        let mut header = json_header(0);
+        for (name, value) in [
+            ("x-request-id", "upstream's"),
+            ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("connection", "keep-alive"),
+        ] {
+            header.insert_header(name, value).unwrap();
+        }
+        s.write_response_header(header, true).await.unwrap();
+        let (out, _) = response(s, client).await;
+        assert!(out.contains("x-request-id: ours\r\n"), "{out}");
+        assert!(!out.contains("upstream's"), "{out}");
+        assert_eq!(out.matches("date: ").count(), 1, "{out}");
+        assert!(out.contains("date: sun, 06 nov 1994"), "{out}");
+        assert_eq!(out.matches("connection: ").count(), 1, "{out}");
     }
 
     #[tokio::test]
