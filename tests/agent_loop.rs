@@ -1152,3 +1152,35 @@ async fn reasoning_strip_drops_the_models_reasoning_but_keeps_tool_progress() {
     );
     assert_eq!(res.delta_text("content"), "Cold.");
 }
+
+#[tokio::test]
+async fn events_read_together_leave_together_though_each_came_in_a_chunk_of_its_own() {
+    // llama-server sends an event a chunk; under load many arrive in one read.
+    let tool = weather_tool(200).await;
+    let upstream = FakeServer::start(|_, _| {
+        let mut events: Vec<Vec<u8>> = (0..20)
+            .map(|i| format!("data: {}\n\n", content(&format!("t{i} "))).into_bytes())
+            .collect();
+        events.push(format!("data: {}\n\n", finish("stop")).into_bytes());
+        events.push(b"data: [DONE]\n\n".to_vec());
+        Reply::Sse {
+            steps: vec![Step::Chunks(events)],
+            complete: true,
+        }
+    })
+    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
+    let mut conn = Connection::chat(proxy.port, &ask(true)).await;
+    let mut res = conn.head().await;
+    let mut writes = 0;
+    let mut body = String::new();
+    while let Some(chunk) = conn.next_chunk(&mut res).await {
+        writes += 1;
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        body.contains("t19 ") && body.ends_with("data: [DONE]\n\n"),
+        "{body}"
+    );
+    assert!(writes <= 3, "22 events came in {writes} writes: {body}");
+}

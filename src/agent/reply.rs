@@ -190,6 +190,11 @@ impl Reply {
         }
     }
 
+    /// How many bytes wait to be written.
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Gathers the events that follow until [`Reply::release`].
     pub fn hold(&mut self) {
         self.hold = true;

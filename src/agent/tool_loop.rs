@@ -512,12 +512,17 @@ async fn read_round<D: Downstream>(
         return reader.finish(client, end).await;
     }
     let mut parser = sse::Parser::new(limits.max_event_bytes);
+    // The next piece, when it was read with the last.
+    let mut read = None;
     loop {
-        let piece = reader
-            .reply
-            .wait(client, heartbeat, exchange.read())
-            .await?
-            .map_err(|e| from_upstream(&upstream.name, &e))?;
+        let piece = match read.take() {
+            Some(piece) => piece,
+            None => reader
+                .reply
+                .wait(client, heartbeat, exchange.read())
+                .await?
+                .map_err(|e| from_upstream(&upstream.name, &e))?,
+        };
         let Some(piece) = piece else {
             if let Some(event) = parser.finish() {
                 reader
@@ -529,7 +534,8 @@ async fn read_round<D: Downstream>(
         };
         parser.feed(&piece);
         // The events of one read leave in one write: under load a read
-        // holds many, and a write per event would cost a syscall each.
+        // holds many (in as many chunks, from llama-server), and a write per
+        // event would cost a syscall each.
         reader.reply.hold();
         while let Some(event) = parser
             .next_event()
@@ -540,11 +546,22 @@ async fn read_round<D: Downstream>(
                 .await
                 .map_err(|e| e.failure(failed))?;
         }
-        reader.reply.release(client).await?;
+        read = exchange
+            .read_buffered()
+            .map_err(|e| from_upstream(&upstream.name, &e))?;
+        if read.is_none() || reader.reply.held() >= MAX_HELD {
+            reader.reply.release(client).await?;
+        }
     }
+    reader.reply.release(client).await?;
     let end = decoder.end().map_err(failed)?;
     reader.finish(client, end).await
 }
+
+/// The most a write gathers of the events already read: past it, they go
+/// out, and the client's pace (its socket's backpressure) sets when the
+/// next read happens.
+const MAX_HELD: usize = 16 * 1024;
 
 /// A round's failure: the client left, or the upstream's answer was bad.
 enum ReadError {

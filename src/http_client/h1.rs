@@ -222,6 +222,16 @@ impl Response {
         }
     }
 
+    /// The next piece of the body if the buffer holds it, without reading:
+    /// `Some(None)` at its end, `None` when a read is needed.
+    pub fn read_buffered(&mut self) -> Result<Option<Option<Bytes>>> {
+        Ok(match self.body.decode(&mut self.conn.buf)? {
+            Decoded::Data(piece) => Some(Some(piece)),
+            Decoded::End => Some(None),
+            Decoded::NeedMore => None,
+        })
+    }
+
     /// The connection, if it may serve another request: the body was read to
     /// its end, nothing came after it, and the server keeps it open.
     pub fn into_reusable(self) -> Option<Stream> {

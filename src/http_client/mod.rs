@@ -668,6 +668,28 @@ impl Exchange {
                 within(self.deadline, session.read_response_body()).await
             }
         };
+        self.got(read)
+    }
+
+    /// The next piece of the body if it was read already, without waiting:
+    /// `Some` of what [`read`](Self::read) would return at once, `None` when
+    /// it would wait. A chunked stream (llama-server sends an event a
+    /// chunk) brings many chunks in one read under load.
+    pub fn read_buffered(&mut self) -> Result<Option<Option<Bytes>>> {
+        let read = match self.response.as_mut() {
+            None => return Ok(Some(None)),
+            Some(Response::H1(h1)) => match h1.read_buffered() {
+                Ok(None) => return Ok(None),
+                Ok(Some(piece)) => Ok(piece),
+                Err(e) => Err(e),
+            },
+            Some(Response::Other(_)) => return Ok(None),
+        };
+        self.got(read).map(Some)
+    }
+
+    /// What a read of the body got: at its end the connection goes back.
+    fn got(&mut self, read: Result<Option<Bytes>>) -> Result<Option<Bytes>> {
         match read {
             Ok(Some(bytes)) => Ok(Some(bytes)),
             Ok(None) => {

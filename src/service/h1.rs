@@ -16,6 +16,7 @@
 //! [`parse`] is pure; [`Session`] feeds it and the body decoder from the
 //! socket and writes the response.
 
+use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
@@ -472,9 +473,14 @@ impl Session {
             Out::Chunked if !body.is_empty() => {
                 let mut size = [0u8; 18];
                 let line = chunk_size_line(body.len(), &mut size);
-                self.send(line).await?;
-                self.send(&body).await?;
-                self.send(b"\r\n").await?;
+                // One write: a chunk larger than the connection's buffer
+                // leaves with what it holds, its CRLF included.
+                let mut chunk = [
+                    IoSlice::new(line),
+                    IoSlice::new(&body),
+                    IoSlice::new(b"\r\n"),
+                ];
+                self.send_vectored(&mut chunk).await?;
             }
             Out::Chunked | Out::Nothing => {}
             Out::NotStarted | Out::Ended => {
@@ -545,6 +551,21 @@ impl Session {
             .write_all(bytes)
             .await
             .or_err(ErrorType::WriteError, "writing the response")
+    }
+
+    async fn send_vectored(&mut self, mut bufs: &mut [IoSlice<'_>]) -> Result<()> {
+        while !bufs.is_empty() {
+            let sent = self
+                .stream
+                .write_vectored(bufs)
+                .await
+                .or_err(ErrorType::WriteError, "writing the response")?;
+            if sent == 0 {
+                return Error::e_explain(ErrorType::WriteError, "the connection takes no more");
+            }
+            IoSlice::advance_slices(&mut bufs, sent);
+        }
+        Ok(())
     }
 
     async fn flush(&mut self) -> Result<()> {

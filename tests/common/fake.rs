@@ -55,6 +55,9 @@ impl Recorded {
 
 pub enum Step {
     Bytes(Vec<u8>),
+    /// Several chunks in one write, as a server that fell behind its
+    /// socket sends them.
+    Chunks(Vec<Vec<u8>>),
     Sleep(Duration),
 }
 
@@ -541,13 +544,12 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
                 match step {
                     Step::Sleep(d) => tokio::time::sleep(d).await,
                     Step::Bytes(bytes) => {
-                        let framed = [
-                            format!("{:x}\r\n", bytes.len()).into_bytes(),
-                            bytes,
-                            b"\r\n".to_vec(),
-                        ]
-                        .concat();
-                        if w.write_all(&framed).await.is_err() || w.flush().await.is_err() {
+                        if !write_chunks(w, vec![bytes]).await {
+                            return false;
+                        }
+                    }
+                    Step::Chunks(chunks) => {
+                        if !write_chunks(w, chunks).await {
                             return false;
                         }
                     }
@@ -568,4 +570,20 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
             unreachable!("`serve` closes the connection itself")
         }
     }
+}
+
+/// Writes `chunks` in chunked framing, in one write.
+async fn write_chunks(w: &mut (impl AsyncWrite + Unpin), chunks: Vec<Vec<u8>>) -> bool {
+    let framed: Vec<u8> = chunks
+        .into_iter()
+        .flat_map(|bytes| {
+            [
+                format!("{:x}\r\n", bytes.len()).into_bytes(),
+                bytes,
+                b"\r\n".to_vec(),
+            ]
+        })
+        .flatten()
+        .collect();
+    w.write_all(&framed).await.is_ok() && w.flush().await.is_ok()
 }
