@@ -418,8 +418,12 @@ impl Session {
         matches!(self.body, Body::Done | Body::Length(0))
     }
 
-    /// `100 Continue`, to a client waiting for it before it sends the body.
+    /// `100 Continue`, to a client waiting for it before it sends the body
+    /// (never to an HTTP/1.0 one: RFC 9110 §10.1.1).
     pub async fn write_continue_response(&mut self) -> Result<()> {
+        if self.header.version == Version::HTTP_10 {
+            return Ok(());
+        }
         self.send(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
         self.flush().await
     }
