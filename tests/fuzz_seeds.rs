@@ -8,6 +8,8 @@ use std::path::Path;
 
 #[path = "../fuzz/checks/config.rs"]
 mod config;
+#[path = "../fuzz/checks/request_head.rs"]
+mod request_head;
 #[path = "../fuzz/checks/rewrite.rs"]
 mod rewrite;
 #[path = "../fuzz/checks/round_decoders.rs"]
@@ -56,4 +58,9 @@ fn config_seeds() {
 #[test]
 fn round_decoders_seeds() {
     replay("round_decoders", round_decoders::check);
+}
+
+#[test]
+fn request_head_seeds() {
+    replay("request_head", request_head::check);
 }

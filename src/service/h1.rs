@@ -59,6 +59,13 @@ pub struct Head {
     keep_alive: bool,
 }
 
+impl Head {
+    /// How the request's body is delimited.
+    pub fn body(&self) -> &Body {
+        &self.body
+    }
+}
+
 /// Parses the request head at the start of `buf`, which holds a whole one
 /// (a blank line ends it), and takes it off: `buf` keeps what followed.
 ///

@@ -25,7 +25,7 @@ mod auth;
 mod edge;
 mod forward;
 mod front_door;
-pub(crate) mod h1;
+pub mod h1;
 mod health;
 mod listen;
 mod memories;
