@@ -5,13 +5,13 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::service::h1::Session;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 
 use crate::conversation::Dialect;
 use crate::error::ApiError;
 use crate::metrics::StreamGuard;
+use crate::service::h1::Session;
 use crate::service::write_buffer;
 use crate::{request_id, sse};
 

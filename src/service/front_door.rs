@@ -7,11 +7,11 @@
 
 use std::sync::Arc;
 
-use super::h1::Session;
 use bytes::{Bytes, BytesMut};
 use pingora::Result;
 use tracing::info;
 
+use super::h1::Session;
 use super::stored::{self, Saving};
 use super::{forward, handled, reject, RequestCtx};
 use crate::agent::rewrite::rewrite;

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use super::h1::Session;
 use bytes::Bytes;
 use pingora::Result;
 use serde_json::{json, Value};
 
+use super::h1::Session;
 use super::handled;
 use crate::config::Config;
 use crate::downstream::Client;

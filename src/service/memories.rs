@@ -9,11 +9,11 @@
 //! `user` is an identity as the notes show it (`name:alice`,
 //! `name:acme/user:bob`, `anonymous`); empty for agents' own notes.
 
-use super::h1::Session;
 use bytes::Bytes;
 use pingora::Result;
 use serde_json::{json, Value};
 
+use super::h1::Session;
 use super::{auth, handled, reject};
 use crate::config::Config;
 use crate::conversation::Dialect;

@@ -2,12 +2,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::h1::Session;
 use bytes::Bytes;
 use pingora::Result;
 use serde_json::Value;
 use tracing::warn;
 
+use super::h1::Session;
 use super::handled;
 use crate::agent::router::AUTO;
 use crate::config::Config;

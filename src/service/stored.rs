@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use super::h1::Session;
 use bytes::Bytes;
 use pingora::Result;
 use serde_json::{json, Map, Value};
 
+use super::h1::Session;
 use super::{handled, reject, RequestCtx};
 use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
