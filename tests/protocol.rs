@@ -19,12 +19,18 @@ fn config(upstream: &FakeServer, limits: &str) -> String {
     )
 }
 
+/// A proxy with `limits`, in front of an upstream that answers `{"ok": true}`.
+async fn started(limits: &str) -> (FakeServer, Proxy) {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let proxy = Proxy::start(&config(&upstream, limits)).await;
+    (upstream, proxy)
+}
+
 const BODY: &str = r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#;
 
 #[tokio::test]
 async fn smuggling_shapes_are_refused_or_forwarded_as_one_request() {
-    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
-    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let (upstream, proxy) = started("").await;
     let len = BODY.len();
     // Both framings: Transfer-Encoding wins (RFC 9112 §6.3), the upstream
     // gets the body once with a length of its own.
@@ -65,8 +71,7 @@ async fn smuggling_shapes_are_refused_or_forwarded_as_one_request() {
 
 #[tokio::test]
 async fn a_client_dripping_its_head_is_cut_off() {
-    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
-    let proxy = Proxy::start(&config(&upstream, "limits: { header_timeout_ms: 300 }")).await;
+    let (upstream, proxy) = started("limits: { header_timeout_ms: 300 }").await;
     let mut stream = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
     stream
         .write_all(b"GET /v1/models HTTP/1.1\r\n")
@@ -95,8 +100,7 @@ async fn sent(port: u16, bytes: &[u8]) -> Connection {
 
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order_on_one_connection() {
-    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
-    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let (upstream, proxy) = started("").await;
     let len = BODY.len();
     let pipelined = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n{BODY}\
@@ -120,8 +124,7 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
 
 #[tokio::test]
 async fn a_client_that_asks_to_close_gets_its_answer_then_the_close() {
-    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
-    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let (_upstream, proxy) = started("").await;
     for request in [
         "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         "GET /healthz HTTP/1.0\r\n\r\n",
@@ -149,8 +152,7 @@ async fn a_client_that_asks_to_close_gets_its_answer_then_the_close() {
 
 #[tokio::test]
 async fn a_head_request_gets_the_length_but_no_body() {
-    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
-    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let (_upstream, proxy) = started("").await;
     let mut conn = sent(proxy.port, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let head = conn.head().await;
     assert_eq!(head.status, 200);
@@ -166,8 +168,7 @@ async fn a_head_request_gets_the_length_but_no_body() {
 
 #[tokio::test]
 async fn a_client_expecting_100_continue_gets_it_before_it_sends_the_body() {
-    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
-    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let (upstream, proxy) = started("").await;
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
         BODY.len()
