@@ -26,12 +26,18 @@ pub fn same_bytes(copy: &Bytes, buf: &[u8], part: &[u8]) -> Option<Bytes> {
 }
 
 /// The last comma-separated token of a field value, trimmed.
-pub fn last_token(value: &[u8]) -> &[u8] {
+fn last_token(value: &[u8]) -> &[u8] {
     value
         .rsplit(|b| *b == b',')
         .next()
         .unwrap_or_default()
         .trim_ascii()
+}
+
+/// Whether a `Transfer-Encoding` value's final coding is `chunked`, the
+/// one that frames a body (RFC 9112 §6.3).
+pub fn is_chunked(coding: &[u8]) -> bool {
+    last_token(coding).eq_ignore_ascii_case(b"chunked")
 }
 
 pub fn has_token(value: &[u8], token: &[u8]) -> bool {

@@ -21,7 +21,7 @@ use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
 
-use crate::http1::{has_token, last_token, same_bytes, Body, Chunk, Decoded};
+use crate::http1::{has_token, is_chunked, same_bytes, Body, Chunk, Decoded};
 
 /// The buffer a response starts with: a model server's head and an event
 /// stream's pieces fit in it many times over.
@@ -91,7 +91,7 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         } else if name == TRANSFER_ENCODING {
             encoded = true;
             // Only the final coding frames the body (RFC 9112 §6.3).
-            chunked = last_token(&value).eq_ignore_ascii_case(b"chunked");
+            chunked = is_chunked(&value);
         } else if name == CONNECTION {
             close |= has_token(&value, b"close");
             keep_alive_asked |= has_token(&value, b"keep-alive");

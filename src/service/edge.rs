@@ -185,12 +185,12 @@ impl ServerApp for Edge {
                 }
             };
             let proxy_path = super::proxy_path(&head.header, &self.config.load());
-            let session = h1::Session::new(stream, head, buf);
             let reused = if proxy_path == ProxyPath::Now {
-                let (stream, request) = session.into_passed_on();
+                let request = head.as_sent(&buf);
                 self.pass_on(stream, request, persisted.take(), shutdown)
                     .await
             } else {
+                let session = h1::Session::new(stream, head, buf);
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
                 match boxed::pinned(|| self.serve(session, shutdown)).await {

@@ -31,7 +31,7 @@ use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::http1::{has_token, last_token, same_bytes, Body, Chunk, Decoded};
+use crate::http1::{has_token, is_chunked, same_bytes, Body, Chunk, Decoded};
 use crate::request_id;
 
 /// The longest request head accepted (pingora's limit).
@@ -64,6 +64,19 @@ impl Head {
     pub fn body(&self) -> &Body {
         &self.body
     }
+
+    /// The request as it arrived, for pingora's proxy path to parse again:
+    /// this head, then `rest` (what of the body was read with it).
+    pub fn as_sent(&self, rest: &[u8]) -> BytesMut {
+        as_sent(&self.raw, rest)
+    }
+}
+
+fn as_sent(raw: &[u8], rest: &[u8]) -> BytesMut {
+    let mut request = BytesMut::with_capacity(raw.len() + rest.len());
+    request.extend_from_slice(raw);
+    request.extend_from_slice(rest);
+    request
 }
 
 /// Parses the request head at the start of `buf`, which holds a whole one
@@ -169,7 +182,7 @@ fn framing(header: &mut RequestHeader) -> Result<(Body, bool), Malformed> {
                     "an HTTP/1.0 request cannot have a Transfer-Encoding",
                 ));
             }
-            if !last_token(coding.as_bytes()).eq_ignore_ascii_case(b"chunked") {
+            if !is_chunked(coding.as_bytes()) {
                 return Err(Malformed("the final Transfer-Encoding must be chunked"));
             }
             // The coding wins (RFC 9112 §6.3); the connection is not
@@ -280,7 +293,7 @@ fn frame_response(
             .get_all(TRANSFER_ENCODING)
             .iter()
             .next_back()
-            .is_some_and(|v| last_token(v.as_bytes()).eq_ignore_ascii_case(b"chunked"))
+            .is_some_and(|v| is_chunked(v.as_bytes()))
     {
         Out::Chunked
     } else {
@@ -551,10 +564,8 @@ impl Session {
     /// The connection and the request as it arrived, for pingora's proxy
     /// path to parse again (the head, and what of the body was read).
     pub fn into_passed_on(self) -> (Stream, BytesMut) {
-        let mut prefix = BytesMut::with_capacity(self.raw.len() + self.buf.len());
-        prefix.extend_from_slice(&self.raw);
-        prefix.extend_from_slice(&self.buf);
-        (self.stream, prefix)
+        let request = as_sent(&self.raw, &self.buf);
+        (self.stream, request)
     }
 
     async fn send(&mut self, bytes: &[u8]) -> Result<()> {
