@@ -2,8 +2,9 @@
 //! connection the proxy and its upstreams have; and open client connections,
 //! so idle ones cannot use up the process's file descriptors.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
@@ -56,47 +57,76 @@ impl Drop for StreamSlot {
 /// longest (waiting for its next request) is closed to make room, as nginx
 /// reuses its oldest keep-alive connections; with none idle, the new
 /// connection is refused.
+///
+/// A connection is registered once, as it opens; between requests it only
+/// marks itself idle and busy in its own slot, without the registry's lock.
+/// Finding the oldest idle one, which only a connection beyond the cap has
+/// to, reads every slot.
 #[derive(Default)]
-pub struct Connections(Mutex<Registry>);
+pub struct Connections {
+    registry: Mutex<Registry>,
+    /// Numbers the idle waits: the lowest marked is the oldest.
+    waits: AtomicU64,
+}
 
 #[derive(Default)]
 struct Registry {
-    open: usize,
-    /// Idle connections by when they became idle (a sequence number): the
-    /// first is the oldest.
-    idle: BTreeMap<u64, Arc<Notify>>,
+    open: HashMap<u64, Arc<Slot>>,
     next: u64,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The number of the idle wait the connection is in (never 0), or 0
+    /// while it serves a request or once it was chosen to be shed.
+    idle_since: AtomicU64,
+    shed: Notify,
 }
 
 /// One open connection; counted until dropped.
 pub struct Connection<'a> {
-    registry: &'a Connections,
-    shed: Arc<Notify>,
+    connections: &'a Connections,
+    id: u64,
+    slot: Arc<Slot>,
 }
 
 /// A connection waiting for its next request, sheddable until dropped.
 pub struct Idle<'a> {
-    connection: &'a Connection<'a>,
-    since: u64,
+    slot: &'a Slot,
 }
 
 impl Connections {
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts a new connection, unless `max` are open (0: no limit) and none
     /// of them is idle to close instead.
     pub fn admit(&self, max: usize) -> Option<Connection<'_>> {
         let mut registry = self.registry();
-        if max > 0 && registry.open >= max {
-            let (_, oldest) = registry.idle.pop_first()?;
-            oldest.notify_one();
+        if max > 0 && registry.open.len() >= max {
+            let oldest = registry
+                .open
+                .values()
+                .filter_map(|slot| {
+                    let since = slot.idle_since.load(Ordering::Acquire);
+                    (since != 0).then_some((since, slot))
+                })
+                .min_by_key(|(since, _)| *since)?
+                .1;
+            // Not chosen twice; a request arriving meanwhile keeps the
+            // choice for the connection's next idle wait.
+            oldest.idle_since.store(0, Ordering::Release);
+            oldest.shed.notify_one();
         }
-        registry.open += 1;
+        let id = registry.next;
+        registry.next += 1;
+        let slot = Arc::new(Slot::default());
+        registry.open.insert(id, slot.clone());
         Some(Connection {
-            registry: self,
-            shed: Arc::default(),
+            connections: self,
+            id,
+            slot,
         })
     }
 }
@@ -104,14 +134,9 @@ impl Connections {
 impl Connection<'_> {
     /// Marks the connection idle until the returned guard is dropped.
     pub fn idle(&self) -> Idle<'_> {
-        let mut registry = self.registry.registry();
-        let since = registry.next;
-        registry.next += 1;
-        registry.idle.insert(since, self.shed.clone());
-        Idle {
-            connection: self,
-            since,
-        }
+        let since = self.connections.waits.fetch_add(1, Ordering::Relaxed) + 1;
+        self.slot.idle_since.store(since, Ordering::Release);
+        Idle { slot: &self.slot }
     }
 }
 
@@ -119,20 +144,19 @@ impl Idle<'_> {
     /// Resolves when the connection was chosen to make room for another. A
     /// choice made just as a request arrived is kept for the next idle wait.
     pub async fn shed(&self) {
-        self.connection.shed.notified().await;
+        self.slot.shed.notified().await;
     }
 }
 
 impl Drop for Idle<'_> {
     fn drop(&mut self) {
-        let mut registry = self.connection.registry.registry();
-        registry.idle.remove(&self.since);
+        self.slot.idle_since.store(0, Ordering::Release);
     }
 }
 
 impl Drop for Connection<'_> {
     fn drop(&mut self) {
-        self.registry.registry().open -= 1;
+        self.connections.registry().open.remove(&self.id);
     }
 }
 

@@ -10,6 +10,9 @@
 //! [`parse_head`] and [`Body::decode`](crate::http1::Body::decode) are functions of the bytes read so
 //! far, and [`Response`] only feeds them from the socket.
 
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -18,8 +21,8 @@ use http::{HeaderName, HeaderValue, Version};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
 use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
-use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
+use tokio::time::{Instant, Sleep};
 
 use crate::http1::{has_token, is_chunked, same_bytes, Body, Chunk, Decoded};
 
@@ -154,12 +157,12 @@ impl Response {
     /// Reads a response head off `stream`, each read within `read_timeout`,
     /// past any interim (1xx) responses.
     pub async fn read(
-        stream: Stream,
+        link: Link,
         read_timeout: Option<Duration>,
         head_request: bool,
     ) -> Result<Response> {
         let mut conn = Conn {
-            stream,
+            link,
             buf: BytesMut::with_capacity(READ_SIZE),
             read_size: READ_SIZE,
             read_timeout,
@@ -234,15 +237,62 @@ impl Response {
 
     /// The connection, if it may serve another request: the body was read to
     /// its end, nothing came after it, and the server keeps it open.
-    pub fn into_reusable(self) -> Option<Stream> {
+    pub fn into_reusable(self) -> Option<Link> {
         let done = self.body == Body::Done && self.conn.buf.is_empty();
-        (self.keep_alive && done).then_some(self.conn.stream)
+        (self.keep_alive && done).then_some(self.conn.link)
     }
+}
+
+/// An HTTP/1 connection to a peer, and the timer its reads wait on: made
+/// with the connection's first wait and pooled with it, then pushed later
+/// for each wait (a compare-and-swap). A timer per wait costs a lock to
+/// register and another to drop (pingora's `fast_timeout`: a box, and a
+/// notifier shared with every other wait under a lock).
+pub struct Link {
+    pub stream: Stream,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Link {
+    pub fn new(stream: Stream) -> Self {
+        Link {
+            stream,
+            timer: None,
+        }
+    }
+}
+
+/// `io`, unless it is still waiting `limit` from now (`None`). `timer` is
+/// touched only when `io` must wait.
+async fn within<F: Future>(
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    limit: Duration,
+    io: F,
+) -> Option<F::Output> {
+    let mut io = pin!(io);
+    let mut armed = false;
+    poll_fn(|cx| {
+        if let Poll::Ready(done) = io.as_mut().poll(cx) {
+            return Poll::Ready(Some(done));
+        }
+        let deadline = Instant::now() + limit;
+        let timer = match timer {
+            Some(timer) if armed => timer,
+            Some(timer) => {
+                timer.as_mut().reset(deadline);
+                timer
+            }
+            None => timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        armed = true;
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
 /// A connection and the buffer its bytes are read into.
 struct Conn {
-    stream: Stream,
+    link: Link,
     buf: BytesMut,
     /// How much the next read asks for.
     read_size: usize,
@@ -255,9 +305,10 @@ impl Conn {
         // Once the pieces handed out are dropped, this reuses their memory.
         self.buf.reserve(self.read_size);
         let room = self.buf.capacity() - self.buf.len();
-        let read = self.stream.read_buf(&mut self.buf);
+        let Link { stream, timer } = &mut self.link;
+        let read = stream.read_buf(&mut self.buf);
         let read = match self.read_timeout {
-            Some(t) => fast_timeout(t, read)
+            Some(limit) => within(timer, limit, read)
                 .await
                 .or_err(ErrorType::ReadTimedout, "reading the response")?,
             None => read.await,
@@ -480,5 +531,52 @@ mod tests {
             sized.extend_from_slice(events.concat().as_bytes());
             prop_assert_eq!(decode_in_pieces(&sized, &cuts, false).unwrap(), whole(&sized));
         }
+    }
+
+    /// A pooled connection keeps one read timer: each read still gets its
+    /// own limit, shorter or longer than the last one's, and a timer that
+    /// went off while the connection sat in the pool does not end the next
+    /// read early.
+    #[tokio::test]
+    async fn each_read_of_a_pooled_connection_gets_its_own_limit() {
+        use tokio::io::AsyncWriteExt;
+        const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (ours, theirs) = tokio::join!(ours, listener.accept());
+        let mut server = theirs.unwrap().0;
+        let stream = pingora::protocols::l4::stream::Stream::from(ours.unwrap());
+        let mut link = Link::new(Box::new(stream));
+        let mut exchange = async |link, limit: u64, answer_after: u64| {
+            let read = Response::read(link, Some(Duration::from_millis(limit)), false);
+            let answer = async {
+                tokio::time::sleep(Duration::from_millis(answer_after)).await;
+                server.write_all(OK).await.unwrap();
+            };
+            let (response, ()) = tokio::join!(read, answer);
+            let mut response = response.expect("answered within the limit");
+            assert_eq!(
+                response.read_body().await.unwrap().as_deref(),
+                Some(&b"ok"[..])
+            );
+            assert_eq!(response.read_body().await.unwrap(), None);
+            response.into_reusable().expect("reusable")
+        };
+        // The timer is made by a read that waits, and goes off in the pool.
+        link = exchange(link, 100, 20).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        link = exchange(link, 10_000, 150).await;
+        // Earlier than the timer's last deadline (10 s from the last read).
+        let started = std::time::Instant::now();
+        let error = Response::read(link, Some(Duration::from_millis(100)), false)
+            .await
+            .err()
+            .expect("no answer: timed out");
+        assert_eq!(error.etype(), &ErrorType::ReadTimedout);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

@@ -106,8 +106,8 @@ impl Peers {
     async fn connect(&self) -> Result<(Connection, bool, Arc<HttpPeer>)> {
         let start = self.preferred();
         let peer = self.peer(start);
-        if let Some(stream) = pool::shared().take(peer.reuse_hash()) {
-            return Ok((Connection::H1(stream), true, peer.clone()));
+        if let Some(link) = pool::shared().take(peer.reuse_hash()) {
+            return Ok((Connection::H1(link), true, peer.clone()));
         }
         let mut order = (0..self.count()).map(|k| (start + k) % self.count());
         let attempt = |index: usize| async move {
@@ -125,7 +125,7 @@ impl Peers {
                     Ok((session, reused)) => {
                         self.connected(index);
                         let connection = match session {
-                            HttpSession::H1(h1) => Connection::H1(h1.into_inner()),
+                            HttpSession::H1(h1) => Connection::H1(h1::Link::new(h1.into_inner())),
                             other => Connection::Other(Box::new(other)),
                         };
                         return Ok((connection, reused, self.peer(index).clone()));
@@ -152,7 +152,7 @@ impl Peers {
 /// A connection to a peer: HTTP/1 ones are ours to read and write
 /// ([`h1`]), HTTP/2 ones pingora's.
 enum Connection {
-    H1(pingora::protocols::Stream),
+    H1(h1::Link),
     Other(Box<HttpSession>),
 }
 
@@ -306,8 +306,8 @@ impl Endpoint {
             .await
             .map_err(|e| e.into_up())?;
         match connection {
-            Connection::H1(mut stream) => {
-                let _ = stream.shutdown().await;
+            Connection::H1(mut link) => {
+                let _ = link.stream.shutdown().await;
             }
             Connection::Other(mut session) => session.shutdown().await,
         }
@@ -374,12 +374,12 @@ impl Endpoint {
         let (mut response, peer) = loop {
             let (connection, reused, peer) = peers.connect().await.map_err(|e| e.into_up())?;
             let sent = match connection {
-                Connection::H1(stream) => {
+                Connection::H1(link) => {
                     let head = match &wire {
                         Some(head) => head.clone(),
                         None => wire.insert(req.h1_head(&self.authority, length)).clone(),
                     };
-                    self.send_h1(stream, head, body.clone(), head_request).await
+                    self.send_h1(link, head, body.clone(), head_request).await
                 }
                 Connection::Other(session) => {
                     let header = req.header(&self.authority, length)?;
@@ -433,7 +433,7 @@ impl Endpoint {
     /// model server. On failure, whether the request was written whole.
     async fn send_h1(
         &self,
-        mut stream: pingora::protocols::Stream,
+        mut link: h1::Link,
         head: Bytes,
         body: Option<Bytes>,
         head_request: bool,
@@ -441,15 +441,15 @@ impl Endpoint {
         let limit = self.timeouts.first_byte;
         let mut wire = head.chain(body.unwrap_or_default());
         let write = async {
-            stream.write_all_buf(&mut wire).await?;
-            stream.flush().await
+            link.stream.write_all_buf(&mut wire).await?;
+            link.stream.flush().await
         };
         fast_timeout(limit, write)
             .await
             .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
             .or_err(ErrorType::WriteError, "while writing the request")
             .map_err(|e| (e, false))?;
-        h1::Response::read(stream, Some(limit), head_request)
+        h1::Response::read(link, Some(limit), head_request)
             .await
             .map(Response::H1)
             .map_err(|e| (e, true))
@@ -724,8 +724,8 @@ impl Exchange {
     fn release(&mut self) {
         match self.response.take() {
             Some(Response::H1(h1)) => {
-                if let Some(stream) = h1.into_reusable() {
-                    pool::shared().put(self.peer.reuse_hash(), stream);
+                if let Some(link) = h1.into_reusable() {
+                    pool::shared().put(self.peer.reuse_hash(), link);
                 }
             }
             Some(Response::Other(session)) => {

@@ -15,9 +15,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures::FutureExt;
-use pingora::protocols::Stream;
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
+
+use super::h1::Link;
 
 /// How long a connection may sit idle before it is closed.
 pub const IDLE: Duration = Duration::from_secs(60);
@@ -46,7 +47,7 @@ pub struct Pool {
 struct Idle {
     /// Per peer and runtime, oldest first: a connection is taken from the
     /// back, where the most recently used one is.
-    by_peer: HashMap<Key, VecDeque<(Instant, Stream)>>,
+    by_peer: HashMap<Key, VecDeque<(Instant, Link)>>,
     count: usize,
 }
 
@@ -66,10 +67,10 @@ impl Pool {
     }
 
     /// The most recently released live connection to `peer`, if any.
-    pub fn take(&self, peer: u64) -> Option<Stream> {
+    pub fn take(&self, peer: u64) -> Option<Link> {
         let peer = key(peer);
         loop {
-            let (since, mut stream) = {
+            let (since, mut link) = {
                 let mut idle = self.lock();
                 let list = idle.by_peer.get_mut(&peer)?;
                 let found = list.pop_back();
@@ -81,16 +82,16 @@ impl Pool {
                 found
             };
             // Expired or closed ones are dropped (closed) outside the lock.
-            if since.elapsed() < self.expiry && is_quiet(&mut stream) {
-                return Some(stream);
+            if since.elapsed() < self.expiry && is_quiet(&mut link.stream) {
+                return Some(link);
             }
         }
     }
 
     /// Keeps `stream` for the next request to `peer`, unless the server
     /// already closed it or sent something unasked.
-    pub fn put(&'static self, peer: u64, mut stream: Stream) {
-        if !is_quiet(&mut stream) {
+    pub fn put(&'static self, peer: u64, mut link: Link) {
+        if !is_quiet(&mut link.stream) {
             return;
         }
         let peer = key(peer);
@@ -99,7 +100,7 @@ impl Pool {
             idle.by_peer
                 .entry(peer)
                 .or_default()
-                .push_back((Instant::now(), stream));
+                .push_back((Instant::now(), link));
             idle.count += 1;
             (idle.count > self.capacity).then(|| idle.evict_oldest())
         };
@@ -135,11 +136,11 @@ impl Pool {
         let mut count = 0;
         idle.by_peer.retain(|_, list| {
             let mut kept = VecDeque::with_capacity(list.len());
-            for (since, mut stream) in list.drain(..) {
-                if since.elapsed() < self.expiry && is_quiet(&mut stream) {
-                    kept.push_back((since, stream));
+            for (since, mut link) in list.drain(..) {
+                if since.elapsed() < self.expiry && is_quiet(&mut link.stream) {
+                    kept.push_back((since, link));
                 } else {
-                    gone.push(stream);
+                    gone.push(link);
                 }
             }
             count += kept.len();
@@ -154,7 +155,7 @@ impl Pool {
 
 impl Idle {
     /// Removes the connection released longest ago, over all peers.
-    fn evict_oldest(&mut self) -> Option<Stream> {
+    fn evict_oldest(&mut self) -> Option<Link> {
         let peer = *self
             .by_peer
             .iter()
@@ -162,12 +163,12 @@ impl Idle {
             .min_by_key(|(_, since)| *since)?
             .0;
         let list = self.by_peer.get_mut(&peer)?;
-        let (_, stream) = list.pop_front()?;
+        let (_, link) = list.pop_front()?;
         if list.is_empty() {
             self.by_peer.remove(&peer);
         }
         self.count -= 1;
-        Some(stream)
+        Some(link)
     }
 }
 
@@ -186,7 +187,7 @@ fn key(peer: u64) -> Key {
 /// Whether an idle connection has nothing to read: neither a close nor
 /// bytes the server sent unasked. Costs no syscall unless the runtime saw
 /// the socket become readable.
-fn is_quiet(stream: &mut Stream) -> bool {
+fn is_quiet(stream: &mut pingora::protocols::Stream) -> bool {
     let mut byte = [0; 1];
     // `unconstrained`: the budget could make a ready read look pending.
     tokio::task::unconstrained(stream.read(&mut byte))
@@ -200,18 +201,18 @@ mod tests {
     use pingora::protocols::l4::stream::Stream as TcpStream;
 
     /// A connected pair: our end as a pooled stream, and the server's end.
-    async fn connection() -> (Stream, tokio::net::TcpStream) {
+    async fn connection() -> (Link, tokio::net::TcpStream) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         let (theirs, _) = listener.accept().await.unwrap();
-        (Box::new(TcpStream::from(ours)), theirs)
+        (Link::new(Box::new(TcpStream::from(ours))), theirs)
     }
 
     /// Which connection: its socket (unique while open).
-    fn fd(stream: &Stream) -> i32 {
-        stream.id()
+    fn fd(link: &Link) -> i32 {
+        link.stream.id()
     }
 
     fn leaked(capacity: usize, expiry: Duration) -> &'static Pool {

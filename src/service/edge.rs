@@ -19,12 +19,14 @@
 //! was read) as the connection's first bytes.
 
 use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::BytesMut;
+use futures::future::{Fuse, FusedFuture, FutureExt};
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
@@ -32,6 +34,7 @@ use pingora::proxy::{HttpProxy, ProxyHttp};
 use pingora::server::ShutdownWatch;
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
+use tokio::time::{timeout, Instant, Sleep};
 use tracing::{error, warn};
 
 use super::{h1, AgentProxy, ProxyPath};
@@ -172,11 +175,19 @@ impl ServerApp for Edge {
         // accept, so a graceful shutdown (or an upgrade's hand-over) waits
         // for it: its client sent it to a listening socket.
         let mut arriving = Some(InFlight::enter());
+        let mut watch = shutdown.clone();
+        let mut between = Between {
+            connection: &connection,
+            timer: pin!(tokio::time::sleep(Duration::ZERO)),
+            shutdown: pin!(async move {
+                let _ = watch.wait_for(|&down| down).await;
+            }
+            .fuse()),
+        };
         loop {
             let first = arriving.is_some();
             let timeouts = self.head_timeouts();
-            let mut buf =
-                read_head(&mut stream, next, &connection, timeouts, first, shutdown).await?;
+            let mut buf = read_head(&mut stream, next, &mut between, timeouts, first).await?;
             let head = match h1::parse(&mut buf) {
                 Ok(head) => head,
                 Err(malformed) => {
@@ -229,6 +240,18 @@ struct HeadTimeouts {
     whole: Duration,
 }
 
+/// What a connection waits on between requests, made once for its life
+/// and re-armed for each wait without a lock: a timer or a wait on the
+/// shutdown signal made per request takes a lock shared with every other
+/// connection to register, and again to drop.
+struct Between<'a, S> {
+    connection: &'a Connection<'a>,
+    /// Pushed later for each wait (a compare-and-swap).
+    timer: Pin<&'a mut Sleep>,
+    /// Done once the server is shutting down.
+    shutdown: Pin<&'a mut Fuse<S>>,
+}
+
 /// The next request's head (and any body bytes that came with it), or
 /// `None` when the connection should close: the client left, it stayed
 /// idle past `timeouts.idle`, its head took longer than `timeouts.whole`
@@ -237,37 +260,38 @@ struct HeadTimeouts {
 /// [`FIRST_REQUEST_AFTER_SHUTDOWN`] to begin then: accepted just before
 /// the listener closed, its client is sending it. `read`: what of it was
 /// read with the last request (pipelined), if anything.
-async fn read_head(
+async fn read_head<S: Future<Output = ()>>(
     stream: &mut Stream,
     read: BytesMut,
-    connection: &Connection<'_>,
+    between: &mut Between<'_, S>,
     timeouts: HeadTimeouts,
     first: bool,
-    shutdown: &ShutdownWatch,
 ) -> Option<BytesMut> {
-    let keepalive = timeouts.idle;
     let mut head = read;
     if head.is_empty() {
+        if between.shutdown.is_terminated() {
+            return None;
+        }
         head.reserve(READ_CHUNK);
-        let idle = connection.idle();
-        let mut shutdown = shutdown.clone();
-        let stop = async {
-            let _ = shutdown.wait_for(|&down| down).await;
-            if first {
-                tokio::time::sleep(FIRST_REQUEST_AFTER_SHUTDOWN).await;
-            }
-        };
-        // pingora's shared 10 ms timer wheel, not a runtime timer: tokio
-        // wakes its driver (an eventfd write and often a thread) when a
-        // timer is registered earlier than any it had, once per request.
+        let idle = between.connection.idle();
+        between.timer.as_mut().reset(Instant::now() + timeouts.idle);
         tokio::select! {
-            read = fast_timeout(keepalive, stream.read_buf(&mut head)) => {
-                if !matches!(read, Ok(Ok(1..))) {
+            read = stream.read_buf(&mut head) => {
+                if !matches!(read, Ok(1..)) {
                     return None;
                 }
             }
-            _ = idle.shed() => return None,
-            _ = stop => return None,
+            () = between.timer.as_mut() => return None,
+            () = idle.shed() => return None,
+            () = between.shutdown.as_mut() => {
+                if !first {
+                    return None;
+                }
+                let read = stream.read_buf(&mut head);
+                if !matches!(timeout(FIRST_REQUEST_AFTER_SHUTDOWN, read).await, Ok(Ok(1..))) {
+                    return None;
+                }
+            }
         }
     }
     let rest = async {
