@@ -25,14 +25,31 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     /// Response store failures by operation (`read`, `write`, `too_large`).
     pub store_errors: IntCounterVec,
-    /// Agent requests by where their session id came from (`client`, `derived`).
-    pub sessions: IntCounterVec,
+    /// Agent requests by where their session id came from.
+    pub sessions: SessionSources,
     /// Store calls by operation (`read`, `write`, `note_read`, `note_write`), as the store answered.
     pub store_seconds: HistogramVec,
     /// Knowledge searches by base and phase (`embed`: the query's
     /// embedding on the upstream; `search`: the index's scan).
     pub knowledge_seconds: HistogramVec,
     pub streams_in_flight: IntGauge,
+}
+
+/// `agent_proxy_sessions_total`'s two series, looked up once.
+pub struct SessionSources {
+    /// A header or body field named it.
+    pub client: IntCounter,
+    /// Derived from how the conversation begins.
+    pub derived: IntCounter,
+}
+
+impl SessionSources {
+    fn of(counter: &IntCounterVec) -> Self {
+        SessionSources {
+            client: counter.with_label_values(&["client"]),
+            derived: counter.with_label_values(&["derived"]),
+        }
+    }
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -125,11 +142,11 @@ impl Metrics {
                 "Store operations that failed (responses and memory notes), by operation",
                 &["op"],
             )?,
-            sessions: counter(
+            sessions: SessionSources::of(&counter(
                 "agent_proxy_sessions_total",
                 "Agent requests by the source of their session id (client: a header or body field; derived: from how the conversation begins)",
                 &["source"],
-            )?,
+            )?),
             store_seconds: histogram(
                 "agent_proxy_store_duration_seconds",
                 "Time a response store call took, by operation (a write: from the answer's end until it landed)",

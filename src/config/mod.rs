@@ -47,6 +47,10 @@ pub struct Config {
     /// Every upstream, for health checks.
     pub upstreams: BTreeMap<String, Arc<Upstream>>,
     pub agents: BTreeMap<String, Arc<Agent>>,
+    /// The client's request headers an agent's calls may read: those its
+    /// tools inject, and `Authorization` when the proxy has no keys (it
+    /// goes on to the upstream). Only these are kept for the call.
+    pub context_headers: Vec<http::HeaderName>,
     /// `model_aliases`: names clients hard-code, mapped to agents.
     pub aliases: Vec<ModelAlias>,
     pub mcp_servers: BTreeMap<String, Arc<McpServer>>,
@@ -651,7 +655,41 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             "must be greater than 0",
         ));
     }
+    let mut context_headers: Vec<http::HeaderName> = agents
+        .values()
+        .flat_map(|agent| &agent.tools)
+        .filter_map(|tool| match tool {
+            AgentTool::Local(tool) => Some(tool.injected_headers()),
+            _ => None,
+        })
+        .flatten()
+        .chain(
+            mcp_servers
+                .values()
+                .flat_map(|server| server.injected_headers()),
+        )
+        .cloned()
+        .collect();
+    let api_keys: Vec<ApiKey> = file
+        .auth
+        .api_keys
+        .into_iter()
+        .map(|k| match k {
+            ApiKeyFile::Key(key) => ApiKey { key, name: None },
+            ApiKeyFile::Named { key, name } => ApiKey {
+                key,
+                name: Some(name),
+            },
+        })
+        .filter(|k| !k.key.is_empty())
+        .collect();
+    if api_keys.is_empty() {
+        context_headers.push(http::header::AUTHORIZATION);
+    }
+    context_headers.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+    context_headers.dedup();
     Ok(Config {
+        context_headers,
         admin_keys: file
             .auth
             .admin_keys
@@ -664,19 +702,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
         superseded: Superseded::default(),
         listen: file.listen,
         admin_listen: file.admin_listen,
-        api_keys: file
-            .auth
-            .api_keys
-            .into_iter()
-            .map(|k| match k {
-                ApiKeyFile::Key(key) => ApiKey { key, name: None },
-                ApiKeyFile::Named { key, name } => ApiKey {
-                    key,
-                    name: Some(name),
-                },
-            })
-            .filter(|k| !k.key.is_empty())
-            .collect(),
+        api_keys,
         default_upstream,
         upstreams,
         agents,
@@ -989,6 +1015,38 @@ agents:
             .err()
             .unwrap();
         assert!(e.key.starts_with("agents.minimal.memory"), "{e}");
+    }
+
+    /// An agent's call keeps only the request headers something reads: the
+    /// injected ones, and `Authorization` only when it goes upstream.
+    #[test]
+    fn the_call_context_keeps_the_headers_tools_inject() {
+        let names = |extra: &str| {
+            let config = Config::parse(&format!("{BASE}{extra}"), no_env).unwrap();
+            config
+                .context_headers
+                .iter()
+                .map(|name| name.as_str().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(""), ["authorization"]);
+        let injecting = "
+  lookup:
+    description: Lookup
+    parameters: { type: object }
+    http: { url: 'http://127.0.0.1:9000/lookup' }
+    inject: { tenant: { header: x-tenant }, user: { request: user } }
+";
+        let with_tool = BASE
+            .replace("tools:\n", &format!("tools:\n{injecting}"))
+            .replace(
+                "agents:\n  minimal:",
+                "agents:\n  minimal: { tools: [lookup] }",
+            );
+        let config = Config::parse(&with_tool, no_env).unwrap();
+        let kept: Vec<_> = config.context_headers.iter().map(|n| n.as_str()).collect();
+        assert_eq!(kept, ["authorization", "x-tenant"]);
+        assert_eq!(names("auth: { api_keys: [k1] }"), Vec::<String>::new());
     }
 
     #[test]

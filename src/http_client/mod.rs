@@ -63,6 +63,9 @@ pub struct Endpoint {
 pub struct Peers {
     resolved: Instant,
     list: Vec<Arc<HttpPeer>>,
+    /// Each peer's pool key (`reuse_hash`, which hashes every field of the
+    /// peer), computed once.
+    reuse: Vec<u64>,
     /// Where in `list` attempts start: the address that last connected, or
     /// the one after an address that failed.
     preferred: AtomicUsize,
@@ -84,6 +87,10 @@ impl Peers {
         &self.list[index % self.list.len()]
     }
 
+    fn reuse_hash(&self, index: usize) -> u64 {
+        self.reuse[index % self.reuse.len()]
+    }
+
     fn connected(&self, index: usize) {
         self.preferred.store(index, Ordering::Relaxed);
     }
@@ -103,11 +110,10 @@ impl Peers {
     /// connection, whether it was pooled, and the peer it is with. On
     /// failure, the first address's error: the one most likely to be the
     /// right one.
-    async fn connect(&self) -> Result<(Connection, bool, Arc<HttpPeer>)> {
+    async fn connect(&self) -> Result<(Connection, bool, usize)> {
         let start = self.preferred();
-        let peer = self.peer(start);
-        if let Some(link) = pool::shared().take(peer.reuse_hash()) {
-            return Ok((Connection::H1(link), true, peer.clone()));
+        if let Some(link) = pool::shared().take(self.reuse_hash(start)) {
+            return Ok((Connection::H1(link), true, start));
         }
         let mut order = (0..self.count()).map(|k| (start + k) % self.count());
         let attempt = |index: usize| async move {
@@ -128,7 +134,7 @@ impl Peers {
                             HttpSession::H1(h1) => Connection::H1(h1::Link::new(h1.into_inner())),
                             other => Connection::Other(Box::new(other)),
                         };
-                        return Ok((connection, reused, self.peer(index).clone()));
+                        return Ok((connection, reused, index));
                     }
                     Err(e) => {
                         self.failed(index);
@@ -271,12 +277,13 @@ impl Endpoint {
                 addrs.iter().position(|a| *a == addr)
             })
             .unwrap_or(0);
-        let list = addrs
+        let list: Vec<_> = addrs
             .into_iter()
             .map(|addr| Arc::new(self.build_peer(addr)))
             .collect();
         let peers = Arc::new(Peers {
             resolved: Instant::now(),
+            reuse: list.iter().map(|peer| peer.reuse_hash()).collect(),
             list,
             preferred: AtomicUsize::new(preferred),
         });
@@ -371,8 +378,8 @@ impl Endpoint {
         // The HTTP/1 request head, once a connection needs it.
         let mut wire: Option<Bytes> = None;
         let mut attempt = 0;
-        let (mut response, peer) = loop {
-            let (connection, reused, peer) = peers.connect().await.map_err(|e| e.into_up())?;
+        let (mut response, index) = loop {
+            let (connection, reused, index) = peers.connect().await.map_err(|e| e.into_up())?;
             let sent = match connection {
                 Connection::H1(link) => {
                     let head = match &wire {
@@ -387,7 +394,7 @@ impl Endpoint {
                 }
             };
             match sent {
-                Ok(response) => break (response, peer),
+                Ok(response) => break (response, index),
                 Err((e, written)) => {
                     // A pooled connection the server had closed while idle
                     // (the pool drops those it sees closed, but the close
@@ -421,7 +428,8 @@ impl Endpoint {
             response: Some(response),
             status,
             event_stream,
-            peer,
+            peer: peers.peer(index).clone(),
+            reuse: peers.reuse_hash(index),
             deadline,
             watch: None,
         })
@@ -624,6 +632,8 @@ pub struct Exchange {
     status: u16,
     event_stream: bool,
     peer: Arc<HttpPeer>,
+    /// The peer's pool key.
+    reuse: u64,
     deadline: Option<tokio::time::Instant>,
     /// Held while the exchange lives.
     watch: Option<Box<dyn Watch>>,
@@ -725,7 +735,7 @@ impl Exchange {
         match self.response.take() {
             Some(Response::H1(h1)) => {
                 if let Some(link) = h1.into_reusable() {
-                    pool::shared().put(self.peer.reuse_hash(), link);
+                    pool::shared().put(self.reuse, link);
                 }
             }
             Some(Response::Other(session)) => {

@@ -97,6 +97,11 @@ struct Link {
 }
 
 impl McpServer {
+    /// The request headers its injected parameters read.
+    pub fn injected_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.link.injection.headers()
+    }
+
     /// A server for `name` as `file` configures it, not yet connected (the
     /// supervisor connects it).
     pub fn from_file(name: &str, file: &McpServerFile) -> Result<Self, String> {

@@ -142,7 +142,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     conversation.session = ctx.session.clone().or(conversation.session);
     let user = conversation.options.user.clone();
     let identity = crate::session::identity(&ctx.tenant, user.as_deref(), config.trust_user_field);
-    let headers = Arc::new(session.req_header().headers.clone());
+    let headers = Arc::new(context_headers(&config, &session.req_header().headers));
     let mut client = Client::new(session, config.limits.heartbeat);
     let agent = match agent {
         Some(agent) => agent,
@@ -174,18 +174,16 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     ctx.route = "agent";
     // The session: the client's id for it, else one derived from how the
     // conversation begins (so every turn of it has the same).
+    let sources = &crate::metrics::metrics().sessions;
     let (session_id, source) = match conversation.session.clone() {
-        Some(id) => (id, "client"),
+        Some(id) => (id, &sources.client),
         None => {
             let first_user = conversation.first_user_text().unwrap_or_default();
             let id = crate::session::derive(&agent.id, &identity, &first_user);
-            (id, "derived")
+            (id, &sources.derived)
         }
     };
-    crate::metrics::metrics()
-        .sessions
-        .with_label_values(&[source])
-        .inc();
+    source.inc();
     ctx.session = Some(session_id.clone());
     // The context of the agent's loop: the outermost of the stack.
     let call = CallContext {
@@ -219,6 +217,19 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     let cut = summary.cut;
     ctx.summary = Some(summary);
     handled(cut)
+}
+
+/// What of the request's headers an agent's calls may read
+/// ([`Config::context_headers`]): most often none, and a coding agent's
+/// request has a score of them.
+fn context_headers(config: &Config, headers: &http::HeaderMap) -> http::HeaderMap {
+    let mut kept = http::HeaderMap::new();
+    for name in &config.context_headers {
+        for value in headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
 }
 
 /// How the answer will be encoded, once the agent (and so its

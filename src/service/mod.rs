@@ -217,7 +217,7 @@ impl AgentProxy {
             .with_label_values(&[
                 ctx.route,
                 agent,
-                &status.to_string(),
+                response.map_or("0", |h| h.status.as_str()),
                 if stream { "true" } else { "false" },
             ])
             .inc();

@@ -78,6 +78,14 @@ impl Injection {
         self.params.is_empty()
     }
 
+    /// The request headers it reads.
+    pub fn headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.params.iter().filter_map(|(_, source)| match source {
+            Source::Header(name) => Some(name),
+            _ => None,
+        })
+    }
+
     /// The injected parameters `schema` declares: an MCP server's injection
     /// reaches only the tools that take the parameter.
     pub fn declared_in(&self, schema: &Value) -> Injection {

@@ -55,6 +55,11 @@ impl Outcome {
 }
 
 impl Tool {
+    /// The request headers its injected parameters read.
+    pub fn injected_headers(&self) -> impl Iterator<Item = &::http::HeaderName> {
+        self.injection.headers()
+    }
+
     pub fn from_file(name: &str, file: ToolFile) -> Result<Self, String> {
         let mut parameters = file.parameters;
         if !parameters.is_object() {
