@@ -96,7 +96,7 @@ async fn non_agent_json_answer_and_error_pass_through() {
 }
 
 #[tokio::test]
-async fn other_paths_are_proxied_through_pingora() {
+async fn other_paths_are_proxied() {
     let upstream = FakeServer::start(|req, _| match req.path.as_str() {
         "/v1/embeddings" => Reply::json(
             200,
@@ -124,6 +124,53 @@ async fn other_paths_are_proxied_through_pingora() {
     assert_eq!(res.body, fixture("error-not-found.json"));
     let paths: Vec<String> = upstream.requests().iter().map(|r| r.path.clone()).collect();
     assert_eq!(paths, ["/v1/embeddings", "/health", "/v1/no-such-endpoint"]);
+    assert!(upstream
+        .requests()
+        .iter()
+        .all(|r| r.header("authorization") == Some("Bearer sk-upstream-secret")));
+}
+
+/// Another route keeps its method, its query and its body whole, whichever
+/// way it goes: read whole and forwarded here (a small body, none), or
+/// streamed by pingora's proxy path (a body of unknown length, a large one).
+#[tokio::test]
+async fn other_routes_keep_their_method_query_and_body() {
+    let upstream = FakeServer::start(|req, _| {
+        Reply::json(
+            200,
+            json!({"method": req.method, "path": req.path, "bytes": req.body.len()}),
+        )
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let large = vec![b'a'; 3 * 1024 * 1024];
+    let small = br#"{"input":"hello"}"#;
+    let answers = [
+        request(proxy.port, "DELETE", "/v1/files/f1?purpose=x", &[], b"").await,
+        request(proxy.port, "PUT", "/v1/things/1", &[], small).await,
+        request(proxy.port, "POST", "/v1/audio/transcriptions", &[], &large).await,
+        raw_request(
+            proxy.port,
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        )
+        .await,
+    ];
+    let seen: Vec<Value> = answers
+        .iter()
+        .map(|a| {
+            assert_eq!(a.status, 200, "{}", a.text());
+            a.json()
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            json!({"method": "DELETE", "path": "/v1/files/f1?purpose=x", "bytes": 0}),
+            json!({"method": "PUT", "path": "/v1/things/1", "bytes": small.len()}),
+            json!({"method": "POST", "path": "/v1/audio/transcriptions", "bytes": large.len()}),
+            json!({"method": "POST", "path": "/v1/embeddings", "bytes": 5}),
+        ]
+    );
     assert!(upstream
         .requests()
         .iter()

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{CONNECTION, CONTENT_TYPE, HOST};
+use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use memchr::memmem;
@@ -25,6 +25,9 @@ pub struct Load {
     pub addr: SocketAddr,
     pub path: &'static str,
     pub body: Bytes,
+    /// The body goes chunked, its length unsaid (pingora's proxy path is
+    /// what forwards such a request for another route).
+    pub chunked: bool,
     /// The request asks for a stream: the answer must be SSE.
     pub stream: bool,
     /// What every answer must be: proves it is the real, whole one.
@@ -210,11 +213,14 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<SendRequest<Full<Bytes>>> {
     Ok(sender)
 }
 
-fn post(path: &str, body: Bytes) -> anyhow::Result<Request<Full<Bytes>>> {
-    Ok(Request::post(path)
+fn post(path: &str, body: Bytes, chunked: bool) -> anyhow::Result<Request<Full<Bytes>>> {
+    let mut request = Request::post(path)
         .header(HOST, "bench")
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(body))?)
+        .header(CONTENT_TYPE, "application/json");
+    if chunked {
+        request = request.header(TRANSFER_ENCODING, "chunked");
+    }
+    Ok(request.body(Full::new(body))?)
 }
 
 struct Timing {
@@ -238,7 +244,7 @@ async fn exchange(
     scratch: &mut Scratch,
 ) -> anyhow::Result<Timing> {
     sender.ready().await?;
-    let request = post(load.path, load.body.clone())?;
+    let request = post(load.path, load.body.clone(), load.chunked)?;
     let started = Instant::now();
     let response = sender.send_request(request).await?;
     let status = response.status();
@@ -509,12 +515,20 @@ pub async fn open_streams(load: &Load, count: usize) -> anyhow::Result<OpenStrea
         clients: Vec::with_capacity(count),
     };
     for i in 0..count {
-        let (addr, path, body, started) =
-            (load.addr, load.path, load.body.clone(), started.clone());
+        let (addr, path, body, chunked, started) = (
+            load.addr,
+            load.path,
+            load.body.clone(),
+            load.chunked,
+            started.clone(),
+        );
         streams.clients.push(tokio::spawn(async move {
             let held = async {
                 let mut sender = connect(addr).await?;
-                let mut body = sender.send_request(post(path, body)?).await?.into_body();
+                let mut body = sender
+                    .send_request(post(path, body, chunked)?)
+                    .await?
+                    .into_body();
                 let mut announced = false;
                 while let Some(frame) = body.frame().await {
                     frame?;

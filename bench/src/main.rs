@@ -233,6 +233,8 @@ struct Target {
     host: Host,
     path: &'static str,
     ask: Ask,
+    /// The request body goes chunked (see [`load::Load::chunked`]).
+    chunked: bool,
 }
 
 impl Target {
@@ -243,6 +245,7 @@ impl Target {
             host,
             path: "/v1/chat/completions",
             ask: Ask::Chat(model),
+            chunked: false,
         }
     }
 }
@@ -259,6 +262,7 @@ const AGENT_RESPONSES: Target = Target {
     host: Host::Proxy,
     path: "/v1/responses",
     ask: Ask::Responses,
+    chunked: false,
 };
 /// The same agent through the Anthropic Messages front door.
 const AGENT_MESSAGES: Target = Target {
@@ -266,6 +270,7 @@ const AGENT_MESSAGES: Target = Target {
     host: Host::Proxy,
     path: "/v1/messages",
     ask: Ask::Messages,
+    chunked: false,
 };
 /// The agent asked Claude Code's real request, tools and all.
 const AGENT_CLAUDE_CODE: Target = Target {
@@ -273,6 +278,7 @@ const AGENT_CLAUDE_CODE: Target = Target {
     host: Host::Proxy,
     path: "/v1/messages",
     ask: Ask::Client(ClientRequest::ClaudeCode),
+    chunked: false,
 };
 /// The agent asked Codex CLI's real request.
 const AGENT_CODEX: Target = Target {
@@ -280,15 +286,18 @@ const AGENT_CODEX: Target = Target {
     host: Host::Proxy,
     path: "/v1/responses",
     ask: Ask::Client(ClientRequest::Codex),
+    chunked: false,
 };
 /// The same two through `--baseline-bin`.
 const PASSTHROUGH_B: Target = Target::chat("passthrough (B)", Host::ProxyB, "bench");
 const AGENT_B: Target = Target::chat("agent (B)", Host::ProxyB, "plain");
 const AGENT_TOOL: Target = Target::chat("agent + tool round", Host::Proxy, "tooled");
 /// Another path (the legacy completions API, served by the fake model like
-/// chat): pingora's own proxy path, no agent-proxy code on the way.
+/// chat), its body chunked: pingora's own proxy path, no agent-proxy code on
+/// the way (a body of a given length is forwarded as passthrough's is).
 const PINGORA: Target = Target {
     path: "/v1/completions",
+    chunked: true,
     ..Target::chat("pingora proxy path", Host::Proxy, "bench")
 };
 const TOOL: Target = Target {
@@ -296,6 +305,7 @@ const TOOL: Target = Target {
     host: Host::Upstream,
     path: "/tool",
     ask: Ask::Tool,
+    chunked: false,
 };
 
 /// The processes under test and how long to measure each.
@@ -383,6 +393,7 @@ impl Bench {
             addr: self.addrs[target.host as usize],
             path: target.path,
             body,
+            chunked: target.chunked,
             stream,
             answer,
             connections,

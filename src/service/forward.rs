@@ -1,9 +1,19 @@
-//! Forwarding a chat request for a non-agent model to `default_upstream`:
-//! the body as the client sent it, the response streamed back as it comes.
+//! Forwarding what is not for an agent to `default_upstream`: a chat
+//! request for another model, and with `passthrough` on, a request for any
+//! other route whose body is small enough to read whole (an embedding, a
+//! completion: most of what an app sends). The body goes as the client sent
+//! it, the response streams back as it comes. pingora's proxy path keeps
+//! what needs it: an upgrade, a body of unknown length, a large upload.
 
 use bytes::Bytes;
+use pingora::http::RequestHeader;
+use pingora::Result;
 
+use super::front_door::read_body;
+use super::h1::Session;
+use super::{handled, reject, RequestCtx};
 use crate::config::Config;
+use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
 use crate::metrics::StreamGuard;
@@ -28,8 +38,56 @@ fn is_hop_by_hop(name: &http::HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
 }
 
+/// The largest body of a request for another route read whole to forward
+/// it here; a larger one streams through pingora's proxy path.
+const WHOLE_BODY: usize = 1024 * 1024;
+
+/// Whether a request for another route is forwarded here rather than by
+/// pingora's proxy path: no upgrade, and no body or one of a declared
+/// length up to [`WHOLE_BODY`].
+pub fn takes(req: &RequestHeader) -> bool {
+    let headers = &req.headers;
+    let length = headers.get(http::header::CONTENT_LENGTH).map(|v| {
+        v.to_str()
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n <= WHOLE_BODY)
+    });
+    req.method != http::Method::CONNECT
+        && !headers.contains_key(http::header::UPGRADE)
+        && !headers.contains_key(http::header::TRANSFER_ENCODING)
+        && !matches!(length, Some(None))
+}
+
+/// A request for another route (see [`takes`]), with `passthrough` on.
+pub async fn other_route(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    let config = ctx.config.clone();
+    let declared = session
+        .req_header()
+        .headers
+        .contains_key(http::header::CONTENT_LENGTH);
+    let body = match declared {
+        true => match read_body(session, WHOLE_BODY).await {
+            Ok(body) => Some(body),
+            Err(error) => return reject(session, Dialect::Chat, &error).await,
+        },
+        false => None,
+    };
+    let affinity = ctx
+        .session
+        .as_deref()
+        .map(|id| crate::upstream::affinity_key(None, Some(id)));
+    let mut client = Client::new(session, config.limits.heartbeat);
+    handled(forward(&mut client, &config, body, affinity).await)
+}
+
 /// Returns whether the response was cut mid-stream.
-pub async fn forward(client: &mut Client<'_>, config: &Config, body: Bytes, affinity: u64) -> bool {
+pub async fn forward(
+    client: &mut Client<'_>,
+    config: &Config,
+    body: Option<Bytes>,
+    affinity: Option<u64>,
+) -> bool {
     match relay(client, config, body, affinity).await {
         Ok(()) => false,
         Err(Gone) => true,
@@ -39,11 +97,12 @@ pub async fn forward(client: &mut Client<'_>, config: &Config, body: Bytes, affi
 async fn relay(
     client: &mut Client<'_>,
     config: &Config,
-    body: Bytes,
-    affinity: u64,
+    body: Option<Bytes>,
+    affinity: Option<u64>,
 ) -> Result<(), Gone> {
     let upstream = &config.default_upstream;
     let incoming = client.session().req_header();
+    let method = incoming.method.clone();
     let path = incoming
         .uri
         .path_and_query()
@@ -56,11 +115,11 @@ async fn relay(
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     let outbound = Outbound {
-        method: "POST",
+        method: method.as_str(),
         path: &path,
         headers: &headers,
-        body: Some(body),
-        affinity: Some(affinity),
+        body,
+        affinity,
         client_key_is_ours: !config.api_keys.is_empty(),
     };
     let mut exchange = match client.wait(upstream.send(&outbound)).await? {

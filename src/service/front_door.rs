@@ -123,7 +123,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
             }
         };
         let mut client = Client::new(session, config.limits.heartbeat);
-        let cut = forward::forward(&mut client, &config, body, affinity).await;
+        let cut = forward::forward(&mut client, &config, Some(body), Some(affinity)).await;
         return handled(cut);
     }
     // The body and its peek are let go once decoded: a coding agent's
@@ -326,7 +326,7 @@ pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result
         .and_then(|peek| peek.model.map(|m| m.into_owned()));
     let Some(agent) = model.as_deref().and_then(|m| config.agent(m)).cloned() else {
         let mut client = Client::new(session, config.limits.heartbeat);
-        return handled(forward::forward(&mut client, &config, body, 0).await);
+        return handled(forward::forward(&mut client, &config, Some(body), Some(0)).await);
     };
     let conversation = match front::messages::decode(&body) {
         Ok((conversation, _)) => conversation,
@@ -388,7 +388,7 @@ async fn tokenize(upstream: &crate::upstream::Upstream, chat_request: Vec<u8>) -
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes.
-async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(session: &mut Session, limit: usize) -> Result<Bytes, ApiError> {
     let declared = session
         .req_header()
         .headers

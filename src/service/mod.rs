@@ -188,6 +188,9 @@ impl AgentProxy {
             "messages" => front_door::handle(session, ctx, Dialect::Messages).await,
             "count_tokens" => front_door::count_tokens(session, ctx).await,
             "stored_response" => stored::handle(session, ctx).await,
+            _ if config.passthrough && forward::takes(session.req_header()) => {
+                forward::other_route(session, ctx).await
+            }
             _ if config.passthrough => Ok(false),
             _ => {
                 let error = ApiError::not_found(format!("no route for {method} {path}"));
@@ -519,7 +522,7 @@ enum ProxyPath {
 
 fn proxy_path(req: &RequestHeader, config: &Config) -> ProxyPath {
     match route_of(req.method.as_str(), req.uri.path(), config) {
-        PROXY if config.passthrough => ProxyPath::Now,
+        PROXY if config.passthrough && !forward::takes(req) => ProxyPath::Now,
         PROXY | "stored_response" => ProxyPath::Perhaps,
         _ => ProxyPath::Never,
     }

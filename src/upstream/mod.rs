@@ -47,7 +47,7 @@ pub struct Upstream {
 
 /// A request for an upstream, built for whichever replica serves it.
 pub struct Outbound<'a> {
-    pub method: &'static str,
+    pub method: &'a str,
     /// The client-facing path (`/v1/chat/completions`), mapped per replica.
     pub path: &'a str,
     pub headers: &'a [(http::HeaderName, http::HeaderValue)],
