@@ -36,10 +36,11 @@ rss() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 
 for scenario in agent passthrough pingora; do
   case $scenario in
-    agent) model=plain path=/v1/chat/completions ;;
-    passthrough) model=other path=/v1/chat/completions ;;
-    # Another path than the front doors: pingora's proxy path, no agent-proxy code on the way.
-    pingora) model=other path=/v1/completions ;;
+    agent) model=plain path=/v1/chat/completions framing= ;;
+    passthrough) model=other path=/v1/chat/completions framing= ;;
+    # Another path than the front doors, its body chunked: pingora's proxy
+    # path, no agent-proxy code on the way.
+    pingora) model=other path=/v1/completions framing=chunked ;;
   esac
   RUST_LOG=warn heaptrack -o "$work/$scenario" "$bin" --config "$work/proxy.yaml" >"$work/heaptrack.log" 2>&1 &
   tracer=$!
@@ -49,7 +50,7 @@ for scenario in agent passthrough pingora; do
     sleep 0.1
   done
   before=$(rss "$proxy")
-  python3 bench/open_streams.py "$streams" "$model" "$px" 3 "$path" >"$work/streams.log" &
+  python3 bench/open_streams.py "$streams" "$model" "$px" 3 "$path" $framing >"$work/streams.log" &
   opener=$!
   until grep -q open "$work/streams.log"; do sleep 0.1; done
   sleep 0.5

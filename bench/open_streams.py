@@ -1,10 +1,12 @@
 """Opens N slow streaming requests to the proxy and holds them open.
 
-    python3 bench/open_streams.py N MODEL PORT HOLD_SECONDS [PATH]
+    python3 bench/open_streams.py N MODEL PORT HOLD_SECONDS [PATH [chunked]]
 
 Each asks the bench's fake model (`agent-proxy-bench upstream`) for 10,000
 tokens, one every 100 ms, and reads only the first bytes of the answer: the
 stream stays open for HOLD_SECONDS. Prints `open N` once all are open.
+`chunked` sends the body chunked, its length unsaid: pingora's proxy path is
+what forwards such a request for another route.
 """
 
 import asyncio
@@ -22,9 +24,14 @@ body = json.dumps(
         "bench_delay_us": 100000,
     }
 ).encode()
+if len(sys.argv) > 6 and sys.argv[6] == "chunked":
+    framing = "Transfer-Encoding: chunked"
+    body = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+else:
+    framing = f"Content-Length: {len(body)}"
 head = (
     f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-    f"Content-Length: {len(body)}\r\n\r\n"
+    f"{framing}\r\n\r\n"
 ).encode()
 
 
