@@ -43,8 +43,8 @@ fn is_hop_by_hop(name: &http::HeaderName) -> bool {
 const WHOLE_BODY: usize = 1024 * 1024;
 
 /// Whether a request for another route is forwarded here rather than by
-/// pingora's proxy path: no upgrade, and no body or one of a declared
-/// length up to [`WHOLE_BODY`].
+/// pingora's proxy path: a path for its target (not `*`), no upgrade, and
+/// no body or one of a declared length up to [`WHOLE_BODY`].
 pub fn takes(req: &RequestHeader) -> bool {
     let headers = &req.headers;
     let length = headers.get(http::header::CONTENT_LENGTH).map(|v| {
@@ -54,6 +54,7 @@ pub fn takes(req: &RequestHeader) -> bool {
             .filter(|&n| n <= WHOLE_BODY)
     });
     req.method != http::Method::CONNECT
+        && req.uri.path().starts_with('/')
         && !headers.contains_key(http::header::UPGRADE)
         && !headers.contains_key(http::header::TRANSFER_ENCODING)
         && !matches!(length, Some(None))
@@ -165,6 +166,45 @@ async fn relay(
                 }
                 return Err(Gone);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, target: &str, headers: &[(&str, &str)]) -> RequestHeader {
+        let mut req = RequestHeader::build(method, target.as_bytes(), None).unwrap();
+        for (name, value) in headers {
+            req.append_header(name.to_string(), *value).unwrap();
+        }
+        req
+    }
+
+    #[test]
+    fn what_needs_pingoras_proxy_path_goes_there() {
+        let small = WHOLE_BODY.to_string();
+        let large = (WHOLE_BODY + 1).to_string();
+        let ours = [
+            request("GET", "/health", &[]),
+            request("DELETE", "/v1/files/f?x=1", &[]),
+            request("POST", "/v1/embeddings", &[("content-length", "17")]),
+            request("PUT", "/v1/x", &[("content-length", &small)]),
+        ];
+        let pingoras = [
+            request("POST", "/v1/audio", &[("content-length", &large)]),
+            request("POST", "/v1/x", &[("transfer-encoding", "chunked")]),
+            request("POST", "/v1/x", &[("content-length", "ten")]),
+            request("GET", "/v1/realtime", &[("upgrade", "websocket")]),
+            request("OPTIONS", "*", &[]),
+            request("CONNECT", "example.com:443", &[]),
+        ];
+        for req in &ours {
+            assert!(takes(req), "{} {}", req.method, req.uri);
+        }
+        for req in &pingoras {
+            assert!(!takes(req), "{} {}", req.method, req.uri);
         }
     }
 }
