@@ -140,8 +140,11 @@ impl<'s> Client<'s> {
     ) -> Result<(), Gone> {
         let mut header = response_header(status)?;
         header
-            .insert_header("content-type", "application/json")
-            .and_then(|_| header.insert_header("content-length", body.len()))
+            .insert_header(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            )
+            .and_then(|_| header.insert_header(http::header::CONTENT_LENGTH, body.len()))
             .map_err(|_| Gone)?;
         for (name, value) in extra {
             header

@@ -143,12 +143,15 @@ async fn relay(
     let event_stream = exchange.is_event_stream();
     if header.headers.get(http::header::CONTENT_LENGTH).is_none() {
         header
-            .insert_header("transfer-encoding", "chunked")
+            .insert_header(
+                http::header::TRANSFER_ENCODING,
+                http::HeaderValue::from_static("chunked"),
+            )
             .map_err(|_| Gone)?;
     }
     if event_stream && header.headers.get("x-accel-buffering").is_none() {
         header
-            .insert_header("x-accel-buffering", "no")
+            .insert_header("x-accel-buffering", http::HeaderValue::from_static("no"))
             .map_err(|_| Gone)?;
     }
     client.send_header(*header, false).await?;
