@@ -183,3 +183,34 @@ async fn a_client_expecting_100_continue_gets_it_before_it_sends_the_body() {
     assert_eq!(String::from_utf8_lossy(&sent[0].body), BODY);
     assert_eq!(sent[0].header("expect"), None, "the proxy answered it");
 }
+
+/// An answer sent before the request's body was read (a wrong key, a body
+/// too large) reaches a client still sending that body: the proxy closes
+/// its side, then reads and drops the rest for a moment. Closed with unread
+/// bytes, the connection is reset, and the client's next write fails: an
+/// HTTP library then reports that failure, not the answer waiting for it.
+#[tokio::test]
+async fn an_early_error_reaches_a_client_still_sending_its_body() {
+    let (_upstream, proxy) = started("auth: { api_keys: [k1] }").await;
+    let length = 4 * 1024 * 1024;
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: wrong\r\nanthropic-version: 2023-06-01\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    );
+    let mut stream = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&vec![b' '; 64 * 1024]).await.unwrap();
+    // The answer is out and the proxy's side closed meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream
+        .write_all(&vec![b' '; 1024 * 1024])
+        .await
+        .expect("the rest of the body is taken, not refused with a reset");
+    let mut conn = Connection::on(stream);
+    let mut response = conn.head().await;
+    while let Some(chunk) = conn.next_chunk(&mut response).await {
+        response.body.extend_from_slice(&chunk);
+    }
+    assert_eq!(response.status, 401, "{}", response.text());
+    assert_eq!(response.json()["type"], "error");
+    assert_eq!(response.json()["error"]["type"], "authentication_error");
+}

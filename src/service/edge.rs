@@ -65,9 +65,8 @@ pub struct Edge {
 
 /// How [`Edge::serve`] left a request.
 enum Served {
-    /// Answered; the connection, if it can take another request, with what
-    /// of that request was read already.
-    Answered(Option<(Stream, BytesMut)>),
+    /// Answered: how the connection is left.
+    Answered(h1::Finished),
     /// For pingora's proxy path: the connection, and the request as it
     /// arrived.
     PassedOn(Stream, BytesMut),
@@ -118,7 +117,7 @@ impl Edge {
                     Some(&e),
                     &mut ctx,
                 );
-                Served::Answered(None)
+                Served::Answered(h1::Finished::Closed)
             }
         }
     }
@@ -205,12 +204,16 @@ impl ServerApp for Edge {
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
                 match boxed::pinned(|| self.serve(session, shutdown)).await {
-                    Served::Answered(Some((reusable, read))) => {
+                    Served::Answered(h1::Finished::Reusable(reusable, read)) => {
                         arriving = None;
                         (stream, next) = (reusable, read);
                         continue;
                     }
-                    Served::Answered(None) => return None,
+                    Served::Answered(h1::Finished::Unread(stream)) => {
+                        boxed::pinned(move || close_draining(stream)).await;
+                        return None;
+                    }
+                    Served::Answered(h1::Finished::Closed) => return None,
                     Served::PassedOn(stream, request) if proxy_path == ProxyPath::Perhaps => {
                         self.pass_on(stream, request, persisted.take(), shutdown)
                             .await
@@ -337,9 +340,15 @@ fn head_complete(head: &[u8], scanned: &mut usize) -> bool {
 async fn refuse(mut stream: Stream, malformed: h1::Malformed) {
     let body = ApiError::bad_request(malformed.0).to_json();
     if h1::refuse(&mut stream, 400, &body).await.is_ok() {
-        stream.shutdown().await;
-        linger(stream).await;
+        close_draining(stream).await;
     }
+}
+
+/// Closes a connection whose answer went out before all the client sent
+/// was read: our side first, then what still comes is read and dropped.
+async fn close_draining(mut stream: Stream) {
+    stream.shutdown().await;
+    linger(stream).await;
 }
 
 /// Reads what the client still sends, for a bounded time, before the

@@ -355,6 +355,17 @@ fn head_bytes(header: &ResponseHeader, stamp: &Stamp) -> BytesMut {
     buf
 }
 
+/// How a connection is left once a response was written.
+pub enum Finished {
+    /// It may take another request: what of it was already read comes along.
+    Reusable(Stream, BytesMut),
+    /// The answer went out whole before the request's body was read (an
+    /// error, most often): closed with unread bytes, the connection would be
+    /// reset, and the client could lose the answer.
+    Unread(Stream),
+    Closed,
+}
+
 /// One request on the client's connection, and its response.
 pub struct Session {
     stream: Stream,
@@ -549,16 +560,20 @@ impl Session {
         Ok(())
     }
 
-    /// Ends the response and returns the connection if it can take another
-    /// request, with what of that request was already read.
-    pub async fn finish(mut self) -> Option<(Stream, BytesMut)> {
+    /// Ends the response: the connection if it can take another request,
+    /// or if the request's body is left unread.
+    pub async fn finish(mut self) -> Finished {
         let ended = match self.out {
             Out::Chunked => self.send(b"0\r\n\r\n").await.is_ok(),
             Out::Length | Out::Nothing | Out::Ended => true,
             Out::NotStarted | Out::Close => false,
         };
-        let flushed = self.flush().await.is_ok();
-        (ended && flushed && self.keep_alive && self.body_done()).then_some((self.stream, self.buf))
+        let whole = ended && self.flush().await.is_ok();
+        match (whole, self.body_done()) {
+            (true, true) if self.keep_alive => Finished::Reusable(self.stream, self.buf),
+            (true, false) => Finished::Unread(self.stream),
+            _ => Finished::Closed,
+        }
     }
 
     /// The connection and the request as it arrived, for pingora's proxy
@@ -772,7 +787,7 @@ mod tests {
     /// What the client read (header names lower-cased), and whether the
     /// connection could serve another request.
     async fn response(session: Session, mut client: DuplexStream) -> (String, bool) {
-        let reusable = session.finish().await.is_some();
+        let reusable = matches!(session.finish().await, Finished::Reusable(..));
         client.shutdown().await.unwrap();
         let mut out = String::new();
         client.read_to_string(&mut out).await.unwrap();
@@ -894,7 +909,9 @@ mod tests {
         assert_eq!(s.read_request_body().await.unwrap().unwrap(), "abc");
         assert_eq!(s.read_request_body().await.unwrap(), None);
         s.write_response_header(json_header(0), true).await.unwrap();
-        let (_, read) = s.finish().await.unwrap();
+        let Finished::Reusable(_, read) = s.finish().await else {
+            panic!("not reusable")
+        };
         assert_eq!(&read[..], b"GET /next HTTP/1.1\r\n");
         drop(client);
     }
@@ -905,7 +922,9 @@ mod tests {
         client.write_all(b"GET /next").await.unwrap();
         s.idle().await.unwrap();
         s.write_response_header(json_header(0), true).await.unwrap();
-        let (_, read) = s.finish().await.unwrap();
+        let Finished::Reusable(_, read) = s.finish().await else {
+            panic!("not reusable")
+        };
         assert_eq!(
             &read[..],
             b"G",
