@@ -62,10 +62,9 @@ pub struct Endpoint {
 /// alternating (RFC 8305), from the address that last connected.
 pub struct Peers {
     resolved: Instant,
-    list: Vec<Arc<HttpPeer>>,
-    /// Each peer's pool key (`reuse_hash`, which hashes every field of the
-    /// peer), computed once.
-    reuse: Vec<u64>,
+    /// Each with its pool key (`reuse_hash`, which hashes every field of
+    /// the peer), computed once.
+    list: Vec<(Arc<HttpPeer>, u64)>,
     /// Where in `list` attempts start: the address that last connected, or
     /// the one after an address that failed.
     preferred: AtomicUsize,
@@ -84,11 +83,11 @@ impl Peers {
     }
 
     pub fn peer(&self, index: usize) -> &Arc<HttpPeer> {
-        &self.list[index % self.list.len()]
+        &self.list[index % self.list.len()].0
     }
 
     fn reuse_hash(&self, index: usize) -> u64 {
-        self.reuse[index % self.reuse.len()]
+        self.list[index % self.list.len()].1
     }
 
     fn connected(&self, index: usize) {
@@ -277,13 +276,16 @@ impl Endpoint {
                 addrs.iter().position(|a| *a == addr)
             })
             .unwrap_or(0);
-        let list: Vec<_> = addrs
+        let list = addrs
             .into_iter()
-            .map(|addr| Arc::new(self.build_peer(addr)))
+            .map(|addr| {
+                let peer = self.build_peer(addr);
+                let reuse = peer.reuse_hash();
+                (Arc::new(peer), reuse)
+            })
             .collect();
         let peers = Arc::new(Peers {
             resolved: Instant::now(),
-            reuse: list.iter().map(|peer| peer.reuse_hash()).collect(),
             list,
             preferred: AtomicUsize::new(preferred),
         });

@@ -194,7 +194,7 @@ impl ServerApp for Edge {
                     return None;
                 }
             };
-            let proxy_path = super::proxy_path(&head.header, &self.config.load());
+            let proxy_path = super::proxy_path(&head, &self.config.load());
             let reused = if proxy_path == ProxyPath::Now {
                 let request = head.as_sent(&buf);
                 self.pass_on(stream, request, persisted.take(), shutdown)

@@ -445,6 +445,11 @@ impl Session {
         }
     }
 
+    /// How the request's body is delimited, until it is read.
+    pub fn body(&self) -> &Body {
+        &self.body
+    }
+
     fn body_done(&self) -> bool {
         matches!(self.body, Body::Done | Body::Length(0))
     }

@@ -188,7 +188,7 @@ impl AgentProxy {
             "messages" => front_door::handle(session, ctx, Dialect::Messages).await,
             "count_tokens" => front_door::count_tokens(session, ctx).await,
             "stored_response" => stored::handle(session, ctx).await,
-            _ if config.passthrough && forward::takes(session.req_header()) => {
+            _ if config.passthrough && forward::takes(session.req_header(), session.body()) => {
                 forward::other_route(session, ctx).await
             }
             _ if config.passthrough => Ok(false),
@@ -520,9 +520,10 @@ enum ProxyPath {
     Never,
 }
 
-fn proxy_path(req: &RequestHeader, config: &Config) -> ProxyPath {
+fn proxy_path(head: &h1::Head, config: &Config) -> ProxyPath {
+    let req = &head.header;
     match route_of(req.method.as_str(), req.uri.path(), config) {
-        PROXY if config.passthrough && !forward::takes(req) => ProxyPath::Now,
+        PROXY if config.passthrough && !forward::takes(req, head.body()) => ProxyPath::Now,
         PROXY | "stored_response" => ProxyPath::Perhaps,
         _ => ProxyPath::Never,
     }
