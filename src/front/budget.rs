@@ -8,22 +8,27 @@
 /// and one per `[`, `{`, `,` and `:` outside strings (every value but the
 /// root follows one of them). Not a validator: text that is not JSON gets
 /// some count and fails to parse later.
+///
+/// Most of a request's bytes are string text (prompts, tool schemas' prose):
+/// a string is skipped to its next quote or backslash by SIMD search, not
+/// byte by byte (a coding agent's 50 KB request: 50 µs byte by byte).
 pub fn json_values(body: &[u8]) -> usize {
     let mut count = 1;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &byte in body {
-        if in_string {
-            match (escaped, byte) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut at = 0;
+    while let Some(&byte) = body.get(at) {
+        at += 1;
         match byte {
-            b'"' => in_string = true,
+            b'"' => loop {
+                match memchr::memchr2(b'"', b'\\', body.get(at..).unwrap_or_default()) {
+                    None => return count,
+                    // An escape: the next byte is text, whatever it is.
+                    Some(i) if body[at + i] == b'\\' => at += i + 2,
+                    Some(i) => {
+                        at += i + 1;
+                        break;
+                    }
+                }
+            },
             b'[' | b'{' | b',' | b':' => count += 1,
             _ => {}
         }
@@ -63,7 +68,39 @@ mod tests {
         })
     }
 
+    /// The count byte by byte, as [`json_values`] defines it.
+    fn reference(body: &[u8]) -> usize {
+        let mut count = 1;
+        let mut in_string = false;
+        let mut escaped = false;
+        for &byte in body {
+            if in_string {
+                match (escaped, byte) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match byte {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => count += 1,
+                _ => {}
+            }
+        }
+        count
+    }
+
     proptest! {
+        #[test]
+        fn any_bytes_count_as_byte_by_byte(body in prop::collection::vec(
+            prop_oneof![Just(b'"'), Just(b'\\'), Just(b','), Just(b'{'), Just(b':'), any::<u8>()],
+            0..256,
+        )) {
+            prop_assert_eq!(json_values(&body), reference(&body));
+        }
+
         #[test]
         fn the_count_bounds_the_values_of_any_document(value in json(), pretty in any::<bool>()) {
             let text = if pretty {
