@@ -3,10 +3,12 @@
 //! watching for the client to go away and keeping a silent stream alive.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
+use tokio::time::{Instant, Sleep};
 
 use crate::conversation::Dialect;
 use crate::error::ApiError;
@@ -27,6 +29,10 @@ pub struct Client<'s> {
     heartbeat_bytes: &'static [u8],
     /// SSE headers were sent: heartbeats are allowed, and the stream is counted.
     streaming: Option<StreamGuard>,
+    /// The heartbeat's timer, made once per stream: each wait pushes it
+    /// later (a compare-and-swap), where a timer per wait would register and
+    /// deregister under the timer wheel's lock for every upstream read.
+    silence: Option<Pin<Box<Sleep>>>,
     watching: bool,
 }
 
@@ -37,6 +43,7 @@ impl<'s> Client<'s> {
             heartbeat,
             heartbeat_bytes: sse::HEARTBEAT,
             streaming: None,
+            silence: None,
             watching: true,
         }
     }
@@ -63,7 +70,25 @@ impl<'s> Client<'s> {
     pub async fn wait<F: Future>(&mut self, work: F) -> Result<F::Output, Gone> {
         tokio::pin!(work);
         loop {
-            let (streaming, watching) = (self.streaming.is_some(), self.watching);
+            let watching = self.watching;
+            let silence = match (&self.streaming, &mut self.silence) {
+                (None, _) => None,
+                (Some(_), Some(timer)) => {
+                    timer.as_mut().reset(Instant::now() + self.heartbeat);
+                    Some(timer.as_mut())
+                }
+                (Some(_), slot) => Some(
+                    slot.insert(Box::pin(tokio::time::sleep(self.heartbeat)))
+                        .as_mut(),
+                ),
+            };
+            let streaming = silence.is_some();
+            let silent = async {
+                match silence {
+                    Some(timer) => timer.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 out = &mut work => return Ok(out),
@@ -76,7 +101,7 @@ impl<'s> Client<'s> {
                     }
                     continue;
                 }
-                _ = tokio::time::sleep(self.heartbeat), if streaming => {}
+                _ = silent, if streaming => {}
             }
             self.write(Bytes::from_static(self.heartbeat_bytes)).await?;
         }

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::{DecodeError, RoundDecoder, Step, Whole};
+use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
 use crate::agent::assemble::{new_call_id, Assembler};
 use crate::conversation::{
     CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, Schema,
@@ -45,8 +45,10 @@ struct Body<'a> {
     response_format: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     user: Option<&'a str>,
+    /// The client's fields (same dialect only), then the agent's params:
+    /// each only where no earlier source gave the key.
     #[serde(flatten)]
-    rest: Map<String, Value>,
+    rest: Fields<'a>,
 }
 
 #[derive(Serialize)]
@@ -109,28 +111,41 @@ struct FunctionOut<'a> {
     extra: Option<&'a Map<String, Value>>,
 }
 
+const TEMPLATE_KWARGS: &str = "chat_template_kwargs";
+
 /// The `/chat/completions` body for `conversation`. A streaming request asks
 /// for usage (the loop sums it over rounds).
 pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
     let same_dialect = conversation.origin == Dialect::Chat;
     let options = &conversation.options;
-    let mut rest = if same_dialect {
-        conversation.extra.clone()
-    } else {
-        Map::new()
+    // Borrowed, not merged into a copy: the client's fields come first.
+    let client = same_dialect.then_some(&conversation.extra);
+    let sources = || client.into_iter().chain([&conversation.params]);
+    // Thinking off is llama.cpp's template switch, added to any kwargs given
+    // (kwargs that are no object are left as they are).
+    let kwargs = match options.thinking {
+        Some(false) => match sources().find_map(|fields| fields.get(TEMPLATE_KWARGS)) {
+            Some(Value::Object(given)) => {
+                let mut kwargs = given.clone();
+                kwargs.insert("enable_thinking".into(), Value::Bool(false));
+                Some(Value::Object(kwargs))
+            }
+            Some(_) => None,
+            None => Some(serde_json::json!({ "enable_thinking": false })),
+        },
+        _ => None,
     };
-    for (key, value) in &conversation.params {
-        rest.entry(key.clone()).or_insert_with(|| value.clone());
+    let mut rest = sources()
+        .flatten()
+        .map(|(key, value)| match &kwargs {
+            Some(kwargs) if key == TEMPLATE_KWARGS => (key.as_str(), kwargs),
+            _ => (key.as_str(), value),
+        })
+        .fold(Vec::new(), first_of_each);
+    if let Some(kwargs) = &kwargs {
+        rest = first_of_each(rest, (TEMPLATE_KWARGS, kwargs));
     }
-    // Thinking off is llama.cpp's template switch.
-    if options.thinking == Some(false) {
-        let kwargs = rest
-            .entry("chat_template_kwargs")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(kwargs) = kwargs {
-            kwargs.insert("enable_thinking".into(), Value::Bool(false));
-        }
-    }
+    let has = |key: &str| rest.iter().any(|(k, _)| *k == key);
     let body = Body {
         model: conversation.model.as_deref(),
         messages: messages(conversation, same_dialect),
@@ -160,9 +175,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             include_usage: true,
         }),
         // A client's `max_completion_tokens` is in `rest`, as it sent it.
-        max_tokens: options
-            .max_tokens
-            .filter(|_| !rest.contains_key("max_completion_tokens")),
+        max_tokens: options.max_tokens.filter(|_| !has("max_completion_tokens")),
         temperature: options.temperature,
         top_p: options.top_p,
         stop: &options.stop,
@@ -175,7 +188,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             }
         }),
         user: options.user.as_deref(),
-        rest,
+        rest: Fields(rest),
     };
     // Most chat requests fit: one allocation instead of a series of regrowths.
     let mut out = Vec::with_capacity(4096);

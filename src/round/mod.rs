@@ -7,6 +7,9 @@ pub mod responses;
 
 use std::fmt;
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
+
 use crate::config::file::UpstreamApi;
 use crate::conversation::{CallKind, Conversation, Delta, Reasoning, RoundEnd, UpstreamError};
 use crate::sse;
@@ -82,5 +85,30 @@ pub fn decoder(api: UpstreamApi, conversation: &Conversation) -> Box<dyn RoundDe
                 .collect(),
         )),
         UpstreamApi::Responses => Box::new(responses::Decoder::default()),
+    }
+}
+
+/// Adds `field` unless an earlier source gave the same key: the client's
+/// fields come before the agent's defaults.
+pub(super) fn first_of_each<'a>(
+    mut fields: Vec<(&'a str, &'a Value)>,
+    field: (&'a str, &'a Value),
+) -> Vec<(&'a str, &'a Value)> {
+    if !fields.iter().any(|(key, _)| *key == field.0) {
+        fields.push(field);
+    }
+    fields
+}
+
+/// Extra object fields, written after the typed ones.
+pub(super) struct Fields<'a>(pub Vec<(&'a str, &'a Value)>);
+
+impl Serialize for Fields<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, value) in &self.0 {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
     }
 }

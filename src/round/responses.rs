@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{DecodeError, RoundDecoder, Step, Whole};
+use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Part, Reasoning,
     Role, RoundEnd, Schema, ToolCall, ToolChoice, UpstreamError, Usage,
@@ -166,31 +166,6 @@ impl<'a> Request<'a> {
             "user" => self.user.is_some(),
             _ => false,
         }
-    }
-}
-
-/// Adds `field` unless an earlier source gave the same key: the client's
-/// fields come before the agent's defaults.
-fn first_of_each<'a>(
-    mut fields: Vec<(&'a str, &'a Value)>,
-    field: (&'a str, &'a Value),
-) -> Vec<(&'a str, &'a Value)> {
-    if !fields.iter().any(|(key, _)| *key == field.0) {
-        fields.push(field);
-    }
-    fields
-}
-
-/// Extra object fields, written after the typed ones.
-struct Fields<'a>(Vec<(&'a str, &'a Value)>);
-
-impl Serialize for Fields<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (key, value) in &self.0 {
-            map.serialize_entry(key, value)?;
-        }
-        map.end()
     }
 }
 
