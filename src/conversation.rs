@@ -193,6 +193,12 @@ impl From<&Value> for Schema {
     }
 }
 
+impl From<&RawValue> for Schema {
+    fn from(schema: &RawValue) -> Schema {
+        Schema(schema.to_owned())
+    }
+}
+
 impl PartialEq for Schema {
     fn eq(&self, other: &Schema) -> bool {
         self.0.get() == other.0.get()

@@ -18,8 +18,8 @@ use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
 use super::{
-    invalid, json_object, new_id, note_dropped, required_str, take_bool, take_f64, take_str,
-    take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn,
+    invalid, new_id, not_an_object, note_dropped, object_keeping, required_str, take_bool,
+    take_f64, take_str, take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -62,7 +62,9 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 /// A `POST /v1/messages` body as a conversation (origin
 /// [`Dialect::Messages`]), with what the caller must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    let mut top = json_object(body)?;
+    // Tools are most of a coding agent's request, and their schemas go on
+    // as they came: parsed only where read.
+    let (mut top, tools) = object_keeping::<&RawValue>(body, "tools").map_err(not_an_object)?;
     for key in IGNORED {
         top.remove(key);
     }
@@ -75,7 +77,7 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     let mut system = decode_system(top.remove("system"))?;
     decode_messages(top.remove("messages"), &mut conv.items, &mut system)?;
     conv.system = (!system.is_empty()).then(|| system.join("\n\n"));
-    if let Some(tools) = top.remove("tools") {
+    if let Some(tools) = tools {
         conv.tools = decode_tools(tools, &mut ctx)?;
     }
     conv.options = decode_options(&mut top, &mut conv.params)?;
@@ -347,16 +349,17 @@ fn decode_image(block: Map<String, Value>) -> Part {
 }
 
 /// Custom tools become functions; server tools (any other `type`) are dropped.
-fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    let list = match tools {
-        Value::Null => return Ok(Vec::new()),
-        Value::Array(list) => list,
-        _ => return Err(invalid("tools must be an array.", "tools")),
+fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
+    let Ok(list) = serde_json::from_str::<Option<Vec<&RawValue>>>(tools.get()) else {
+        return Err(invalid("tools must be an array.", "tools"));
     };
+    let list = list.unwrap_or_default();
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.into_iter().enumerate() {
         let param = format!("tools[{i}]");
-        let Value::Object(mut tool) = tool else {
+        let Ok((mut tool, schema)) =
+            object_keeping::<&RawValue>(tool.get().as_bytes(), "input_schema")
+        else {
             return Err(invalid(format!("{param} must be an object."), param));
         };
         match take_str_at(&mut tool, "type", &format!("{param}.type"))? {
@@ -369,10 +372,9 @@ fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
         }
         let name = required_str(&mut tool, "name", &param)?;
         let description = take_str_at(&mut tool, "description", &format!("{param}.description"))?;
-        let parameters = tool
-            .remove("input_schema")
-            .filter(|v| !v.is_null())
-            .map_or_else(Schema::empty, |schema| Schema::from(&schema));
+        let parameters = schema
+            .filter(|schema| schema.get() != "null")
+            .map_or_else(Schema::empty, Schema::from);
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(FunctionTool {
             name,
@@ -1390,6 +1392,56 @@ mod tests {
         assert_eq!(
             conv.items,
             vec![text(Role::User, "hi"), text(Role::Assistant, "ok")]
+        );
+    }
+
+    #[test]
+    fn a_tool_schema_goes_on_as_the_client_wrote_it() {
+        // Key order, an escape and a number as written: the text, not a
+        // re-serialized value (a prompt cache needs the same bytes per turn).
+        let schema = r#"{"type":"object","required":["b","a"],"properties":{"b":{"type":"string","description":"caf\u00e9"},"a":{"type":"number","maximum":1.50}}}"#;
+        let body = format!(
+            r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"name":"T","input_schema":{schema}}},{{"name":"N","input_schema":null}}]}}"#
+        );
+        let (conv, _) = decode(body.as_bytes()).unwrap();
+        let out = crate::round::chat::encode(&conv, false);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains(&format!(r#""parameters":{schema}"#)), "{out}");
+        assert_eq!(conv.tools[1].parameters, Schema::empty());
+    }
+
+    #[test]
+    fn tools_of_the_wrong_shape_are_named() {
+        for (tools, message, param) in [
+            (json!("Bash"), "tools must be an array.", "tools"),
+            (json!({"name": "Bash"}), "tools must be an array.", "tools"),
+            (
+                json!([{"name": "Bash"}, 7]),
+                "tools[1] must be an object.",
+                "tools[1]",
+            ),
+        ] {
+            let error = decode_json(json!({
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": tools,
+            }))
+            .unwrap_err();
+            assert_eq!(error.message, message);
+            assert_eq!(error.param.as_deref(), Some(param));
+        }
+        let (conv, _) = decode_json(json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": null,
+        }))
+        .unwrap();
+        assert!(conv.tools.is_empty());
+        let error = decode(b"[1]").unwrap_err();
+        assert!(
+            error
+                .message
+                .starts_with("The request body is not a valid JSON object"),
+            "{}",
+            error.message
         );
     }
 

@@ -11,6 +11,7 @@ pub mod messages;
 pub mod responses;
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -93,9 +94,49 @@ fn new_id(prefix: &str) -> String {
 
 /// A request body, which must be a JSON object.
 pub fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
-    })
+    serde_json::from_slice(body).map_err(not_an_object)
+}
+
+fn not_an_object(e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
+}
+
+/// The JSON object `json` parsed into values, in one pass, but for its
+/// member `key`, read as `T` (a key given twice: its last value). A decoder
+/// keeps what it passes on as it came (a tool's schema, as its text) and
+/// does not parse twice what it reads later. `Err` when `json` is no object.
+fn object_keeping<'a, T: Deserialize<'a>>(
+    json: &'a [u8],
+    key: &str,
+) -> Result<(Map<String, Value>, Option<T>), serde_json::Error> {
+    let mut json = serde_json::Deserializer::from_slice(json);
+    let object = serde::Deserializer::deserialize_map(&mut json, Keeping(key, PhantomData))?;
+    json.end()?;
+    Ok(object)
+}
+
+struct Keeping<'k, T>(&'k str, PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Keeping<'_, T> {
+    type Value = (Map<String, Value>, Option<T>);
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut parsed = Map::new();
+        let mut kept = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.0 {
+                kept = Some(map.next_value()?);
+            } else {
+                let value = map.next_value()?;
+                parsed.insert(key, value);
+            }
+        }
+        Ok((parsed, kept))
+    }
 }
 
 /// Notes a dropped tool type, once.
