@@ -595,6 +595,8 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         AGENT_B,
         AGENT_RESPONSES,
         AGENT_MESSAGES,
+        AGENT_CLAUDE_CODE,
+        AGENT_CODEX,
     ];
 
     let wanted = |scenario| args.only.is_empty() || args.only.contains(&scenario);
