@@ -197,6 +197,25 @@ agents:
     }
 
     #[test]
+    fn thinking_off_joins_the_template_kwargs_the_client_gave() {
+        let body = json!({"model":"a","messages":[{"role":"user","content":"hi"}],
+            "enable_thinking": false, "max_completion_tokens": 7,
+            "chat_template_kwargs": {"reasoning_budget": 0}});
+        let out = rewrite_for("prepend", body);
+        assert_eq!(
+            out["chat_template_kwargs"],
+            json!({"reasoning_budget": 0, "enable_thinking": false})
+        );
+        assert_eq!(
+            out["max_completion_tokens"], 7,
+            "the client's, as it sent it"
+        );
+        assert!(out.get("max_tokens").is_none(), "not both limits: {out}");
+        let text = serde_json::to_string(&out).unwrap();
+        assert_eq!(text.matches("chat_template_kwargs").count(), 1, "{text}");
+    }
+
+    #[test]
     fn a_non_streaming_request_stays_one_without_stream_options() {
         let body = json!({"model":"a","messages":[{"role":"user","content":"hi"}],
             "stream": false, "stream_options": {"include_usage": true}});
