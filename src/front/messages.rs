@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
 use super::{
-    invalid, new_id, not_an_object, note_dropped, object_keeping, required_str, take_bool,
+    invalid, json_object_and_tools, new_id, note_dropped, object_keeping, required_str, take_bool,
     take_f64, take_str, take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn,
 };
 use crate::conversation::{
@@ -64,7 +64,7 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     // Tools are most of a coding agent's request, and their schemas go on
     // as they came: parsed only where read.
-    let (mut top, tools) = object_keeping::<&RawValue>(body, "tools").map_err(not_an_object)?;
+    let (mut top, tools) = json_object_and_tools(body)?;
     for key in IGNORED {
         top.remove(key);
     }

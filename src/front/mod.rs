@@ -15,6 +15,7 @@ use std::marker::PhantomData;
 
 use bytes::Bytes;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
@@ -92,9 +93,13 @@ fn new_id(prefix: &str) -> String {
     id
 }
 
-/// A request body, which must be a JSON object.
-pub fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    serde_json::from_slice(body).map_err(not_an_object)
+/// A request body, which must be a JSON object: parsed, but for its
+/// `tools`, left as their text for the front's decoder (most of a coding
+/// agent's request; their schemas go on as they came).
+pub fn json_object_and_tools(
+    body: &[u8],
+) -> Result<(Map<String, Value>, Option<&RawValue>), ApiError> {
+    object_keeping(body, "tools").map_err(not_an_object)
 }
 
 fn not_an_object(e: serde_json::Error) -> ApiError {

@@ -14,11 +14,12 @@ use std::collections::HashMap;
 
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{
-    invalid, json_object, new_id, note_dropped, required_str, take_bool, take_f64, take_str,
-    take_str_at, take_u64, ErrorEnvelope, ErrorIn,
+    invalid, json_object_and_tools, new_id, note_dropped, object_keeping, required_str, take_bool,
+    take_f64, take_str, take_str_at, take_u64, ErrorEnvelope, ErrorIn,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -93,11 +94,16 @@ impl Default for Echo {
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    decode_object(json_object(body)?)
+    let (top, tools) = json_object_and_tools(body)?;
+    decode_object(top, tools)
 }
 
-/// [`decode`] of a body already parsed (and its history spliced in).
-pub fn decode_object(mut top: Map<String, Value>) -> Result<(Conversation, Context), ApiError> {
+/// [`decode`] of a body already parsed (and its history spliced in), its
+/// `tools` left as their text.
+pub fn decode_object(
+    mut top: Map<String, Value>,
+    tools: Option<&RawValue>,
+) -> Result<(Conversation, Context), ApiError> {
     refuse_state(&top)?;
     // Null or false, they only say what the stateless proxy does anyway.
     for key in ["previous_response_id", "background", "conversation"] {
@@ -113,7 +119,7 @@ pub fn decode_object(mut top: Map<String, Value>) -> Result<(Conversation, Conte
     let instructions = take_str(&mut top, "instructions")?;
     let options = decode_options(&mut top, &mut ctx)?;
 
-    if let Some(tools) = top.remove("tools") {
+    if let Some(tools) = tools {
         conv.tools = decode_tools(tools, &mut ctx)?;
     }
 
@@ -277,21 +283,28 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
     })
 }
 
-fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    let list = match tools {
-        Value::Null => return Ok(Vec::new()),
-        Value::Array(list) => list,
-        _ => return Err(invalid("tools must be an array.", "tools")),
+fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
+    let Ok(list) = serde_json::from_str::<Option<Vec<&RawValue>>>(tools.get()) else {
+        return Err(invalid("tools must be an array.", "tools"));
     };
+    let list = list.unwrap_or_default();
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.into_iter().enumerate() {
         let param = format!("tools[{i}]");
-        let Value::Object(mut tool) = tool else {
+        // A function's schema goes on as the text it came as.
+        let Ok((mut tool, parameters)) =
+            object_keeping::<&RawValue>(tool.get().as_bytes(), "parameters")
+        else {
             return Err(invalid(format!("{param} must be an object."), param));
         };
+        let parameters = parameters
+            .filter(|schema| schema.get() != "null")
+            .map(Schema::from);
         let kind = required_str(&mut tool, "type", &param)?;
         match kind.as_str() {
-            "function" | "custom" => out.push(function_tool(tool, &kind, None, &param, ctx)?),
+            "function" | "custom" => {
+                out.push(function_tool(tool, parameters, &kind, None, &param, ctx)?)
+            }
             "namespace" => {
                 let namespace = required_str(&mut tool, "name", &param)?;
                 let Some(Value::Array(nested)) = tool.remove("tools") else {
@@ -307,7 +320,14 @@ fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
                     };
                     let kind = required_str(&mut inner, "type", &param)?;
                     if kind == "function" || kind == "custom" {
-                        out.push(function_tool(inner, &kind, Some(&namespace), &param, ctx)?);
+                        let parameters = inner
+                            .remove("parameters")
+                            .filter(|v| !v.is_null())
+                            .map(|schema| Schema::from(&schema));
+                        let namespace = Some(namespace.as_str());
+                        out.push(function_tool(
+                            inner, parameters, &kind, namespace, &param, ctx,
+                        )?);
                     } else {
                         note_dropped(&mut ctx.dropped_tools, kind);
                     }
@@ -319,10 +339,12 @@ fn decode_tools(tools: Value, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
     Ok(out)
 }
 
-/// A `function` or `custom` tool definition; whatever else it carries
-/// (`strict`, a custom tool's `format`, …) goes to `extra`.
+/// A `function` or `custom` tool definition, its `parameters` taken out;
+/// whatever else it carries (`strict`, a custom tool's `format`, …) goes
+/// to `extra`.
 fn function_tool(
     mut tool: Map<String, Value>,
+    parameters: Option<Schema>,
     kind: &str,
     namespace: Option<&str>,
     param: &str,
@@ -338,13 +360,13 @@ fn function_tool(
             "properties": {"input": {"type": "string"}},
             "required": ["input"],
         });
+        // Not ours to read: it stays with the tool, as sent.
+        if let Some(given) = parameters {
+            tool.insert("parameters".into(), given.to_value());
+        }
         (CallKind::Custom, Schema::from(&schema))
     } else {
-        let parameters = tool
-            .remove("parameters")
-            .filter(|v| !v.is_null())
-            .map_or_else(Schema::empty, |schema| Schema::from(&schema));
-        (CallKind::Function, parameters)
+        (CallKind::Function, parameters.unwrap_or_else(Schema::empty))
     };
     Ok(FunctionTool {
         name: match namespace {
@@ -1884,6 +1906,29 @@ mod tests {
             ctx.namespaced.get("agents__spawn_agent"),
             Some(&("agents".to_owned(), "spawn_agent".to_owned()))
         );
+    }
+
+    #[test]
+    fn a_function_schema_goes_on_as_the_client_wrote_it() {
+        let schema = r#"{"type":"object","required":["b","a"],"properties":{"b":{"type":"string","description":"caf\u00e9"},"a":{"type":"number","maximum":1.50}}}"#;
+        let body = format!(
+            r#"{{"model":"m","input":"hi","tools":[{{"type":"function","name":"T","parameters":{schema}}},{{"type":"custom","name":"C","parameters":{{"kept":true}}}}]}}"#
+        );
+        let (conv, _) = decode(body.as_bytes()).unwrap();
+        let out = String::from_utf8(crate::round::chat::encode(&conv, false)).unwrap();
+        assert!(out.contains(&format!(r#""parameters":{schema}"#)), "{out}");
+        // A custom tool's own `parameters` is not its schema: kept with it.
+        assert_eq!(conv.tools[1].extra["parameters"], json!({"kept": true}));
+        for (tools, message) in [
+            (json!("T"), "tools must be an array."),
+            (
+                json!([{"type": "function", "name": "T"}, []]),
+                "tools[1] must be an object.",
+            ),
+        ] {
+            let error = decode_json(json!({"input": "hi", "tools": tools})).unwrap_err();
+            assert_eq!(error.message, message);
+        }
     }
 
     #[test]

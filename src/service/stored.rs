@@ -32,10 +32,10 @@ pub async fn decode(
     tenant: &str,
     body: &[u8],
 ) -> Result<(Conversation, Context, Option<Saving>), ApiError> {
-    let mut top = crate::front::json_object(body)?;
+    let (mut top, tools) = crate::front::json_object_and_tools(body)?;
     let Some(store) = &config.store else {
         // No store: the decoder refuses a previous id, nothing is kept.
-        let (conversation, context) = responses::decode_object(top)?;
+        let (conversation, context) = responses::decode_object(top, tools)?;
         return Ok((conversation, context, None));
     };
     let previous = match top.remove("previous_response_id") {
@@ -74,7 +74,7 @@ pub async fn decode(
         .with_param("previous_response_id"));
     }
     top.insert("input".into(), Value::Array(items));
-    let (conversation, mut context) = responses::decode_object(top)?;
+    let (conversation, mut context) = responses::decode_object(top, tools)?;
     context.echo.store = keep;
     context.echo.previous_response_id.clone_from(&previous);
     let saving = own.map(|input| Saving {
