@@ -71,17 +71,13 @@ impl<'s> Client<'s> {
         tokio::pin!(work);
         loop {
             let watching = self.watching;
-            let silence = match (&self.streaming, &mut self.silence) {
-                (None, _) => None,
-                (Some(_), Some(timer)) => {
-                    timer.as_mut().reset(Instant::now() + self.heartbeat);
-                    Some(timer.as_mut())
-                }
-                (Some(_), slot) => Some(
-                    slot.insert(Box::pin(tokio::time::sleep(self.heartbeat)))
-                        .as_mut(),
-                ),
-            };
+            let silence = self.streaming.is_some().then(|| {
+                let timer = self
+                    .silence
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.heartbeat)));
+                timer.as_mut().reset(Instant::now() + self.heartbeat);
+                timer.as_mut()
+            });
             let streaming = silence.is_some();
             let silent = async {
                 match silence {

@@ -18,8 +18,8 @@ use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
 use super::{
-    invalid, json_object_and_tools, new_id, note_dropped, object_keeping, required_str, take_bool,
-    take_f64, take_str, take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn,
+    invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool, take_f64,
+    take_str, take_str_at, take_u64, tool_objects, Encoder, ErrorEnvelope, ErrorIn, ToolObject,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -350,18 +350,14 @@ fn decode_image(block: Map<String, Value>) -> Part {
 
 /// Custom tools become functions; server tools (any other `type`) are dropped.
 fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    let Ok(list) = serde_json::from_str::<Option<Vec<&RawValue>>>(tools.get()) else {
-        return Err(invalid("tools must be an array.", "tools"));
-    };
-    let list = list.unwrap_or_default();
-    let mut out = Vec::with_capacity(list.len());
-    for (i, tool) in list.into_iter().enumerate() {
-        let param = format!("tools[{i}]");
-        let Ok((mut tool, schema)) =
-            object_keeping::<&RawValue>(tool.get().as_bytes(), "input_schema")
-        else {
-            return Err(invalid(format!("{param} must be an object."), param));
-        };
+    let tools = tool_objects(tools, "input_schema")?;
+    let mut out = Vec::with_capacity(tools.len());
+    for ToolObject {
+        param,
+        fields: mut tool,
+        schema,
+    } in tools
+    {
         match take_str_at(&mut tool, "type", &format!("{param}.type"))? {
             None => {}
             Some(kind) if kind == "custom" => {}
@@ -372,9 +368,7 @@ fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>
         }
         let name = required_str(&mut tool, "name", &param)?;
         let description = take_str_at(&mut tool, "description", &format!("{param}.description"))?;
-        let parameters = schema
-            .filter(|schema| schema.get() != "null")
-            .map_or_else(Schema::empty, Schema::from);
+        let parameters = schema.unwrap_or_else(Schema::empty);
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(FunctionTool {
             name,

@@ -11,14 +11,13 @@ pub mod messages;
 pub mod responses;
 
 use std::borrow::Cow;
-use std::marker::PhantomData;
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
+use crate::conversation::{Finish, Reasoning, Schema, ToolCall, Usage};
 use crate::error::ApiError;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
@@ -99,31 +98,58 @@ fn new_id(prefix: &str) -> String {
 pub fn json_object_and_tools(
     body: &[u8],
 ) -> Result<(Map<String, Value>, Option<&RawValue>), ApiError> {
-    object_keeping(body, "tools").map_err(not_an_object)
+    object_keeping(body, "tools").map_err(|e| {
+        ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
+    })
 }
 
-fn not_an_object(e: serde_json::Error) -> ApiError {
-    ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
+/// One of a request's `tools`, parsed but for its schema.
+struct ToolObject {
+    /// Its place (`tools[i]`), for errors.
+    param: String,
+    fields: Map<String, Value>,
+    /// Kept as the text it came as; `null` is none.
+    schema: Option<Schema>,
+}
+
+/// A request's `tools`, the member `schema` of each kept as its text.
+fn tool_objects(tools: &RawValue, schema: &str) -> Result<Vec<ToolObject>, ApiError> {
+    let Ok(list) = serde_json::from_str::<Option<Vec<&RawValue>>>(tools.get()) else {
+        return Err(invalid("tools must be an array.", "tools"));
+    };
+    let list = list.unwrap_or_default();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, tool) in list.into_iter().enumerate() {
+        let param = format!("tools[{i}]");
+        let Ok((fields, kept)) = object_keeping(tool.get().as_bytes(), schema) else {
+            return Err(invalid(format!("{param} must be an object."), param));
+        };
+        out.push(ToolObject {
+            param,
+            fields,
+            schema: kept.filter(|text| text.get() != "null").map(Schema::from),
+        });
+    }
+    Ok(out)
 }
 
 /// The JSON object `json` parsed into values, in one pass, but for its
-/// member `key`, read as `T` (a key given twice: its last value). A decoder
-/// keeps what it passes on as it came (a tool's schema, as its text) and
-/// does not parse twice what it reads later. `Err` when `json` is no object.
-fn object_keeping<'a, T: Deserialize<'a>>(
+/// member `key`, kept as its text (a key given twice: its last value).
+/// `Err` when `json` is no object.
+fn object_keeping<'a>(
     json: &'a [u8],
     key: &str,
-) -> Result<(Map<String, Value>, Option<T>), serde_json::Error> {
+) -> Result<(Map<String, Value>, Option<&'a RawValue>), serde_json::Error> {
     let mut json = serde_json::Deserializer::from_slice(json);
-    let object = serde::Deserializer::deserialize_map(&mut json, Keeping(key, PhantomData))?;
+    let object = serde::Deserializer::deserialize_map(&mut json, Keeping(key))?;
     json.end()?;
     Ok(object)
 }
 
-struct Keeping<'k, T>(&'k str, PhantomData<T>);
+struct Keeping<'k>(&'k str);
 
-impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Keeping<'_, T> {
-    type Value = (Map<String, Value>, Option<T>);
+impl<'de> serde::de::Visitor<'de> for Keeping<'_> {
+    type Value = (Map<String, Value>, Option<&'de RawValue>);
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON object")

@@ -18,8 +18,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{
-    invalid, json_object_and_tools, new_id, note_dropped, object_keeping, required_str, take_bool,
-    take_f64, take_str, take_str_at, take_u64, ErrorEnvelope, ErrorIn,
+    invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool, take_f64,
+    take_str, take_str_at, take_u64, tool_objects, ErrorEnvelope, ErrorIn, ToolObject,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -284,22 +284,15 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
 }
 
 fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    let Ok(list) = serde_json::from_str::<Option<Vec<&RawValue>>>(tools.get()) else {
-        return Err(invalid("tools must be an array.", "tools"));
-    };
-    let list = list.unwrap_or_default();
-    let mut out = Vec::with_capacity(list.len());
-    for (i, tool) in list.into_iter().enumerate() {
-        let param = format!("tools[{i}]");
-        // A function's schema goes on as the text it came as.
-        let Ok((mut tool, parameters)) =
-            object_keeping::<&RawValue>(tool.get().as_bytes(), "parameters")
-        else {
-            return Err(invalid(format!("{param} must be an object."), param));
-        };
-        let parameters = parameters
-            .filter(|schema| schema.get() != "null")
-            .map(Schema::from);
+    // A function's schema goes on as the text it came as.
+    let tools = tool_objects(tools, "parameters")?;
+    let mut out = Vec::with_capacity(tools.len());
+    for ToolObject {
+        param,
+        fields: mut tool,
+        schema: parameters,
+    } in tools
+    {
         let kind = required_str(&mut tool, "type", &param)?;
         match kind.as_str() {
             "function" | "custom" => {
