@@ -1,9 +1,7 @@
-//! OpenAI chat-completions wire types.
-//!
-//! Requests are typed where the proxy reads or changes a field and keep every
-//! other field in a flattened `rest`, so unknown fields pass through. Chunks
-//! read from upstreams borrow from the event bytes; what the proxy writes is
-//! its own strict types.
+//! OpenAI chat-completions wire types: tool calls and definitions, the
+//! routing peek of a request (the chat front decodes the rest itself, see
+//! `front::chat`), and answers. Chunks read from upstreams borrow from the
+//! event bytes; what the proxy writes is its own strict types.
 
 use std::borrow::Cow;
 
@@ -11,74 +9,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 // ---------------------------------------------------------------- requests
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct ChatRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    pub messages: Vec<Message>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<ToolDef>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream_options: Option<StreamOptions>,
-    /// Qwen-style switch; the proxy also forwards it as `chat_template_kwargs`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub enable_thinking: Option<bool>,
-    #[serde(flatten)]
-    pub rest: Map<String, Value>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-pub struct StreamOptions {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub include_usage: Option<bool>,
-    #[serde(flatten)]
-    pub rest: Map<String, Value>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-pub struct Message {
-    pub role: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<ToolCall>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    #[serde(flatten)]
-    pub rest: Map<String, Value>,
-}
-
-impl Message {
-    pub fn text(role: &str, text: impl Into<String>) -> Self {
-        Message {
-            role: role.to_owned(),
-            content: Some(Value::String(text.into())),
-            tool_calls: None,
-            tool_call_id: None,
-            rest: Map::new(),
-        }
-    }
-
-    pub fn is_instruction(&self) -> bool {
-        self.role == "system" || self.role == "developer"
-    }
-
-    /// The text of `content`, whether a string or an array of text parts.
-    pub fn content_text(&self) -> String {
-        match &self.content {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("\n"),
-            _ => String::new(),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct ToolCall {
@@ -392,16 +322,6 @@ pub struct ModelCard<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unknown_request_fields_survive_a_round_trip() {
-        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"bob"}],
-            "temperature":0.3,"response_format":{"type":"json_object"},"x_custom":[1,2]}"#;
-        let req: ChatRequest = serde_json::from_str(body).unwrap();
-        let back: Value = serde_json::to_value(&req).unwrap();
-        let orig: Value = serde_json::from_str(body).unwrap();
-        assert_eq!(back, orig);
-    }
 
     #[test]
     fn reads_llama_cpp_tool_call_delta() {

@@ -13,7 +13,6 @@ use agent_proxy::agent::toolset::ToolSet;
 use agent_proxy::config::Config;
 use agent_proxy::conversation::Conversation;
 use agent_proxy::front;
-use agent_proxy::openai::ChatRequest;
 use agent_proxy::round;
 use serde_json::Value;
 
@@ -33,9 +32,7 @@ agents:
 });
 
 fn decoded(data: &[u8]) -> Vec<Conversation> {
-    let chat = serde_json::from_slice::<ChatRequest>(data)
-        .ok()
-        .and_then(|r| front::chat::decode(r).ok());
+    let chat = front::chat::decode(data).ok();
     let responses = front::responses::decode(data).ok().map(|(c, _)| c);
     let messages = front::messages::decode(data).ok().map(|(c, _)| c);
     [chat, responses, messages].into_iter().flatten().collect()

@@ -141,8 +141,7 @@ agents:
     /// The chat body the agent's upstream gets for a chat request `body`.
     fn rewrite_for(mode: &str, body: Value) -> Value {
         let (agent, toolset) = agent(mode);
-        let conversation =
-            crate::front::chat::decode(serde_json::from_value(body).unwrap()).unwrap();
+        let conversation = crate::front::chat::decode(&serde_json::to_vec(&body).unwrap()).unwrap();
         let stream = conversation.options.stream;
         let out = rewrite(&agent, &toolset, conversation);
         serde_json::from_slice(&crate::round::chat::encode(&out, stream)).unwrap()

@@ -6,115 +6,174 @@
 use std::borrow::Cow;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::Encoder;
+use super::{
+    invalid, json_object_and_tools, object_keeping, required_str, take_bool, take_str, take_str_at,
+    tool_objects, Encoder, ToolObject,
+};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
     Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
-use crate::openai::{self, ChatRequest};
+use crate::openai;
 use crate::sse;
 
 // ------------------------------------------------------------- decoding
 
-/// The conversation of a chat request. Fields the core does not model stay
-/// in `extra`, in chat shape, for a chat upstream.
-pub fn decode(request: ChatRequest) -> Result<Conversation, ApiError> {
-    let ChatRequest {
-        model,
-        messages,
-        tools,
-        stream,
-        stream_options,
-        enable_thinking,
-        mut rest,
-    } = request;
+/// The conversation of a chat request's body. Fields the core does not
+/// model stay in `extra`, in chat shape, for a chat upstream; tool schemas
+/// go on as the text they came as.
+pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
+    let (mut rest, tools) = json_object_and_tools(body)?;
     let mut conversation = Conversation {
-        model,
+        model: take_str(&mut rest, "model")?,
         origin: Dialect::Chat,
         ..Conversation::default()
     };
-    let leading = messages.iter().take_while(|m| m.is_instruction()).count();
-    let system = messages[..leading]
-        .iter()
-        .map(openai::Message::content_text)
-        .filter(|t| !t.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n\n");
-    conversation.system = (!system.is_empty()).then_some(system);
-    for (i, message) in messages.into_iter().enumerate().skip(leading) {
-        decode_message(message, &mut conversation.items)
-            .map_err(|e| e.with_param(format!("messages[{i}]")))?;
-    }
-    for tool in tools.into_iter().flatten() {
-        if let Some(function) = tool.function {
-            conversation.tools.push(FunctionTool {
-                name: function.name,
-                description: function.description,
-                parameters: function
-                    .parameters
-                    .as_ref()
-                    .map_or_else(Schema::empty, Schema::from),
-                kind: CallKind::Function,
-                extra: function.rest,
-            });
+    let Some(Value::Array(messages)) = rest.remove("messages") else {
+        return Err(invalid("messages must be an array.", "messages"));
+    };
+    let mut system = Vec::new();
+    let mut leading = true;
+    for (i, message) in messages.into_iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let Value::Object(mut message) = message else {
+            return Err(invalid(format!("{param} must be an object."), param));
+        };
+        let role = required_str(&mut message, "role", &param)?;
+        leading &= matches!(role.as_str(), "system" | "developer");
+        if leading {
+            let text = content_text(message.remove("content"));
+            if !text.is_empty() {
+                system.push(text);
+            }
+            continue;
         }
+        decode_message(role, message, &param, &mut conversation.items)?;
+    }
+    conversation.system = (!system.is_empty()).then(|| system.join("\n\n"));
+    if let Some(tools) = tools {
+        conversation.tools = decode_tools(tools)?;
     }
     let mut options = Options {
-        stream: stream.unwrap_or(false),
-        include_usage: stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
+        stream: take_bool(&mut rest, "stream")?.unwrap_or(false),
+        include_usage: match rest.remove("stream_options") {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(mut o)) => take_bool_at(&mut o, "include_usage", "stream_options")?,
+            Some(_) => {
+                let error = "stream_options must be an object.";
+                return Err(invalid(error, "stream_options"));
+            }
+        },
         ..Options::default()
+    };
+    // Qwen-style switch, forwarded as sent to a chat upstream (and as
+    // `chat_template_kwargs` by the rewrite).
+    let enable_thinking = match rest.get("enable_thinking") {
+        None => None,
+        Some(Value::Bool(on)) => Some(*on),
+        Some(Value::Null) => rest.remove("enable_thinking").and(None),
+        Some(_) => {
+            let error = "enable_thinking must be a boolean.";
+            return Err(invalid(error, "enable_thinking"));
+        }
     };
     options.thinking = enable_thinking.or_else(|| {
         rest.get("chat_template_kwargs")
             .and_then(|k| k.get("enable_thinking"))
             .and_then(Value::as_bool)
     });
-    if let Some(thinking) = enable_thinking {
-        // Forwarded as sent to a chat upstream.
-        rest.insert("enable_thinking".into(), Value::Bool(thinking));
-    }
     decode_options(&mut rest, &mut options)?;
     conversation.options = options;
     conversation.extra = rest;
     Ok(conversation)
 }
 
-fn decode_message(message: openai::Message, items: &mut Vec<Item>) -> Result<(), ApiError> {
-    let openai::Message {
-        role,
-        content,
-        tool_calls,
-        tool_call_id,
-        mut rest,
-    } = message;
+/// `stream_options.include_usage`: absent or null is false.
+fn take_bool_at(map: &mut Map<String, Value>, key: &str, at: &str) -> Result<bool, ApiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(b),
+        Some(_) => {
+            let param = format!("{at}.{key}");
+            Err(invalid(format!("{param} must be a boolean."), param))
+        }
+    }
+}
+
+/// Function tools; the schema (`function.parameters`) kept as its text.
+/// Tools of other types are not the model's to call here.
+fn decode_tools(tools: &RawValue) -> Result<Vec<FunctionTool>, ApiError> {
+    let tools = tool_objects(tools, "function")?;
+    let mut out = Vec::with_capacity(tools.len());
+    for ToolObject { param, kept, .. } in tools {
+        let Some(function) = kept else { continue };
+        let param = format!("{param}.function");
+        let Ok((mut function, parameters)) =
+            object_keeping(function.get().as_bytes(), "parameters")
+        else {
+            return Err(invalid(format!("{param} must be an object."), param));
+        };
+        out.push(FunctionTool {
+            name: required_str(&mut function, "name", &param)?,
+            description: take_str_at(
+                &mut function,
+                "description",
+                &format!("{param}.description"),
+            )?,
+            parameters: parameters
+                .filter(|text| text.get() != "null")
+                .map_or_else(Schema::empty, Schema::from),
+            kind: CallKind::Function,
+            // `strict`, …
+            extra: function,
+        });
+    }
+    Ok(out)
+}
+
+/// The text of a message's `content`: a string, or its text parts joined.
+fn content_text(content: Option<Value>) -> String {
+    match content {
+        Some(Value::String(text)) => text,
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// One message after the leading instructions, `role` taken out of it.
+fn decode_message(
+    role: String,
+    mut rest: Map<String, Value>,
+    param: &str,
+    items: &mut Vec<Item>,
+) -> Result<(), ApiError> {
     let role = match role.as_str() {
         "user" => Role::User,
         "assistant" => Role::Assistant,
         "system" | "developer" => Role::System,
         "tool" => {
-            let output = openai::Message {
-                content,
-                ..openai::Message::text("tool", "")
-            }
-            .content_text();
+            let call_id = take_str_at(&mut rest, "tool_call_id", &format!("{param}.tool_call_id"))?;
             items.push(Item::ToolResult(ToolResult {
-                call_id: tool_call_id.unwrap_or_default(),
-                output,
+                call_id: call_id.unwrap_or_default(),
+                output: content_text(rest.remove("content")),
                 is_error: false,
             }));
             return Ok(());
         }
         other => {
-            return Err(ApiError::bad_request(format!(
-                "unsupported message role `{other}`"
-            )))
+            return Err(invalid(
+                format!("unsupported message role `{other}`"),
+                format!("{param}.role"),
+            ))
         }
     };
     if role == Role::Assistant {
@@ -132,22 +191,30 @@ fn decode_message(message: openai::Message, items: &mut Vec<Item>) -> Result<(),
             }));
         }
     }
-    let parts = decode_content(content);
-    if !parts.is_empty() || tool_calls.as_ref().is_none_or(Vec::is_empty) {
+    let calls: Vec<openai::ToolCall> = match rest.remove("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(calls) => serde_json::from_value(calls).map_err(|e| {
+            let param = format!("{param}.tool_calls");
+            invalid(format!("{param} is not a list of tool calls: {e}."), param)
+        })?,
+    };
+    rest.remove("tool_call_id");
+    let parts = decode_content(rest.remove("content"));
+    if !parts.is_empty() || calls.is_empty() {
         items.push(Item::Message(Message {
             role,
             content: parts,
             extra: rest,
         }));
     }
-    for call in tool_calls.into_iter().flatten() {
-        items.push(Item::ToolCall(ToolCall {
+    items.extend(calls.into_iter().map(|call| {
+        Item::ToolCall(ToolCall {
             id: call.id,
             name: call.function.name,
             arguments: call.function.arguments,
             kind: CallKind::Function,
-        }));
-    }
+        })
+    }));
     Ok(())
 }
 
@@ -510,5 +577,146 @@ impl From<WireCall<'_>> for openai::ToolCall {
                 arguments: call.function.arguments.into_owned(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::decode;
+    use crate::conversation::{Item, Role, Schema};
+
+    /// The chat body a chat upstream gets for `body`, no agent rewrite.
+    fn forwarded(body: &str) -> Value {
+        let conversation = decode(body.as_bytes()).unwrap();
+        serde_json::from_slice(&crate::round::chat::encode(&conversation, false)).unwrap()
+    }
+
+    #[test]
+    fn unknown_fields_go_on_to_a_chat_upstream() {
+        let out = forwarded(
+            r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"bob"}],
+            "temperature":0.3,"response_format":{"type":"json_object"},"x_custom":[1,2],
+            "enable_thinking":false}"#,
+        );
+        assert_eq!(out["messages"][0]["name"], "bob");
+        assert_eq!(out["x_custom"], json!([1, 2]));
+        assert_eq!(out["response_format"], json!({"type": "json_object"}));
+        assert_eq!(out["temperature"], 0.3);
+        assert_eq!(out["enable_thinking"], false);
+    }
+
+    #[test]
+    fn a_tool_schema_goes_on_as_the_client_wrote_it() {
+        // Key order, an escape and a number as written: the text, not a
+        // re-serialized value (a prompt cache needs the same bytes per turn).
+        let schema = r#"{"type":"object","required":["b","a"],"properties":{"b":{"type":"string","description":"caf\u00e9"},"a":{"type":"number","maximum":1.50}}}"#;
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":[
+            {{"type":"function","function":{{"name":"T","strict":true,"parameters":{schema}}}}},
+            {{"type":"function","function":{{"name":"N","parameters":null}}}},
+            {{"type":"custom","custom":{{"name":"C"}}}}]}}"#
+        );
+        let conversation = decode(body.as_bytes()).unwrap();
+        let out = crate::round::chat::encode(&conversation, false);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains(&format!(r#""parameters":{schema}"#)), "{out}");
+        let names: Vec<&str> = conversation.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["T", "N"]);
+        assert_eq!(conversation.tools[0].extra["strict"], true);
+        assert_eq!(conversation.tools[1].parameters, Schema::empty());
+    }
+
+    #[test]
+    fn leading_instructions_are_the_system_prompt_and_calls_follow_their_text() {
+        let conversation = decode(
+            br#"{"messages":[
+            {"role":"system","content":"Be brief."},
+            {"role":"developer","content":[{"type":"text","text":"Use tools."}]},
+            {"role":"user","content":"Weather?"},
+            {"role":"assistant","content":"Looking.","reasoning_content":"Paris.",
+             "tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"sunny"},
+            {"role":"system","content":"Late note."}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            conversation.system.as_deref(),
+            Some("Be brief.\n\nUse tools.")
+        );
+        let kinds: Vec<&str> = conversation
+            .items
+            .iter()
+            .map(|item| match item {
+                Item::Message(m) if m.role == Role::User => "user",
+                Item::Message(m) if m.role == Role::Assistant => "assistant",
+                Item::Message(m) if m.role == Role::System => "system",
+                Item::Reasoning(_) => "reasoning",
+                Item::ToolCall(_) => "call",
+                Item::ToolResult(_) => "result",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["user", "reasoning", "assistant", "call", "result", "system"]
+        );
+    }
+
+    #[test]
+    fn fields_of_the_wrong_shape_are_named() {
+        for (body, message, param) in [
+            (
+                json!({"messages": "hi"}),
+                "messages must be an array.",
+                "messages",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "hi"}, 7]}),
+                "messages[1] must be an object.",
+                "messages[1]",
+            ),
+            (
+                json!({"messages": [{"content": "hi"}]}),
+                "messages[0].role is required.",
+                "messages[0].role",
+            ),
+            (
+                json!({"messages": [{"role": "robot", "content": "hi"}]}),
+                "unsupported message role `robot`",
+                "messages[0].role",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": 3}]}),
+                "tools[0].function must be an object.",
+                "tools[0].function",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}),
+                "tools[0].function.name is required.",
+                "tools[0].function.name",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": "yes"}}),
+                "stream_options.include_usage must be a boolean.",
+                "stream_options.include_usage",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "hi"}], "enable_thinking": "no"}),
+                "enable_thinking must be a boolean.",
+                "enable_thinking",
+            ),
+        ] {
+            let error = decode(body.to_string().as_bytes()).unwrap_err();
+            assert_eq!(error.message, message, "{body}");
+            assert_eq!(error.param.as_deref(), Some(param), "{body}");
+        }
+        let error = decode(
+            br#"{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"w"}}]}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(error.param.as_deref(), Some("messages[0].tool_calls"));
+        assert!(decode(b"[1]").is_err());
     }
 }

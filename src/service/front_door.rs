@@ -25,7 +25,7 @@ use crate::downstream::Client;
 use crate::error::ApiError;
 use crate::front::{self, chat::ChatEncoder, Encoder};
 use crate::limits::{client_key, StreamSlot};
-use crate::openai::{ChatRequest, RoutingPeek};
+use crate::openai::RoutingPeek;
 use crate::tools::CallContext;
 use crate::upstream::affinity_key;
 
@@ -297,9 +297,7 @@ async fn decode(
             Ok((conversation, EncoderFor::Messages(context, stream)))
         }
         Dialect::Chat => {
-            let request: ChatRequest = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("invalid chat request: {e}")))?;
-            let conversation = front::chat::decode(request)?;
+            let conversation = front::chat::decode(body)?;
             let encoder = EncoderFor::Chat {
                 stream: conversation.options.stream,
                 include_usage: conversation.options.include_usage,
