@@ -279,3 +279,46 @@ async fn passthrough_output_equals_input_for_any_body() {
         assert!(res.body == body, "a {}-byte chat body changed", body.len());
     }
 }
+
+#[tokio::test]
+async fn the_model_is_read_as_a_json_parser_reads_it() {
+    let upstream = FakeServer::start(|_, _| {
+        Reply::json(
+            200,
+            json!({"choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "ok"}}]}),
+        )
+    })
+    .await;
+    let extra = "    system_prompt: \"HELPER\"";
+    let proxy = Proxy::start(&config(&upstream, extra)).await;
+    let send = |body: &'static str| {
+        request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    };
+    // Escaped, the agent's name is still the agent's.
+    let res = send(r#"{"model":"h\u0065lper","messages":[{"role":"user","content":"hi"}]}"#).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.json()["model"], "helper");
+    let sent = upstream.requests().pop().unwrap().json();
+    assert_eq!(sent["messages"][0]["content"], "HELPER");
+    // Named in a member of its own, or twice, it is not the request's model.
+    let res = send(
+        r#"{"x":{"model":"helper"},"model":"other","messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let sent = upstream.requests().pop().unwrap().json();
+    assert_eq!(sent["model"], "other");
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 1);
+    let res =
+        send(r#"{"model":"helper","model":"other","messages":[{"role":"user","content":"hi"}]}"#)
+            .await;
+    assert_eq!(res.status, 400, "{}", res.text());
+    assert_eq!(upstream.requests().len(), 2);
+}

@@ -4,36 +4,206 @@
 //! allocation) and refused when it holds more values than the limit, so
 //! memory per request stays a small constant times its bytes.
 
-/// An upper bound of the number of JSON values in `body`: one for the root
-/// and one per `[`, `{`, `,` and `:` outside strings (every value but the
-/// root follows one of them). Not a validator: text that is not JSON gets
-/// some count and fails to parse later.
+/// What one pass over a request body tells before it is parsed: what the
+/// parse may cost, and where an agent's request goes. Not a validator: text
+/// that is not JSON gets some shape and fails to parse later.
 ///
 /// Most of a request's bytes are string text (prompts, tool schemas' prose):
 /// a string is skipped to its next quote or backslash by SIMD search, not
 /// byte by byte (a coding agent's 50 KB request: 50 µs byte by byte).
-pub fn json_values(body: &[u8]) -> usize {
-    let mut count = 1;
-    let mut at = 0;
-    while let Some(&byte) = body.get(at) {
-        at += 1;
-        match byte {
-            b'"' => loop {
-                match memchr::memchr2(b'"', b'\\', body.get(at..).unwrap_or_default()) {
-                    None => return count,
-                    // An escape: the next byte is text, whatever it is.
-                    Some(i) if body[at + i] == b'\\' => at += i + 2,
-                    Some(i) => {
-                        at += i + 1;
-                        break;
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape<'a> {
+    /// An upper bound of the number of JSON values: one for the root and
+    /// one per `[`, `{`, `,` and `:` outside strings (every value but the
+    /// root follows one of them).
+    pub values: usize,
+    /// The root object's `model`, when it is a string without escapes,
+    /// given once; otherwise only a parse can tell.
+    pub model: Option<&'a str>,
+    /// The root object's `messages`.
+    pub messages: Entries,
+    /// The root object's `input` (Responses).
+    pub input: Entries,
+}
+
+/// A list member of the root object.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Entries {
+    #[default]
+    Absent,
+    /// A string: one entry (a Responses `input`).
+    Text,
+    /// An array of this many entries.
+    List(usize),
+    /// Anything else, or given twice: the parse tells what is wrong.
+    Other,
+}
+
+impl Entries {
+    /// The member met (again).
+    fn met(&mut self, entries: Entries) {
+        *self = match self {
+            Entries::Absent => entries,
+            _ => Entries::Other,
+        };
+    }
+}
+
+/// The root object's member whose value is being read.
+#[derive(Clone, Copy, PartialEq)]
+enum Member {
+    Model,
+    Messages,
+    Input,
+    Other,
+}
+
+impl<'a> Shape<'a> {
+    pub fn of(body: &'a [u8]) -> Shape<'a> {
+        let mut scan = Scan {
+            shape: Shape {
+                values: 1,
+                model: None,
+                messages: Entries::Absent,
+                input: Entries::Absent,
+            },
+            models: 0,
+            depth: 0,
+            root_object: false,
+            member: Member::Other,
+            key_next: false,
+            value_next: false,
+            entry_next: false,
+        };
+        let mut at = 0;
+        while let Some(&byte) = body.get(at) {
+            at += 1;
+            match byte {
+                b'"' => {
+                    let start = at;
+                    let mut escaped = false;
+                    loop {
+                        match memchr::memchr2(b'"', b'\\', body.get(at..).unwrap_or_default()) {
+                            None => return scan.end(),
+                            // An escape: the next byte is text, whatever it is.
+                            Some(i) if body[at + i] == b'\\' => {
+                                escaped = true;
+                                at += i + 2;
+                            }
+                            Some(i) => {
+                                at += i + 1;
+                                break;
+                            }
+                        }
+                    }
+                    let text = body.get(start..at - 1).unwrap_or_default();
+                    scan.string(text, escaped);
+                }
+                b'[' | b'{' => {
+                    scan.shape.values += 1;
+                    scan.begins(byte);
+                    scan.depth += 1;
+                    if scan.depth == 1 {
+                        scan.root_object = byte == b'{';
+                        scan.key_next = scan.root_object;
+                    } else if scan.depth == 2 {
+                        scan.entry_next = byte == b'[';
                     }
                 }
-            },
-            b'[' | b'{' | b',' | b':' => count += 1,
-            _ => {}
+                b']' | b'}' => scan.depth = scan.depth.saturating_sub(1),
+                b',' => {
+                    scan.shape.values += 1;
+                    match scan.depth {
+                        1 if scan.root_object => {
+                            scan.key_next = true;
+                            scan.member = Member::Other;
+                        }
+                        2 => scan.entry_next = true,
+                        _ => {}
+                    }
+                }
+                b':' => {
+                    scan.shape.values += 1;
+                    scan.value_next = scan.depth == 1 && scan.root_object;
+                }
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                _ => scan.begins(byte),
+            }
+        }
+        scan.end()
+    }
+}
+
+/// The state of [`Shape::of`] between bytes.
+struct Scan<'a> {
+    shape: Shape<'a>,
+    models: usize,
+    /// Open arrays and objects.
+    depth: usize,
+    root_object: bool,
+    member: Member,
+    /// In the root object: the next string is a member's name.
+    key_next: bool,
+    /// In the root object: the next value is `member`'s.
+    value_next: bool,
+    /// In a member's array: the next value is an entry.
+    entry_next: bool,
+}
+
+impl<'a> Scan<'a> {
+    fn string(&mut self, text: &'a [u8], escaped: bool) {
+        if self.depth == 1 && self.key_next {
+            self.key_next = false;
+            self.member = match (text, escaped) {
+                (b"model", false) => Member::Model,
+                (b"messages", false) => Member::Messages,
+                (b"input", false) => Member::Input,
+                _ => Member::Other,
+            };
+            return;
+        }
+        if self.depth == 1 && self.value_next && self.member == Member::Model {
+            self.models += 1;
+            self.shape.model = std::str::from_utf8(text).ok().filter(|_| !escaped);
+        }
+        self.begins(b'"');
+    }
+
+    /// A value begins with `byte` (or a scalar goes on, for which nothing
+    /// is expected any more).
+    fn begins(&mut self, byte: u8) {
+        if self.depth == 1 && self.value_next {
+            self.value_next = false;
+            let entries = match byte {
+                b'"' => Entries::Text,
+                b'[' => Entries::List(0),
+                _ => Entries::Other,
+            };
+            match self.member {
+                Member::Model if byte != b'"' => self.models += 1,
+                Member::Messages => self.shape.messages.met(entries),
+                Member::Input => self.shape.input.met(entries),
+                _ => {}
+            }
+        } else if self.depth == 2 && self.entry_next {
+            self.entry_next = false;
+            let list = match self.member {
+                Member::Messages => &mut self.shape.messages,
+                Member::Input => &mut self.shape.input,
+                _ => return,
+            };
+            if let Entries::List(n) = list {
+                *n += 1;
+            }
         }
     }
-    count
+
+    fn end(mut self) -> Shape<'a> {
+        if self.models != 1 {
+            self.shape.model = None;
+        }
+        self.shape
+    }
 }
 
 #[cfg(test)]
@@ -68,7 +238,7 @@ mod tests {
         })
     }
 
-    /// The count byte by byte, as [`json_values`] defines it.
+    /// The count byte by byte, as [`Shape::values`] defines it.
     fn reference(body: &[u8]) -> usize {
         let mut count = 1;
         let mut in_string = false;
@@ -98,7 +268,7 @@ mod tests {
             prop_oneof![Just(b'"'), Just(b'\\'), Just(b','), Just(b'{'), Just(b':'), any::<u8>()],
             0..256,
         )) {
-            prop_assert_eq!(json_values(&body), reference(&body));
+            prop_assert_eq!(Shape::of(&body).values, reference(&body));
         }
 
         #[test]
@@ -108,7 +278,7 @@ mod tests {
             } else {
                 serde_json::to_string(&value).unwrap()
             };
-            let count = json_values(text.as_bytes());
+            let count = Shape::of(text.as_bytes()).values;
             let exact = values(&value);
             // Never less than the values; at most three times (an object
             // member counts its `,`, its `:` and, a container, its bracket).
@@ -120,7 +290,79 @@ mod tests {
     fn an_amplifying_body_counts_every_value() {
         let body = format!(r#"{{"model":"m","x":[{}0]}}"#, "0,".repeat(100_000));
         // The root, `{`, two `:`, one `,` between members, `[` and its commas.
-        assert_eq!(json_values(body.as_bytes()), 100_006);
-        assert_eq!(json_values(br#"{"s":"a,b:[{\"c\":1}]"}"#), 3);
+        assert_eq!(Shape::of(body.as_bytes()).values, 100_006);
+        assert_eq!(Shape::of(br#"{"s":"a,b:[{\"c\":1}]"}"#).values, 3);
+    }
+
+    /// The shape a parse sees in `root`, for the members [`Shape`] reads.
+    fn parsed_shape(root: &Value) -> (Option<String>, Entries, Entries) {
+        let entries = |member: Option<&Value>| match member {
+            None => Entries::Absent,
+            Some(Value::String(_)) => Entries::Text,
+            Some(Value::Array(items)) => Entries::List(items.len()),
+            Some(_) => Entries::Other,
+        };
+        let model = match root.get("model") {
+            // Escaped in the text: left to the parse.
+            Some(Value::String(model)) if !serde_json::to_string(model).unwrap().contains('\\') => {
+                Some(model.clone())
+            }
+            _ => None,
+        };
+        (
+            model,
+            entries(root.get("messages")),
+            entries(root.get("input")),
+        )
+    }
+
+    fn member() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            json(),
+            "[a-z\"\\\\ ]{0,8}".prop_map(Value::String),
+            prop::collection::vec(json(), 0..6).prop_map(Value::Array),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn the_members_read_are_those_a_parse_sees(
+            members in prop::collection::vec((
+                prop_oneof![
+                    Just("model".to_owned()),
+                    Just("messages".to_owned()),
+                    Just("input".to_owned()),
+                    "[a-z:,\\[]{0,6}",
+                ],
+                member(),
+            ), 0..8),
+            pretty in any::<bool>(),
+        ) {
+            let root = Value::Object(members.into_iter().collect());
+            let text = if pretty {
+                serde_json::to_string_pretty(&root).unwrap()
+            } else {
+                serde_json::to_string(&root).unwrap()
+            };
+            let shape = Shape::of(text.as_bytes());
+            let (model, messages, input) = parsed_shape(&root);
+            prop_assert_eq!(shape.model.map(str::to_owned), model, "{}", text);
+            prop_assert_eq!(shape.messages, messages, "{}", text);
+            prop_assert_eq!(shape.input, input, "{}", text);
+        }
+    }
+
+    #[test]
+    fn a_member_given_twice_or_not_at_the_root_is_left_to_the_parse() {
+        let shape = Shape::of(br#"{"model":"a","messages":[],"model":"b","messages":[1]}"#);
+        assert_eq!(shape.model, None);
+        assert_eq!(shape.messages, Entries::Other);
+        let shape = Shape::of(br#"{"x":{"model":"a","input":"hi"},"messages":[{"model":"b"},2]}"#);
+        assert_eq!((shape.model, shape.input), (None, Entries::Absent));
+        assert_eq!(shape.messages, Entries::List(2));
+        let shape = Shape::of(br#"[{"model":"a"}, "model", "b"]"#);
+        assert_eq!(shape.model, None);
+        let shape = Shape::of(br#"{"mod\u0065l":"a","model":"pl\u0061in"}"#);
+        assert_eq!(shape.model, None);
     }
 }

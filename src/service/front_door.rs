@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
+use crate::front::budget::{Entries, Shape};
 use crate::front::{self, chat::ChatEncoder, Encoder};
 use crate::limits::{client_key, StreamSlot};
 use crate::openai::RoutingPeek;
@@ -36,106 +37,60 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
         Err(error) => return reject(session, dialect, &error).await,
     };
     // Before any parse: even the routing peek holds one entry per message.
-    if front::budget::json_values(&body) > config.limits.max_json_values {
+    let shape = Shape::of(&body);
+    if shape.values > config.limits.max_json_values {
         let error = ApiError::too_many_json_values(config.limits.max_json_values);
         return reject(session, dialect, &error).await;
     }
-    let peek: RoutingPeek = match serde_json::from_slice(&body) {
-        Ok(peek) => peek,
-        Err(e) => {
-            return reject(
-                session,
-                dialect,
-                &ApiError::bad_request(format!("invalid JSON body: {e}")),
-            )
-            .await
-        }
+    let entries = match dialect {
+        Dialect::Responses => shape.input,
+        _ => shape.messages,
     };
-    let (listed, field) = match dialect {
-        Dialect::Responses => (peek.input_len(), "input"),
-        _ => (peek.messages.as_ref().map(Vec::len), "messages"),
-    };
-    match listed {
-        None if dialect == Dialect::Responses => {}
+    let serves =
+        |model: &str| config.agent(model).is_some() || (model == AUTO && config.router.is_some());
+    // An agent's request is parsed once, by its front's decoder: the body's
+    // shape tells where it goes. Any other is peeked at (so validated)
+    // before it is forwarded.
+    let asked = match shape.model.filter(|model| serves(model)) {
+        Some(model) => model.to_owned(),
         None => {
-            return reject(
-                session,
-                dialect,
-                &ApiError::bad_request("`messages` is required").with_param("messages"),
-            )
-            .await
-        }
-        Some(0) => {
-            return reject(
-                session,
-                dialect,
-                &ApiError::bad_request(format!("`{field}` must not be empty")).with_param(field),
-            )
-            .await
-        }
-        Some(n) if n > config.limits.max_messages => {
-            let error = ApiError::bad_request(format!(
-                "`{field}` has {n} entries; the limit is {}",
-                config.limits.max_messages
-            ));
-            return reject(session, dialect, &error.with_param(field)).await;
-        }
-        Some(_) => {}
-    }
-    // Streams hold connections for long: each client gets a bounded share.
-    let _slot = if peek.stream == Some(true) {
-        let authorization = super::auth::limited_key(&config, session.req_header());
-        let address = session.client_addr().map(|a| {
-            a.as_inet()
-                .map_or_else(|| a.to_string(), |a| a.ip().to_string())
-        });
-        let client = client_key(authorization, address);
-        match StreamSlot::acquire(client, config.limits.max_streams_per_client) {
-            Some(slot) => Some(slot),
-            None => {
-                let error = ApiError::too_many_streams(config.limits.max_streams_per_client);
-                return reject(session, dialect, &error).await;
+            let peek: RoutingPeek = match serde_json::from_slice(&body) {
+                Ok(peek) => peek,
+                Err(e) => {
+                    let error = ApiError::bad_request(format!("invalid JSON body: {e}"));
+                    return reject(session, dialect, &error).await;
+                }
+            };
+            match peek.model {
+                Some(model) if serves(&model) => model.into_owned(),
+                _ => return pass_on(session, ctx, dialect, entries, &peek, body.clone()).await,
             }
         }
-    } else {
-        None
     };
-    let model = peek.model.as_deref();
-    let auto = model == Some(AUTO) && config.router.is_some();
-    let agent = model.and_then(|m| config.agent(m)).cloned();
-    if agent.is_none() && !auto {
-        if !config.passthrough {
-            let model = model.unwrap_or_default();
-            return reject(
-                session,
-                dialect,
-                &ApiError::not_found(format!("The model `{model}` does not exist"))
-                    .with_param("model")
-                    .with_code("model_not_found"),
-            )
-            .await;
-        }
-        let affinity = match &ctx.session {
-            Some(session) => affinity_key(None, Some(session)),
-            None => {
-                let (system, first_user) = peek.prefix();
-                affinity_key(system, first_user)
-            }
-        };
-        let mut client = Client::new(session, config.limits.heartbeat);
-        let cut = forward::forward(&mut client, &config, Some(body), Some(affinity)).await;
-        return handled(cut);
+    if let Err(error) = listed(dialect, entries, config.limits.max_messages) {
+        return reject(session, dialect, &error).await;
     }
-    // The body and its peek are let go once decoded: a coding agent's
-    // request is tens of KiB, and the conversation holds all of it that a
-    // stream needs.
-    let asked = model.map(str::to_owned);
-    drop(peek);
+    // The body is let go once decoded: a coding agent's request is tens of
+    // KiB, and the conversation holds all of it that a stream needs.
     let decoded = decode(&config, &ctx.tenant, dialect, &body).await;
     drop(body);
     let (mut conversation, encoder) = match decoded {
         Ok(decoded) => decoded,
         Err(error) => return reject(session, dialect, &error).await,
+    };
+    // The shape's model is the parse's (`Shape::of`'s tests hold it to
+    // that): no agent runs a request the parse reads otherwise.
+    if conversation.model.as_deref() != Some(asked.as_str()) {
+        let error = ApiError::bad_request("`model` is ambiguous").with_param("model");
+        return reject(session, dialect, &error).await;
+    }
+    // Streams hold connections for long: each client gets a bounded share.
+    let _slot = match conversation.options.stream {
+        true => match stream_slot(session, &config) {
+            Ok(slot) => Some(slot),
+            Err(error) => return reject(session, dialect, &error).await,
+        },
+        false => None,
     };
     // The client's own conversation key, where it gives one, keeps its
     // turns on one replica (`prefix_affinity`).
@@ -144,7 +99,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     let identity = crate::session::identity(&ctx.tenant, user.as_deref(), config.trust_user_field);
     let headers = Arc::new(context_headers(&config, &session.req_header().headers));
     let mut client = Client::new(session, config.limits.heartbeat);
-    let agent = match agent {
+    let agent = match config.agent(&asked).cloned() {
         Some(agent) => agent,
         // `auto`: the router picks (it exists, or `auto` was forwarded above).
         None => {
@@ -200,7 +155,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     };
     // An alias answers under the name the client asked for.
     let named = match asked {
-        Some(m) if m != agent.id && m != AUTO => m,
+        m if m != agent.id && m != AUTO => m,
         _ => agent.id.clone(),
     };
     let encoder = encoder.build(&agent, &named);
@@ -217,6 +172,86 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     let cut = summary.cut;
     ctx.summary = Some(summary);
     handled(cut)
+}
+
+/// A request for a model that is no agent: forwarded to `default_upstream`
+/// untouched, with `passthrough` on.
+async fn pass_on(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    dialect: Dialect,
+    entries: Entries,
+    peek: &RoutingPeek<'_>,
+    body: Bytes,
+) -> Result<bool> {
+    let config = &ctx.config;
+    if let Err(error) = listed(dialect, entries, config.limits.max_messages) {
+        return reject(session, dialect, &error).await;
+    }
+    if !config.passthrough {
+        let model = peek.model.as_deref().unwrap_or_default();
+        let error = ApiError::not_found(format!("The model `{model}` does not exist"))
+            .with_param("model")
+            .with_code("model_not_found");
+        return reject(session, dialect, &error).await;
+    }
+    // Streams hold connections for long: each client gets a bounded share.
+    let _slot = match peek.stream == Some(true) {
+        true => match stream_slot(session, config) {
+            Ok(slot) => Some(slot),
+            Err(error) => return reject(session, dialect, &error).await,
+        },
+        false => None,
+    };
+    let affinity = match &ctx.session {
+        Some(session) => affinity_key(None, Some(session)),
+        None => {
+            let (system, first_user) = peek.prefix();
+            affinity_key(system, first_user)
+        }
+    };
+    let mut client = Client::new(session, config.limits.heartbeat);
+    let cut = forward::forward(&mut client, config, Some(body), Some(affinity)).await;
+    handled(cut)
+}
+
+/// The request's list (`messages`, or Responses `input`) within bounds. A
+/// list of the wrong type is the parse's to name.
+fn listed(dialect: Dialect, entries: Entries, max: usize) -> Result<(), ApiError> {
+    let field = match dialect {
+        Dialect::Responses => "input",
+        _ => "messages",
+    };
+    let n = match entries {
+        Entries::Absent if dialect == Dialect::Responses => return Ok(()),
+        Entries::Absent => {
+            return Err(ApiError::bad_request("`messages` is required").with_param("messages"))
+        }
+        Entries::Other => return Ok(()),
+        Entries::Text => 1,
+        Entries::List(n) => n,
+    };
+    if n == 0 {
+        let error = ApiError::bad_request(format!("`{field}` must not be empty"));
+        return Err(error.with_param(field));
+    }
+    if n > max {
+        let error = ApiError::bad_request(format!("`{field}` has {n} entries; the limit is {max}"));
+        return Err(error.with_param(field));
+    }
+    Ok(())
+}
+
+/// A slot among the client's open streams.
+fn stream_slot(session: &Session, config: &Config) -> Result<StreamSlot, ApiError> {
+    let authorization = super::auth::limited_key(config, session.req_header());
+    let address = session.client_addr().map(|a| {
+        a.as_inet()
+            .map_or_else(|| a.to_string(), |a| a.ip().to_string())
+    });
+    let client = client_key(authorization, address);
+    StreamSlot::acquire(client, config.limits.max_streams_per_client)
+        .ok_or_else(|| ApiError::too_many_streams(config.limits.max_streams_per_client))
 }
 
 /// What of the request's headers an agent's calls may read
