@@ -5,14 +5,14 @@
 
 use std::borrow::Cow;
 
-use serde::Serialize;
+use std::marker::PhantomData;
+
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{
-    invalid, json_object_and_tools, object_keeping, required_str, take_bool, take_str, take_str_at,
-    tool_objects, Encoder, ToolObject,
-};
+use super::{invalid, Encoder};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -28,112 +28,95 @@ use crate::sse;
 /// model stay in `extra`, in chat shape, for a chat upstream; tool schemas
 /// go on as the text they came as.
 pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
-    let (mut rest, tools) = json_object_and_tools(body)?;
+    let request: ChatIn = serde_json::from_slice(body).map_err(|e| not_a_request(body, e))?;
+    let ChatIn {
+        model,
+        messages,
+        tools,
+        stream,
+        stream_options,
+        enable_thinking,
+        mut rest,
+    } = request;
     let mut conversation = Conversation {
-        model: take_str(&mut rest, "model")?,
+        model,
         origin: Dialect::Chat,
         ..Conversation::default()
     };
-    let Some(Value::Array(messages)) = rest.remove("messages") else {
+    let Some(messages) = messages else {
         return Err(invalid("messages must be an array.", "messages"));
     };
     let mut system = Vec::new();
     let mut leading = true;
     for (i, message) in messages.into_iter().enumerate() {
         let param = format!("messages[{i}]");
-        let Value::Object(mut message) = message else {
-            return Err(invalid(format!("{param} must be an object."), param));
+        let Some(role) = message.role.as_deref() else {
+            let param = format!("{param}.role");
+            return Err(invalid(format!("{param} is required."), param));
         };
-        let role = required_str(&mut message, "role", &param)?;
-        leading &= matches!(role.as_str(), "system" | "developer");
+        leading &= matches!(role, "system" | "developer");
         if leading {
-            let text = content_text(message.remove("content"));
+            let text = content_text(message.content);
             if !text.is_empty() {
                 system.push(text);
             }
             continue;
         }
-        decode_message(role, message, &param, &mut conversation.items)?;
+        decode_message(message, &param, &mut conversation.items)?;
     }
     conversation.system = (!system.is_empty()).then(|| system.join("\n\n"));
-    if let Some(tools) = tools {
-        conversation.tools = decode_tools(tools)?;
+    for (i, function) in tools.into_iter().flatten().enumerate() {
+        let Some(function) = function.function else {
+            continue;
+        };
+        let Some(name) = function.name else {
+            let param = format!("tools[{i}].function.name");
+            return Err(invalid(format!("{param} is required."), param));
+        };
+        conversation.tools.push(FunctionTool {
+            name,
+            description: function.description,
+            parameters: function.parameters.map_or_else(Schema::empty, Schema::from),
+            kind: CallKind::Function,
+            // `strict`, …
+            extra: function.rest,
+        });
     }
     let mut options = Options {
-        stream: take_bool(&mut rest, "stream")?.unwrap_or(false),
-        include_usage: match rest.remove("stream_options") {
-            None | Some(Value::Null) => false,
-            Some(Value::Object(mut o)) => take_bool_at(&mut o, "include_usage", "stream_options")?,
-            Some(_) => {
-                let error = "stream_options must be an object.";
-                return Err(invalid(error, "stream_options"));
-            }
-        },
+        stream: stream.unwrap_or(false),
+        include_usage: stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
         ..Options::default()
-    };
-    // Qwen-style switch, forwarded as sent to a chat upstream (and as
-    // `chat_template_kwargs` by the rewrite).
-    let enable_thinking = match rest.get("enable_thinking") {
-        None => None,
-        Some(Value::Bool(on)) => Some(*on),
-        Some(Value::Null) => rest.remove("enable_thinking").and(None),
-        Some(_) => {
-            let error = "enable_thinking must be a boolean.";
-            return Err(invalid(error, "enable_thinking"));
-        }
     };
     options.thinking = enable_thinking.or_else(|| {
         rest.get("chat_template_kwargs")
             .and_then(|k| k.get("enable_thinking"))
             .and_then(Value::as_bool)
     });
+    if let Some(thinking) = enable_thinking {
+        // Forwarded as sent to a chat upstream.
+        rest.insert("enable_thinking".into(), Value::Bool(thinking));
+    }
     decode_options(&mut rest, &mut options)?;
     conversation.options = options;
     conversation.extra = rest;
     Ok(conversation)
 }
 
-/// `stream_options.include_usage`: absent or null is false.
-fn take_bool_at(map: &mut Map<String, Value>, key: &str, at: &str) -> Result<bool, ApiError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(b),
-        Some(_) => {
-            let param = format!("{at}.{key}");
-            Err(invalid(format!("{param} must be a boolean."), param))
-        }
+/// A body that is no chat request: the parse's error, and the member at
+/// fault as the `param` (the body is read again for it, errors being rare).
+fn not_a_request(body: &[u8], error: serde_json::Error) -> ApiError {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let at = match serde_path_to_error::deserialize::<_, ChatIn>(&mut json) {
+        Err(e) => Some(e.path().to_string()).filter(|path| path != "."),
+        Ok(_) => None,
+    };
+    let error = ApiError::bad_request(format!("The request is not a valid chat request: {error}."));
+    match at {
+        Some(param) => error.with_param(param),
+        None => error,
     }
-}
-
-/// Function tools; the schema (`function.parameters`) kept as its text.
-/// Tools of other types are not the model's to call here.
-fn decode_tools(tools: &RawValue) -> Result<Vec<FunctionTool>, ApiError> {
-    let tools = tool_objects(tools, "function")?;
-    let mut out = Vec::with_capacity(tools.len());
-    for ToolObject { param, kept, .. } in tools {
-        let Some(function) = kept else { continue };
-        let param = format!("{param}.function");
-        let Ok((mut function, parameters)) =
-            object_keeping(function.get().as_bytes(), "parameters")
-        else {
-            return Err(invalid(format!("{param} must be an object."), param));
-        };
-        out.push(FunctionTool {
-            name: required_str(&mut function, "name", &param)?,
-            description: take_str_at(
-                &mut function,
-                "description",
-                &format!("{param}.description"),
-            )?,
-            parameters: parameters
-                .filter(|text| text.get() != "null")
-                .map_or_else(Schema::empty, Schema::from),
-            kind: CallKind::Function,
-            // `strict`, …
-            extra: function,
-        });
-    }
-    Ok(out)
 }
 
 /// The text of a message's `content`: a string, or its text parts joined.
@@ -149,22 +132,23 @@ fn content_text(content: Option<Value>) -> String {
     }
 }
 
-/// One message after the leading instructions, `role` taken out of it.
-fn decode_message(
-    role: String,
-    mut rest: Map<String, Value>,
-    param: &str,
-    items: &mut Vec<Item>,
-) -> Result<(), ApiError> {
-    let role = match role.as_str() {
+/// One message after the leading instructions.
+fn decode_message(message: MessageIn, param: &str, items: &mut Vec<Item>) -> Result<(), ApiError> {
+    let MessageIn {
+        role,
+        content,
+        tool_calls,
+        tool_call_id,
+        mut rest,
+    } = message;
+    let role = match role.as_deref().unwrap_or_default() {
         "user" => Role::User,
         "assistant" => Role::Assistant,
         "system" | "developer" => Role::System,
         "tool" => {
-            let call_id = take_str_at(&mut rest, "tool_call_id", &format!("{param}.tool_call_id"))?;
             items.push(Item::ToolResult(ToolResult {
-                call_id: call_id.unwrap_or_default(),
-                output: content_text(rest.remove("content")),
+                call_id: tool_call_id.unwrap_or_default(),
+                output: content_text(content),
                 is_error: false,
             }));
             return Ok(());
@@ -191,15 +175,8 @@ fn decode_message(
             }));
         }
     }
-    let calls: Vec<openai::ToolCall> = match rest.remove("tool_calls") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(calls) => serde_json::from_value(calls).map_err(|e| {
-            let param = format!("{param}.tool_calls");
-            invalid(format!("{param} is not a list of tool calls: {e}."), param)
-        })?,
-    };
-    rest.remove("tool_call_id");
-    let parts = decode_content(rest.remove("content"));
+    let calls = tool_calls.unwrap_or_default();
+    let parts = decode_content(content);
     if !parts.is_empty() || calls.is_empty() {
         items.push(Item::Message(Message {
             role,
@@ -216,6 +193,215 @@ fn decode_message(
         })
     }));
     Ok(())
+}
+
+// ------------------------------------------------------ the wire request
+//
+// Read in one pass, member by member: the members the decoder reads typed,
+// the others kept as values in `rest`, to go on to a chat upstream. (serde's
+// `flatten` would buffer every member in a tree of its own first; a tree
+// of values for the whole request costs more than the types.)
+
+#[derive(Default)]
+struct ChatIn<'a> {
+    model: Option<String>,
+    messages: Option<Vec<MessageIn>>,
+    tools: Option<Vec<ToolIn<'a>>>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptionsIn>,
+    /// Qwen-style switch; the rewrite also forwards it as
+    /// `chat_template_kwargs`.
+    enable_thinking: Option<bool>,
+    rest: Map<String, Value>,
+}
+
+#[derive(Default)]
+struct MessageIn {
+    role: Option<String>,
+    content: Option<Value>,
+    tool_calls: Option<Vec<openai::ToolCall>>,
+    tool_call_id: Option<String>,
+    rest: Map<String, Value>,
+}
+
+/// A tool: only a function is the model's to call here.
+#[derive(Default)]
+struct ToolIn<'a> {
+    function: Option<FunctionIn<'a>>,
+}
+
+#[derive(Default)]
+struct FunctionIn<'a> {
+    name: Option<String>,
+    description: Option<String>,
+    /// Kept as its text.
+    parameters: Option<&'a RawValue>,
+    rest: Map<String, Value>,
+}
+
+#[derive(Default)]
+struct StreamOptionsIn {
+    include_usage: Option<bool>,
+}
+
+/// An object read member by member.
+trait Members<'de>: Default {
+    /// Reads the value of `key` if it is a member this type knows: whether
+    /// it was.
+    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error>;
+
+    /// Where the other members go; `None`: they are dropped.
+    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
+        None
+    }
+}
+
+struct Object<T>(PhantomData<T>);
+
+impl<'de, T: Members<'de>> Visitor<'de> for Object<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+        let mut object = T::default();
+        while let Some(Key(key)) = map.next_key()? {
+            if object.member(&key, &mut map)? {
+                continue;
+            }
+            match object.rest() {
+                Some(rest) => {
+                    let value = map.next_value()?;
+                    rest.insert(key.into_owned(), value);
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(object)
+    }
+}
+
+macro_rules! deserialize_members {
+    ($($name:ident $(<$a:lifetime>)?),*) => {$(
+        impl<'de> Deserialize<'de> for $name$(<$a>)? {
+            fn deserialize<D: Deserializer<'de>>(json: D) -> Result<Self, D::Error> {
+                json.deserialize_map(Object(PhantomData))
+            }
+        }
+    )*};
+}
+
+deserialize_members!(
+    ChatIn<'de>,
+    MessageIn,
+    ToolIn<'de>,
+    FunctionIn<'de>,
+    StreamOptionsIn
+);
+
+impl<'de> Members<'de> for ChatIn<'de> {
+    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
+        match key {
+            "model" => self.model = map.next_value()?,
+            "messages" => self.messages = map.next_value()?,
+            "tools" => self.tools = map.next_value()?,
+            "stream" => self.stream = map.next_value()?,
+            "stream_options" => self.stream_options = map.next_value()?,
+            "enable_thinking" => self.enable_thinking = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
+        Some(&mut self.rest)
+    }
+}
+
+impl<'de> Members<'de> for MessageIn {
+    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
+        match key {
+            "role" => self.role = map.next_value()?,
+            "content" => self.content = map.next_value()?,
+            "tool_calls" => self.tool_calls = map.next_value()?,
+            "tool_call_id" => self.tool_call_id = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
+        Some(&mut self.rest)
+    }
+}
+
+impl<'de> Members<'de> for ToolIn<'de> {
+    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
+        if key != "function" {
+            return Ok(false);
+        }
+        self.function = map.next_value()?;
+        Ok(true)
+    }
+}
+
+impl<'de> Members<'de> for FunctionIn<'de> {
+    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
+        match key {
+            "name" => self.name = map.next_value()?,
+            "description" => self.description = map.next_value()?,
+            // `null` is none.
+            "parameters" => {
+                let schema: &RawValue = map.next_value()?;
+                self.parameters = Some(schema).filter(|text| text.get() != "null");
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
+        Some(&mut self.rest)
+    }
+}
+
+impl<'de> Members<'de> for StreamOptionsIn {
+    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
+        if key != "include_usage" {
+            return Ok(false);
+        }
+        self.include_usage = map.next_value()?;
+        Ok(true)
+    }
+}
+
+/// A member's name, borrowed from the body unless it has escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(json: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl<'de> Visitor<'de> for Name {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member's name")
+            }
+
+            fn visit_borrowed_str<E>(self, name: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(name)))
+            }
+
+            fn visit_str<E>(self, name: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(name.to_owned())))
+            }
+        }
+        json.deserialize_str(Name)
+    }
 }
 
 fn decode_content(content: Option<Value>) -> Vec<Part> {
@@ -666,57 +852,55 @@ mod tests {
 
     #[test]
     fn fields_of_the_wrong_shape_are_named() {
-        for (body, message, param) in [
+        let user = json!({"role": "user", "content": "hi"});
+        for (body, param) in [
+            (json!({"messages": "hi"}), "messages"),
+            (json!({"messages": [user, 7]}), "messages[1]"),
+            (json!({"messages": [{"content": "hi"}]}), "messages[0].role"),
+            (json!({"messages": [{"role": "robot"}]}), "messages[0].role"),
             (
-                json!({"messages": "hi"}),
-                "messages must be an array.",
-                "messages",
+                json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "w"}}]}]}),
+                "messages[0].tool_calls[0]",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "hi"}, 7]}),
-                "messages[1] must be an object.",
-                "messages[1]",
-            ),
-            (
-                json!({"messages": [{"content": "hi"}]}),
-                "messages[0].role is required.",
-                "messages[0].role",
-            ),
-            (
-                json!({"messages": [{"role": "robot", "content": "hi"}]}),
-                "unsupported message role `robot`",
-                "messages[0].role",
-            ),
-            (
-                json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": 3}]}),
-                "tools[0].function must be an object.",
+                json!({"messages": [user], "tools": [{"type": "function", "function": 3}]}),
                 "tools[0].function",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}),
-                "tools[0].function.name is required.",
+                json!({"messages": [user], "tools": [{"type": "function", "function": {}}]}),
                 "tools[0].function.name",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": "yes"}}),
-                "stream_options.include_usage must be a boolean.",
+                json!({"messages": [user], "stream_options": {"include_usage": "yes"}}),
                 "stream_options.include_usage",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "hi"}], "enable_thinking": "no"}),
-                "enable_thinking must be a boolean.",
+                json!({"messages": [user], "enable_thinking": "no"}),
                 "enable_thinking",
             ),
+            (json!({"model": 7, "messages": [user]}), "model"),
         ] {
             let error = decode(body.to_string().as_bytes()).unwrap_err();
-            assert_eq!(error.message, message, "{body}");
-            assert_eq!(error.param.as_deref(), Some(param), "{body}");
+            assert_eq!(
+                error.param.as_deref(),
+                Some(param),
+                "{body}: {}",
+                error.message
+            );
+            assert_eq!(error.status, 400);
         }
-        let error = decode(
-            br#"{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"w"}}]}]}"#,
-        )
-        .unwrap_err();
-        assert_eq!(error.param.as_deref(), Some("messages[0].tool_calls"));
-        assert!(decode(b"[1]").is_err());
+        let error = decode(b"[1]").unwrap_err();
+        assert!(
+            error.message.contains("not a valid chat request"),
+            "{}",
+            error.message
+        );
+        assert_eq!(
+            decode(br#"{"messages":null}"#)
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("messages")
+        );
     }
 }

@@ -355,7 +355,7 @@ fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>
     for ToolObject {
         param,
         fields: mut tool,
-        kept: schema,
+        schema,
     } in tools
     {
         match take_str_at(&mut tool, "type", &format!("{param}.type"))? {
@@ -368,7 +368,7 @@ fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>
         }
         let name = required_str(&mut tool, "name", &param)?;
         let description = take_str_at(&mut tool, "description", &format!("{param}.description"))?;
-        let parameters = schema.map_or_else(Schema::empty, Schema::from);
+        let parameters = schema.unwrap_or_else(Schema::empty);
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(FunctionTool {
             name,

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
+use crate::conversation::{Finish, Reasoning, Schema, ToolCall, Usage};
 use crate::error::ApiError;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
@@ -103,18 +103,17 @@ pub fn json_object_and_tools(
     })
 }
 
-/// One of a request's `tools`, parsed but for one member kept as its text.
-struct ToolObject<'a> {
+/// One of a request's `tools`, parsed but for its schema.
+struct ToolObject {
     /// Its place (`tools[i]`), for errors.
     param: String,
     fields: Map<String, Value>,
-    /// The member kept as the text it came as (a schema, or chat's
-    /// `function`); `null` is none.
-    kept: Option<&'a RawValue>,
+    /// Kept as the text it came as; `null` is none.
+    schema: Option<Schema>,
 }
 
-/// A request's `tools`, the member `keep` of each kept as its text.
-fn tool_objects<'a>(tools: &'a RawValue, keep: &str) -> Result<Vec<ToolObject<'a>>, ApiError> {
+/// A request's `tools`, the member `schema` of each kept as its text.
+fn tool_objects(tools: &RawValue, schema: &str) -> Result<Vec<ToolObject>, ApiError> {
     let Ok(list) = serde_json::from_str::<Option<Vec<&RawValue>>>(tools.get()) else {
         return Err(invalid("tools must be an array.", "tools"));
     };
@@ -122,13 +121,13 @@ fn tool_objects<'a>(tools: &'a RawValue, keep: &str) -> Result<Vec<ToolObject<'a
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.into_iter().enumerate() {
         let param = format!("tools[{i}]");
-        let Ok((fields, kept)) = object_keeping(tool.get().as_bytes(), keep) else {
+        let Ok((fields, kept)) = object_keeping(tool.get().as_bytes(), schema) else {
             return Err(invalid(format!("{param} must be an object."), param));
         };
         out.push(ToolObject {
             param,
             fields,
-            kept: kept.filter(|text| text.get() != "null"),
+            schema: kept.filter(|text| text.get() != "null").map(Schema::from),
         });
     }
     Ok(out)

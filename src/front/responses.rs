@@ -290,19 +290,14 @@ fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>
     for ToolObject {
         param,
         fields: mut tool,
-        kept: parameters,
+        schema: parameters,
     } in tools
     {
         let kind = required_str(&mut tool, "type", &param)?;
         match kind.as_str() {
-            "function" | "custom" => out.push(function_tool(
-                tool,
-                parameters.map(Schema::from),
-                &kind,
-                None,
-                &param,
-                ctx,
-            )?),
+            "function" | "custom" => {
+                out.push(function_tool(tool, parameters, &kind, None, &param, ctx)?)
+            }
             "namespace" => {
                 let namespace = required_str(&mut tool, "name", &param)?;
                 let Some(Value::Array(nested)) = tool.remove("tools") else {
