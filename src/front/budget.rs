@@ -96,8 +96,11 @@ impl<'a> Shape<'a> {
                             }
                         }
                     }
-                    let text = body.get(start..at - 1).unwrap_or_default();
-                    scan.string(text, escaped);
+                    // Below the root's members and their lists nothing is read.
+                    if scan.depth <= 2 {
+                        let text = body.get(start..at - 1).unwrap_or_default();
+                        scan.string(text, escaped);
+                    }
                 }
                 b'[' | b'{' => {
                     scan.shape.values += 1;
@@ -126,7 +129,7 @@ impl<'a> Shape<'a> {
                     scan.shape.values += 1;
                     scan.value_next = scan.depth == 1 && scan.root_object;
                 }
-                b' ' | b'\t' | b'\n' | b'\r' => {}
+                _ if scan.depth > 2 || byte.is_ascii_whitespace() => {}
                 _ => scan.begins(byte),
             }
         }
@@ -151,6 +154,7 @@ struct Scan<'a> {
 }
 
 impl<'a> Scan<'a> {
+    #[inline]
     fn string(&mut self, text: &'a [u8], escaped: bool) {
         if self.depth == 1 && self.key_next {
             self.key_next = false;
@@ -171,6 +175,7 @@ impl<'a> Scan<'a> {
 
     /// A value begins with `byte` (or a scalar goes on, for which nothing
     /// is expected any more).
+    #[inline]
     fn begins(&mut self, byte: u8) {
         if self.depth == 1 && self.value_next {
             self.value_next = false;
