@@ -4,7 +4,6 @@
 //! `chat.completion`, whatever number of rounds the loop took.
 
 use std::borrow::Cow;
-
 use std::marker::PhantomData;
 
 use serde::de::{IgnoredAny, MapAccess, Visitor};
@@ -49,9 +48,8 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
     let mut system = Vec::new();
     let mut leading = true;
     for (i, message) in messages.into_iter().enumerate() {
-        let param = format!("messages[{i}]");
         let Some(role) = message.role.as_deref() else {
-            let param = format!("{param}.role");
+            let param = format!("messages[{i}].role");
             return Err(invalid(format!("{param} is required."), param));
         };
         leading &= matches!(role, "system" | "developer");
@@ -62,11 +60,11 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
             }
             continue;
         }
-        decode_message(message, &param, &mut conversation.items)?;
+        decode_message(message, i, &mut conversation.items)?;
     }
     conversation.system = (!system.is_empty()).then(|| system.join("\n\n"));
-    for (i, function) in tools.into_iter().flatten().enumerate() {
-        let Some(function) = function.function else {
+    for (i, tool) in tools.into_iter().flatten().enumerate() {
+        let Some(function) = tool.function else {
             continue;
         };
         let Some(name) = function.name else {
@@ -132,8 +130,8 @@ fn content_text(content: Option<Value>) -> String {
     }
 }
 
-/// One message after the leading instructions.
-fn decode_message(message: MessageIn, param: &str, items: &mut Vec<Item>) -> Result<(), ApiError> {
+/// One message after the leading instructions, the `i`th.
+fn decode_message(message: MessageIn, i: usize, items: &mut Vec<Item>) -> Result<(), ApiError> {
     let MessageIn {
         role,
         content,
@@ -156,7 +154,7 @@ fn decode_message(message: MessageIn, param: &str, items: &mut Vec<Item>) -> Res
         other => {
             return Err(invalid(
                 format!("unsupported message role `{other}`"),
-                format!("{param}.role"),
+                format!("messages[{i}].role"),
             ))
         }
     };

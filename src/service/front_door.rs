@@ -174,8 +174,8 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     handled(cut)
 }
 
-/// A request for a model that is no agent: forwarded to `default_upstream`
-/// untouched, with `passthrough` on.
+/// A request for a model that is no agent: forwarded untouched to
+/// `default_upstream` with `passthrough` on, else a 404.
 async fn pass_on(
     session: &mut Session,
     ctx: &RequestCtx,
