@@ -20,6 +20,7 @@ use super::chat::wire_arguments;
 use super::{
     invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool, take_f64,
     take_str, take_str_at, take_u64, tool_objects, Encoder, ErrorEnvelope, ErrorIn, ToolObject,
+    Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -64,7 +65,7 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     // Tools are most of a coding agent's request, and their schemas go on
     // as they came: parsed only where read.
-    let (mut top, tools) = json_object_and_tools(body)?;
+    let (mut top, tools) = json_object_and_tools(body, "input_schema")?;
     for key in IGNORED {
         top.remove(key);
     }
@@ -77,9 +78,7 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     let mut system = decode_system(top.remove("system"))?;
     decode_messages(top.remove("messages"), &mut conv.items, &mut system)?;
     conv.system = (!system.is_empty()).then(|| system.join("\n\n"));
-    if let Some(tools) = tools {
-        conv.tools = decode_tools(tools, &mut ctx)?;
-    }
+    conv.tools = decode_tools(tools, &mut ctx)?;
     conv.options = decode_options(&mut top, &mut conv.params)?;
     // Claude Code's carries its session id; an app's, its user.
     conv.session.clone_from(&conv.options.user);
@@ -349,8 +348,8 @@ fn decode_image(block: Map<String, Value>) -> Part {
 }
 
 /// Custom tools become functions; server tools (any other `type`) are dropped.
-fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    let tools = tool_objects(tools, "input_schema")?;
+fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
+    let tools = tool_objects(tools)?;
     let mut out = Vec::with_capacity(tools.len());
     for ToolObject {
         param,
@@ -1411,6 +1410,17 @@ mod tests {
             (json!({"name": "Bash"}), "tools must be an array.", "tools"),
             (
                 json!([{"name": "Bash"}, 7]),
+                "tools[1] must be an object.",
+                "tools[1]",
+            ),
+            (json!(true), "tools must be an array.", "tools"),
+            (
+                json!([[{"name": "Bash"}], null]),
+                "tools[0] must be an object.",
+                "tools[0]",
+            ),
+            (
+                json!([{"name": "Bash"}, null]),
                 "tools[1] must be an object.",
                 "tools[1]",
             ),

@@ -13,7 +13,8 @@ pub mod responses;
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use serde::Deserialize;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -92,15 +93,36 @@ fn new_id(prefix: &str) -> String {
     id
 }
 
-/// A request body, which must be a JSON object: parsed, but for its
-/// `tools`, left as their text for the front's decoder (most of a coding
-/// agent's request; their schemas go on as they came).
-pub fn json_object_and_tools(
-    body: &[u8],
-) -> Result<(Map<String, Value>, Option<&RawValue>), ApiError> {
-    object_keeping(body, "tools").map_err(|e| {
+/// A request body, which must be a JSON object, parsed in one pass: its
+/// `tools` (most of a coding agent's request) each parsed but for its
+/// member `schema`, kept as the text it came as (schemas go on as they
+/// came).
+pub fn json_object_and_tools<'a>(
+    body: &'a [u8],
+    schema: &str,
+) -> Result<(Map<String, Value>, Tools<'a>), ApiError> {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let top = serde::Deserializer::deserialize_map(&mut json, Top(schema))
+        .and_then(|top| json.end().map(|()| top));
+    top.map_err(|e| {
         ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
     })
+}
+
+/// A request's `tools` as the body's one pass read them, whatever their
+/// shape: [`tool_objects`] says what is wrong with them.
+#[derive(Default)]
+pub enum Tools<'a> {
+    /// Absent or null.
+    #[default]
+    None,
+    /// A list: each entry read as a tool.
+    List(Vec<Tools<'a>>),
+    /// A tool: its members parsed into values, but its schema, kept as the
+    /// text it came as.
+    Object(Map<String, Value>, Option<&'a RawValue>),
+    /// Anything else.
+    Other,
 }
 
 /// One of a request's `tools`, parsed but for its schema.
@@ -112,16 +134,17 @@ struct ToolObject {
     schema: Option<Schema>,
 }
 
-/// A request's `tools`, the member `schema` of each kept as its text.
-fn tool_objects(tools: &RawValue, schema: &str) -> Result<Vec<ToolObject>, ApiError> {
-    let Ok(list) = serde_json::from_str::<Option<Vec<&RawValue>>>(tools.get()) else {
-        return Err(invalid("tools must be an array.", "tools"));
+/// A request's `tools`, each an object.
+fn tool_objects(tools: Tools) -> Result<Vec<ToolObject>, ApiError> {
+    let list = match tools {
+        Tools::None => Vec::new(),
+        Tools::List(list) => list,
+        _ => return Err(invalid("tools must be an array.", "tools")),
     };
-    let list = list.unwrap_or_default();
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.into_iter().enumerate() {
         let param = format!("tools[{i}]");
-        let Ok((fields, kept)) = object_keeping(tool.get().as_bytes(), schema) else {
+        let Tools::Object(fields, kept) = tool else {
             return Err(invalid(format!("{param} must be an object."), param));
         };
         out.push(ToolObject {
@@ -133,40 +156,112 @@ fn tool_objects(tools: &RawValue, schema: &str) -> Result<Vec<ToolObject>, ApiEr
     Ok(out)
 }
 
-/// The JSON object `json` parsed into values, in one pass, but for its
-/// member `key`, kept as its text (a key given twice: its last value).
-/// `Err` when `json` is no object.
-fn object_keeping<'a>(
-    json: &'a [u8],
-    key: &str,
-) -> Result<(Map<String, Value>, Option<&'a RawValue>), serde_json::Error> {
-    let mut json = serde_json::Deserializer::from_slice(json);
-    let object = serde::Deserializer::deserialize_map(&mut json, Keeping(key))?;
-    json.end()?;
-    Ok(object)
-}
+/// The body's root object: its members parsed into values, but `tools`.
+struct Top<'s>(&'s str);
 
-struct Keeping<'k>(&'k str);
-
-impl<'de> serde::de::Visitor<'de> for Keeping<'_> {
-    type Value = (Map<String, Value>, Option<&'de RawValue>);
+impl<'de> Visitor<'de> for Top<'_> {
+    type Value = (Map<String, Value>, Tools<'de>);
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut parsed = Map::new();
-        let mut kept = None;
+        // Given twice: the last.
+        let mut tools = Tools::None;
         while let Some(key) = map.next_key::<String>()? {
-            if key == self.0 {
-                kept = Some(map.next_value()?);
+            if key == "tools" {
+                tools = map.next_value_seed(Lenient {
+                    schema: self.0,
+                    tool: false,
+                })?;
             } else {
                 let value = map.next_value()?;
                 parsed.insert(key, value);
             }
         }
-        Ok((parsed, kept))
+        Ok((parsed, tools))
+    }
+}
+
+/// `tools` (or, `tool`, one of them) read whatever its shape: the wrong
+/// shape is skipped (still checked to be JSON) as [`Tools::Other`], for the
+/// decoder to name.
+#[derive(Clone, Copy)]
+struct Lenient<'s> {
+    schema: &'s str,
+    tool: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for Lenient<'_> {
+    type Value = Tools<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, json: D) -> Result<Tools<'de>, D::Error> {
+        json.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Lenient<'_> {
+    type Value = Tools<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tools<'de>, A::Error> {
+        if self.tool {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            return Ok(Tools::Other);
+        }
+        let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        let tool = Lenient { tool: true, ..self };
+        while let Some(read) = seq.next_element_seed(tool)? {
+            list.push(read);
+        }
+        Ok(Tools::List(list))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tools<'de>, A::Error> {
+        if !self.tool {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            return Ok(Tools::Other);
+        }
+        let mut fields = Map::new();
+        let mut kept = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.schema {
+                kept = Some(map.next_value()?);
+            } else {
+                let value = map.next_value()?;
+                fields.insert(key, value);
+            }
+        }
+        Ok(Tools::Object(fields, kept))
+    }
+
+    fn visit_unit<E>(self) -> Result<Tools<'de>, E> {
+        Ok(if self.tool { Tools::Other } else { Tools::None })
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other)
     }
 }
 

@@ -14,12 +14,11 @@ use std::collections::HashMap;
 
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{
     invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool, take_f64,
-    take_str, take_str_at, take_u64, tool_objects, ErrorEnvelope, ErrorIn, ToolObject,
+    take_str, take_str_at, take_u64, tool_objects, ErrorEnvelope, ErrorIn, ToolObject, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -94,7 +93,7 @@ impl Default for Echo {
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    let (top, tools) = json_object_and_tools(body)?;
+    let (top, tools) = json_object_and_tools(body, "parameters")?;
     decode_object(top, tools)
 }
 
@@ -102,7 +101,7 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
 /// `tools` left as their text.
 pub fn decode_object(
     mut top: Map<String, Value>,
-    tools: Option<&RawValue>,
+    tools: Tools,
 ) -> Result<(Conversation, Context), ApiError> {
     refuse_state(&top)?;
     // Null or false, they only say what the stateless proxy does anyway.
@@ -119,9 +118,7 @@ pub fn decode_object(
     let instructions = take_str(&mut top, "instructions")?;
     let options = decode_options(&mut top, &mut ctx)?;
 
-    if let Some(tools) = tools {
-        conv.tools = decode_tools(tools, &mut ctx)?;
-    }
+    conv.tools = decode_tools(tools, &mut ctx)?;
 
     let mut system: Vec<String> = instructions
         .iter()
@@ -283,9 +280,9 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
     })
 }
 
-fn decode_tools(tools: &RawValue, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
+fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
     // A function's schema goes on as the text it came as.
-    let tools = tool_objects(tools, "parameters")?;
+    let tools = tool_objects(tools)?;
     let mut out = Vec::with_capacity(tools.len());
     for ToolObject {
         param,
