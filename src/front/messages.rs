@@ -63,8 +63,8 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 /// A `POST /v1/messages` body as a conversation (origin
 /// [`Dialect::Messages`]), with what the caller must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    // Tools are most of a coding agent's request, and their schemas go on
-    // as they came: parsed only where read.
+    // Tools are most of a coding agent's request: read as tools in the
+    // body's one pass, their schemas kept as the text they came as.
     let (mut top, tools) = json_object_and_tools(body, "input_schema")?;
     for key in IGNORED {
         top.remove(key);

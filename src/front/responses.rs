@@ -98,7 +98,7 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
 }
 
 /// [`decode`] of a body already parsed (and its history spliced in), its
-/// `tools` left as their text.
+/// `tools` as that pass read them.
 pub fn decode_object(
     mut top: Map<String, Value>,
     tools: Tools,
