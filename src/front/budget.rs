@@ -1,8 +1,11 @@
-//! What parsing a request body may cost. Decoding into JSON values costs
-//! about 32 bytes per value however short its text: `[0,0,0,…]` costs 16
-//! times its size. A body is counted before it is parsed (one pass, no
-//! allocation) and refused when it holds more values than the limit, so
-//! memory per request stays a small constant times its bytes.
+//! A request body's shape, before it is parsed.
+//!
+//! What parsing it may cost: decoding into JSON values costs about 32 bytes
+//! per value however short its text (`[0,0,0,…]` costs 16 times its size).
+//! A body is counted before it is parsed (one pass, no allocation) and
+//! refused when it holds more values than the limit, so memory per request
+//! stays a small constant times its bytes. The same pass reads where an
+//! agent's request goes, so that its front's decoder is its one parse.
 
 /// What one pass over a request body tells before it is parsed: what the
 /// parse may cost, and where an agent's request goes. Not a validator: text

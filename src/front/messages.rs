@@ -18,9 +18,8 @@ use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
 use super::{
-    invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool, take_f64,
-    take_str, take_str_at, take_u64, tool_objects, Encoder, ErrorEnvelope, ErrorIn, ToolObject,
-    Tools,
+    function_tools, invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool,
+    take_f64, take_str, take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn, ToolObject, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -60,12 +59,15 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 
 // ------------------------------------------------------------------ decode
 
+/// The member of a tool that is its schema.
+const SCHEMA: &str = "input_schema";
+
 /// A `POST /v1/messages` body as a conversation (origin
 /// [`Dialect::Messages`]), with what the caller must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     // Tools are most of a coding agent's request: read as tools in the
     // body's one pass, their schemas kept as the text they came as.
-    let (mut top, tools) = json_object_and_tools(body, "input_schema")?;
+    let (mut top, tools) = json_object_and_tools(body, SCHEMA)?;
     for key in IGNORED {
         top.remove(key);
     }
@@ -349,35 +351,32 @@ fn decode_image(block: Map<String, Value>) -> Part {
 
 /// Custom tools become functions; server tools (any other `type`) are dropped.
 fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    let tools = tool_objects(tools)?;
-    let mut out = Vec::with_capacity(tools.len());
-    for ToolObject {
-        param,
-        fields: mut tool,
-        schema,
-    } in tools
-    {
+    function_tools(tools, |tool, out| {
+        let ToolObject {
+            param,
+            fields: mut tool,
+            schema,
+        } = tool;
         match take_str_at(&mut tool, "type", &format!("{param}.type"))? {
             None => {}
             Some(kind) if kind == "custom" => {}
             Some(kind) => {
                 note_dropped(&mut ctx.dropped_tools, kind);
-                continue;
+                return Ok(());
             }
         }
         let name = required_str(&mut tool, "name", &param)?;
         let description = take_str_at(&mut tool, "description", &format!("{param}.description"))?;
-        let parameters = schema.unwrap_or_else(Schema::empty);
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(FunctionTool {
             name,
             description,
-            parameters,
+            parameters: schema.unwrap_or_else(Schema::empty),
             kind: CallKind::Function,
             extra: tool,
         });
-    }
-    Ok(out)
+        Ok(())
+    })
 }
 
 /// The sampling and output options; `top_k` goes to `params`, for any

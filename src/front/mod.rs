@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::conversation::{Finish, Reasoning, Schema, ToolCall, Usage};
+use crate::conversation::{Finish, FunctionTool, Reasoning, Schema, ToolCall, Usage};
 use crate::error::ApiError;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
@@ -134,8 +134,13 @@ struct ToolObject {
     schema: Option<Schema>,
 }
 
-/// A request's `tools`, each an object.
-fn tool_objects(tools: Tools) -> Result<Vec<ToolObject>, ApiError> {
+/// A request's function tools: `read` takes each tool, an object, and adds
+/// what it makes of it to the list (none for a tool the upstream cannot
+/// run, several for a namespace).
+fn function_tools(
+    tools: Tools,
+    mut read: impl FnMut(ToolObject, &mut Vec<FunctionTool>) -> Result<(), ApiError>,
+) -> Result<Vec<FunctionTool>, ApiError> {
     let list = match tools {
         Tools::None => Vec::new(),
         Tools::List(list) => list,
@@ -147,11 +152,15 @@ fn tool_objects(tools: Tools) -> Result<Vec<ToolObject>, ApiError> {
         let Tools::Object(fields, kept) = tool else {
             return Err(invalid(format!("{param} must be an object."), param));
         };
-        out.push(ToolObject {
-            param,
-            fields,
-            schema: kept.filter(|text| text.get() != "null").map(Schema::from),
-        });
+        let schema = kept.filter(|text| text.get() != "null").map(Schema::from);
+        read(
+            ToolObject {
+                param,
+                fields,
+                schema,
+            },
+            &mut out,
+        )?;
     }
     Ok(out)
 }

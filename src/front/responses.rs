@@ -17,8 +17,8 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool, take_f64,
-    take_str, take_str_at, take_u64, tool_objects, ErrorEnvelope, ErrorIn, ToolObject, Tools,
+    function_tools, invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool,
+    take_f64, take_str, take_str_at, take_u64, ErrorEnvelope, ErrorIn, ToolObject, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -90,10 +90,13 @@ impl Default for Echo {
 
 // ------------------------------------------------------------------ decode
 
+/// The member of a function tool that is its schema.
+pub const SCHEMA: &str = "parameters";
+
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    let (top, tools) = json_object_and_tools(body, "parameters")?;
+    let (top, tools) = json_object_and_tools(body, SCHEMA)?;
     decode_object(top, tools)
 }
 
@@ -281,15 +284,12 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
 }
 
 fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    // A function's schema goes on as the text it came as.
-    let tools = tool_objects(tools)?;
-    let mut out = Vec::with_capacity(tools.len());
-    for ToolObject {
-        param,
-        fields: mut tool,
-        schema: parameters,
-    } in tools
-    {
+    function_tools(tools, |tool, out| {
+        let ToolObject {
+            param,
+            fields: mut tool,
+            schema: parameters,
+        } = tool;
         let kind = required_str(&mut tool, "type", &param)?;
         match kind.as_str() {
             "function" | "custom" => {
@@ -325,8 +325,8 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
             }
             _ => note_dropped(&mut ctx.dropped_tools, kind),
         }
-    }
-    Ok(out)
+        Ok(())
+    })
 }
 
 /// A `function` or `custom` tool definition, its `parameters` taken out;

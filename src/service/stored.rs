@@ -32,7 +32,7 @@ pub async fn decode(
     tenant: &str,
     body: &[u8],
 ) -> Result<(Conversation, Context, Option<Saving>), ApiError> {
-    let (mut top, tools) = crate::front::json_object_and_tools(body, "parameters")?;
+    let (mut top, tools) = crate::front::json_object_and_tools(body, responses::SCHEMA)?;
     let Some(store) = &config.store else {
         // No store: the decoder refuses a previous id, nothing is kept.
         let (conversation, context) = responses::decode_object(top, tools)?;
