@@ -7,11 +7,13 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
 use pingora::http::ResponseHeader;
 use tokio::time::{Instant, Sleep};
 
 use crate::conversation::Dialect;
 use crate::error::ApiError;
+use crate::http1::X_ACCEL_BUFFERING;
 use crate::metrics::StreamGuard;
 use crate::service::h1::Session;
 use crate::service::write_buffer;
@@ -107,11 +109,12 @@ impl<'s> Client<'s> {
     pub async fn start_event_stream(&mut self) -> Result<(), Gone> {
         let mut header = response_header(200)?;
         for (name, value) in [
-            ("content-type", "text/event-stream"),
-            ("cache-control", "no-cache"),
-            ("x-accel-buffering", "no"),
-            ("transfer-encoding", "chunked"),
+            (CONTENT_TYPE, "text/event-stream"),
+            (CACHE_CONTROL, "no-cache"),
+            (X_ACCEL_BUFFERING, "no"),
+            (TRANSFER_ENCODING, "chunked"),
         ] {
+            let value = http::HeaderValue::from_static(value);
             header.insert_header(name, value).map_err(|_| Gone)?;
         }
         self.send_header(header, false).await?;
@@ -162,7 +165,7 @@ impl<'s> Client<'s> {
         let mut header = response_header(status)?;
         header
             .insert_header(
-                http::header::CONTENT_TYPE,
+                CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),
             )
             .and_then(|_| header.insert_header(http::header::CONTENT_LENGTH, body.len()))

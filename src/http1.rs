@@ -7,6 +7,10 @@
 use bytes::{Buf, Bytes, BytesMut};
 use pingora::{Error, ErrorType, Result};
 
+/// Asks a buffering proxy in front of us (nginx) to pass an event stream
+/// on as it comes. A name, not a string: a lookup by a string parses it.
+pub const X_ACCEL_BUFFERING: http::HeaderName = http::HeaderName::from_static("x-accel-buffering");
+
 /// The longest chunk-size line (size and extensions) accepted.
 pub const MAX_CHUNK_LINE: usize = 4096;
 /// The most trailer bytes accepted after the last chunk.

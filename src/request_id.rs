@@ -1,11 +1,11 @@
 //! `x-request-id`: kept when the client sent a sane one, generated otherwise;
 //! passed to upstreams and HTTP tools and returned to the client.
 
-use std::fmt::Write;
-
+use http::HeaderName;
 use pingora::http::RequestHeader;
 
-pub const HEADER: &str = "x-request-id";
+/// A name, not a string: a lookup by a string parses it first.
+pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Makes sure `req` carries a request id and returns it. The id is stored in
 /// the request header itself, so everything that forwards or answers the
@@ -20,9 +20,10 @@ pub fn ensure(req: &mut RequestHeader) -> String {
     match sent {
         Some(id) => id,
         None => {
-            // Sized up front: `format!` would grow it twice on the way.
-            let mut id = String::with_capacity(32);
-            let _ = write!(id, "{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+            let mut hex = [0u8; 32];
+            // 16 bytes fill 32 hex digits exactly: it cannot fail.
+            let _ = hex::encode_to_slice(fastrand::u128(..).to_be_bytes(), &mut hex);
+            let id: String = hex.iter().map(|&b| char::from(b)).collect();
             // A hex string is always a valid header value.
             let _ = req.insert_header(HEADER, id.as_str());
             id
@@ -55,6 +56,7 @@ mod tests {
         req.insert_header(HEADER, "x".repeat(200)).unwrap();
         let id = ensure(&mut req);
         assert_eq!(id.len(), 32);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
         assert_eq!(of(&req), id);
     }
 }

@@ -184,13 +184,18 @@ impl Turn<'_> {
         let mut tool_rounds = 0;
         // Rounds and turns of one conversation share a prefix: keep them on
         // one replica, by the client's key for it or else by how it begins.
-        let affinity = match &conversation.session {
-            Some(session) => affinity_key(None, Some(session)),
-            None => {
-                let first_user = conversation.first_user_text();
-                affinity_key(conversation.system.as_deref(), first_user.as_deref())
-            }
-        };
+        let affinity =
+            agent
+                .upstream
+                .pool
+                .ranks_by_conversation()
+                .then(|| match &conversation.session {
+                    Some(session) => affinity_key(None, Some(session)),
+                    None => {
+                        let first_user = conversation.first_user_text();
+                        affinity_key(conversation.system.as_deref(), first_user.as_deref())
+                    }
+                });
         loop {
             if summary.rounds > 0 {
                 reply.next_round();
@@ -415,7 +420,7 @@ struct RoundReader<'r> {
 async fn read_round<D: Downstream>(
     agent: &Agent,
     conversation: &Conversation,
-    affinity: u64,
+    affinity: Option<u64>,
     client: &mut D,
     reply: &mut Reply,
     ctx: &CallContext,
@@ -446,7 +451,7 @@ async fn read_round<D: Downstream>(
                     upstream.api,
                     Bytes::from(body),
                     &request_id,
-                    Some(affinity),
+                    affinity,
                     client_auth,
                 )
             }),

@@ -46,8 +46,9 @@ pub struct Pool {
 #[derive(Default)]
 struct Idle {
     /// Per peer and runtime, oldest first: a connection is taken from the
-    /// back, where the most recently used one is.
-    by_peer: HashMap<Key, VecDeque<(Instant, Link)>>,
+    /// back, where the most recently used one is. The keys are ours, not a
+    /// client's: a fast hash, not SipHash (a lookup per request each way).
+    by_peer: HashMap<Key, VecDeque<(Instant, Link)>, foldhash::fast::RandomState>,
     count: usize,
 }
 
@@ -72,12 +73,10 @@ impl Pool {
         loop {
             let (since, mut link) = {
                 let mut idle = self.lock();
-                let list = idle.by_peer.get_mut(&peer)?;
-                let found = list.pop_back();
-                if list.is_empty() {
-                    idle.by_peer.remove(&peer);
-                }
-                let found = found?;
+                // An emptied list stays for the connection's return (the
+                // sweeper drops it if none comes): no removal and no new
+                // list per request.
+                let found = idle.by_peer.get_mut(&peer)?.pop_back()?;
                 idle.count -= 1;
                 found
             };
@@ -129,7 +128,8 @@ impl Pool {
         });
     }
 
-    /// Drops the expired and the closed connections.
+    /// Drops the expired and the closed connections, and the lists left
+    /// empty.
     fn sweep(&self) {
         let mut gone = Vec::new();
         let mut idle = self.lock();

@@ -3,8 +3,6 @@
 //! every name, a case map) only to be read back in order; HTTP/2, which is
 //! pingora's, gets pingora's header made from it.
 
-use std::fmt::Write;
-
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST};
 use http::{HeaderName, HeaderValue, Method};
@@ -79,8 +77,11 @@ impl Request {
             put_header(&mut head, name.as_str(), value.as_bytes());
         }
         if let Some(length) = body {
-            // Writing to memory cannot fail.
-            let _ = write!(head, "{CONTENT_LENGTH}: {length}\r\n");
+            put_header(
+                &mut head,
+                CONTENT_LENGTH.as_str(),
+                itoa::Buffer::new().format(length).as_bytes(),
+            );
         }
         head.put_slice(b"\r\n");
         head.freeze()

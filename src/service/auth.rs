@@ -4,13 +4,15 @@ use pingora::http::RequestHeader;
 
 use crate::config::{ApiKey, Config};
 
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The key a client presents: `Authorization: Bearer <key>` (OpenAI SDKs,
 /// the anthropic Python SDK with a token) or `x-api-key` (Anthropic clients).
 pub fn presented_key(req: &RequestHeader) -> Option<&[u8]> {
     req.headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| bearer_token(v.as_bytes()))
-        .or_else(|| req.headers.get("x-api-key").map(|v| v.as_bytes()))
+        .or_else(|| req.headers.get(X_API_KEY).map(|v| v.as_bytes()))
 }
 
 /// The token of a `Bearer` credential. The scheme is case-insensitive

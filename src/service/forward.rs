@@ -6,6 +6,7 @@
 //! what needs it: an upgrade, a body of unknown length, a large upload.
 
 use bytes::Bytes;
+use http::header::{self, HeaderName};
 use pingora::http::RequestHeader;
 use pingora::Result;
 
@@ -16,27 +17,28 @@ use crate::config::Config;
 use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
-use crate::http1::Body;
+use crate::http1::{Body, X_ACCEL_BUFFERING};
 use crate::metrics::StreamGuard;
 use crate::sse;
 use crate::upstream::Outbound;
 
 /// Hop-by-hop headers: they describe one connection, not the message.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
+/// Names, not strings: a lookup by a string parses it first.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
 ];
 
 /// Request headers the proxy sets itself for the upstream.
-const SET_BY_PROXY: &[&str] = &["host", "content-length", "expect"];
+const SET_BY_PROXY: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::EXPECT];
 
-fn is_hop_by_hop(name: &http::HeaderName) -> bool {
-    HOP_BY_HOP.contains(&name.as_str())
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
 }
 
 /// The largest body of a request for another route read whole to forward
@@ -73,6 +75,7 @@ pub async fn other_route(session: &mut Session, ctx: &mut RequestCtx) -> Result<
     let affinity = ctx
         .session
         .as_deref()
+        .filter(|_| config.default_upstream.pool.ranks_by_conversation())
         .map(|id| crate::upstream::affinity_key(None, Some(id)));
     let mut client = Client::new(session, config.limits.heartbeat);
     handled(forward(&mut client, &config, body, affinity).await)
@@ -108,7 +111,7 @@ async fn relay(
     let headers: Vec<_> = incoming
         .headers
         .iter()
-        .filter(|(name, _)| !is_hop_by_hop(name) && !SET_BY_PROXY.contains(&name.as_str()))
+        .filter(|(name, _)| !is_hop_by_hop(name) && !SET_BY_PROXY.contains(name))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     let outbound = Outbound {
@@ -131,8 +134,16 @@ async fn relay(
         let missing = ApiError::bad_gateway("the upstream's response has no header");
         return client.respond_error(&missing).await;
     };
-    for name in HOP_BY_HOP {
-        header.remove_header(*name);
+    // Looked for in one pass: most answers have one of them or none, and
+    // each removal hashes the name and shifts the map's entries.
+    let hop: Vec<HeaderName> = header
+        .headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
+        .collect();
+    for name in &hop {
+        header.remove_header(name);
     }
     // Ours is an HTTP/1.1 answer, whatever the upstream spoke (h2).
     header.set_version(http::Version::HTTP_11);
@@ -145,9 +156,9 @@ async fn relay(
             )
             .map_err(|_| Gone)?;
     }
-    if event_stream && header.headers.get("x-accel-buffering").is_none() {
+    if event_stream && !header.headers.contains_key(X_ACCEL_BUFFERING) {
         header
-            .insert_header("x-accel-buffering", http::HeaderValue::from_static("no"))
+            .insert_header(X_ACCEL_BUFFERING, http::HeaderValue::from_static("no"))
             .map_err(|_| Gone)?;
     }
     client.send_header(*header, false).await?;

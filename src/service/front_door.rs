@@ -203,15 +203,19 @@ async fn pass_on(
         },
         false => None,
     };
-    let affinity = match &ctx.session {
-        Some(session) => affinity_key(None, Some(session)),
-        None => {
-            let (system, first_user) = peek.prefix();
-            affinity_key(system, first_user)
-        }
-    };
+    let affinity = config
+        .default_upstream
+        .pool
+        .ranks_by_conversation()
+        .then(|| match &ctx.session {
+            Some(session) => affinity_key(None, Some(session)),
+            None => {
+                let (system, first_user) = peek.prefix();
+                affinity_key(system, first_user)
+            }
+        });
     let mut client = Client::new(session, config.limits.heartbeat);
-    let cut = forward::forward(&mut client, config, Some(body), Some(affinity)).await;
+    let cut = forward::forward(&mut client, config, Some(body), affinity).await;
     handled(cut)
 }
 

@@ -306,7 +306,8 @@ fn frame_response(
 
 /// The fields every response head gets as it is written, without a trip
 /// through its map: the request's id, `Date` (RFC 9110 §6.6.1, unless the
-/// upstream's answer has one) and `Connection`.
+/// upstream's answer has one) and `Connection`. The first and the last
+/// replace any the head has.
 struct Stamp<'a> {
     request_id: Option<&'a HeaderValue>,
     date: bool,
@@ -332,15 +333,22 @@ fn head_bytes(header: &ResponseHeader, stamp: &Stamp) -> BytesMut {
     buf.put_u8(b' ');
     buf.put_slice(reason.as_bytes());
     buf.put_slice(b"\r\n");
-    header.header_to_h1_wire(&mut buf);
     let mut field = |name: &[u8], value: &[u8]| {
         buf.put_slice(name);
         buf.put_slice(b": ");
         buf.put_slice(value);
         buf.put_slice(b"\r\n");
     };
+    // Skipped here rather than removed from the map: a removal hashes the
+    // name and shifts the map's entries. Every head is built without case
+    // (`build_no_case`): names go out as the map has them.
+    for (name, value) in header.headers.iter() {
+        if name != CONNECTION && name != request_id::HEADER {
+            field(name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
     if let Some(id) = stamp.request_id {
-        field(request_id::HEADER.as_bytes(), id.as_bytes());
+        field(request_id::HEADER.as_str().as_bytes(), id.as_bytes());
     }
     if let Some(date) = &date {
         field(b"date", date.as_bytes());
@@ -485,9 +493,6 @@ impl Session {
             self.keep_alive = false;
         }
         self.out = frame_response(&mut header, &self.header, &mut self.keep_alive);
-        // Ours replace an upstream's.
-        header.remove_header(request_id::HEADER);
-        header.remove_header(&CONNECTION);
         let stamp = Stamp {
             request_id: self.header.headers.get(request_id::HEADER),
             date: !header.headers.contains_key(DATE),

@@ -126,9 +126,7 @@ impl AgentProxy {
         ctx.route = route_of(req.method.as_str(), req.uri.path(), &ctx.config);
         let dialect = match ctx.route {
             "messages" | "count_tokens" => Dialect::Messages,
-            "models" | "model" if req.headers.contains_key("anthropic-version") => {
-                Dialect::Messages
-            }
+            "models" | "model" if req.headers.contains_key(ANTHROPIC_VERSION) => Dialect::Messages,
             _ => Dialect::Chat,
         };
         // RFC 9112 §3.2: an HTTP/1.1 request without `Host` is malformed
@@ -505,6 +503,9 @@ fn route_of(method: &str, path: &str, config: &Config) -> &'static str {
 
 /// The route of a request our handlers do not answer.
 const PROXY: &str = "proxy";
+
+/// Sent by every Anthropic client: `/v1/models` answers it in its shape.
+const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
 
 /// Where pingora's proxy path comes in for a request.
 #[derive(Clone, Copy, PartialEq)]

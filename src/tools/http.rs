@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ::http::header::CONTENT_TYPE;
-use ::http::{HeaderName, HeaderValue};
+use ::http::HeaderValue;
 use bytes::Bytes;
 use pingora::{ErrorType, OrErr};
 
@@ -68,7 +68,7 @@ impl HttpTool {
             let id = HeaderValue::from_str(request_id)
                 .or_err(ErrorType::InvalidHTTPHeader, "invalid request id")?;
             req.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            req.append(HeaderName::from_static(crate::request_id::HEADER), id);
+            req.append(crate::request_id::HEADER, id);
             // The tool's own headers win over ours.
             for (name, value) in &self.headers {
                 req.insert(name.clone(), value.clone())?;

@@ -228,7 +228,7 @@ impl Upstream {
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),
             ),
-            (http::HeaderName::from_static(crate::request_id::HEADER), id),
+            (crate::request_id::HEADER, id),
         ];
         if let Some(auth) = client_auth {
             headers.push((http::header::AUTHORIZATION, auth.clone()));

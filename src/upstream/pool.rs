@@ -115,6 +115,12 @@ impl Pool {
         &self.members[index % self.members.len()]
     }
 
+    /// Whether [`order`](Self::order) reads a request's conversation key:
+    /// the key is worth its hash only then.
+    pub fn ranks_by_conversation(&self) -> bool {
+        self.balance == Balance::PrefixAffinity && self.members.len() > 1
+    }
+
     /// The members in the order a request tries them: the balancing choice
     /// first, healthy members before unhealthy ones (which are still tried
     /// last rather than failing outright). `affinity` is the conversation
