@@ -23,7 +23,7 @@ pub fn ensure(req: &mut RequestHeader) -> String {
             let mut hex = [0u8; 32];
             // 16 bytes fill 32 hex digits exactly: it cannot fail.
             let _ = hex::encode_to_slice(fastrand::u128(..).to_be_bytes(), &mut hex);
-            let id: String = hex.iter().map(|&b| char::from(b)).collect();
+            let id = std::str::from_utf8(&hex).unwrap_or_default().to_owned();
             // A hex string is always a valid header value.
             let _ = req.insert_header(HEADER, id.as_str());
             id

@@ -2,19 +2,22 @@
 //! agent's memory is kept under, what tools get by `inject`, what the
 //! request log shows.
 
+use http::HeaderName;
 use sha2::{Digest, Sha256};
 
 /// Headers clients carry a conversation id in, the explicit one first:
 /// `X-Session-Id`, Codex's, Claude Code's, the Agents SDK's, LibreChat's and
 /// Open WebUI's (`ENABLE_FORWARD_USER_INFO_HEADERS`). Not `x-client-request-id`:
 /// OpenAI's clients make a new one per request.
-pub const HEADERS: &[&str] = &[
-    "x-session-id",
-    "session-id",
-    "x-claude-code-session-id",
-    "thread-id",
-    "x-librechat-conversation-id",
-    "x-openwebui-chat-id",
+/// Names, not strings: a name compared with a string is spelled out and
+/// compared without case, for each field of every request.
+pub static HEADERS: [HeaderName; 6] = [
+    HeaderName::from_static("x-session-id"),
+    HeaderName::from_static("session-id"),
+    HeaderName::from_static("x-claude-code-session-id"),
+    HeaderName::from_static("thread-id"),
+    HeaderName::from_static("x-librechat-conversation-id"),
+    HeaderName::from_static("x-openwebui-chat-id"),
 ];
 
 /// The longest session id kept from a client.

@@ -94,7 +94,8 @@ impl Assembler {
 }
 
 pub fn new_call_id() -> String {
-    let mut id = String::from("call_");
+    let mut id = String::with_capacity(29);
+    id.push_str("call_");
     id.extend((0..24).map(|_| fastrand::alphanumeric()));
     id
 }

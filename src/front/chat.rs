@@ -554,7 +554,9 @@ pub struct ChatEncoder {
 
 impl ChatEncoder {
     pub fn new(model: &str, stream: bool, include_usage: bool, field: ReasoningField) -> Self {
-        let mut id = String::from("chatcmpl-");
+        // Sized once: grown a character at a time it would be copied thrice.
+        let mut id = String::with_capacity(33);
+        id.push_str("chatcmpl-");
         id.extend((0..24).map(|_| fastrand::alphanumeric()));
         ChatEncoder {
             id,

@@ -24,7 +24,7 @@ use crate::upstream::Outbound;
 
 /// Hop-by-hop headers: they describe one connection, not the message.
 /// Names, not strings: a lookup by a string parses it first.
-const HOP_BY_HOP: [HeaderName; 7] = [
+static HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -35,7 +35,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 /// Request headers the proxy sets itself for the upstream.
-const SET_BY_PROXY: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::EXPECT];
+static SET_BY_PROXY: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::EXPECT];
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name)
