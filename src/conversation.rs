@@ -48,6 +48,36 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// The bytes of its text and tool schemas: about the size of a request
+    /// carrying it, which an encoder sizes its buffer by (grown by
+    /// doubling instead, a coding agent's request is copied five times).
+    pub fn text_len(&self) -> usize {
+        let items: usize = self
+            .items
+            .iter()
+            .map(|item| match item {
+                Item::Message(m) => m
+                    .content
+                    .iter()
+                    .map(|part| match part {
+                        Part::Text(text) => text.len(),
+                        Part::Image { url, .. } => url.len(),
+                        Part::Other(_) => 0,
+                    })
+                    .sum(),
+                Item::Reasoning(r) => r.text.len(),
+                Item::ToolCall(call) => call.arguments.len(),
+                Item::ToolResult(result) => result.output.len(),
+            })
+            .sum();
+        let tools: usize = self
+            .tools
+            .iter()
+            .map(|t| t.description.as_ref().map_or(0, String::len) + t.parameters.json_len())
+            .sum();
+        self.system.as_ref().map_or(0, String::len) + items + tools
+    }
+
     /// The text of the first user message: how a conversation begins, the
     /// same in every later turn of it.
     pub fn first_user_text(&self) -> Option<String> {
@@ -178,6 +208,11 @@ impl Schema {
     pub fn empty() -> Schema {
         let empty = RawValue::from_string(r#"{"type":"object","properties":{}}"#.to_owned());
         Schema(empty.unwrap_or_default())
+    }
+
+    /// The length of its JSON text.
+    pub fn json_len(&self) -> usize {
+        self.0.get().len()
     }
 
     /// The schema as JSON (for a test or a look inside).

@@ -190,8 +190,10 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
         user: options.user.as_deref(),
         rest: Fields(rest),
     };
-    // Most chat requests fit: one allocation instead of a series of regrowths.
-    let mut out = Vec::with_capacity(4096);
+    // One allocation instead of a series of regrowths: the text and room
+    // for the envelope and the escapes.
+    let text = conversation.text_len();
+    let mut out = Vec::with_capacity(4096 + text + text / 8);
     serde_json::to_writer(&mut out, &body).unwrap_or_default();
     out
 }

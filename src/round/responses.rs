@@ -35,7 +35,9 @@ const PART_SEPARATOR: &str = "\n\n";
 /// The `/v1/responses` request body for `conversation`.
 pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
     let request = Request::new(conversation, stream);
-    let mut body = Vec::with_capacity(4096);
+    // One allocation: the text and room for the envelope and the escapes.
+    let text = conversation.text_len();
+    let mut body = Vec::with_capacity(4096 + text + text / 8);
     // Writing to a Vec cannot fail, and every map key here is a string.
     serde_json::to_writer(&mut body, &request).expect("a Responses request serializes");
     body

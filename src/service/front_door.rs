@@ -446,16 +446,29 @@ pub(super) async fn read_body(session: &mut Session, limit: usize) -> Result<Byt
             .await
             .map_err(|_| ApiError::bad_request("client went away"))?;
     }
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(0));
+    // A body of declared length comes in one piece, kept as it is; a
+    // chunked one is gathered.
+    let mut first = Bytes::new();
+    let mut gathered: Option<BytesMut> = None;
     loop {
-        match session.read_request_body().await {
+        match session.read_request_body_whole(limit).await {
             Ok(Some(piece)) => {
-                if body.len() + piece.len() > limit {
+                let read = gathered.as_ref().map_or(first.len(), BytesMut::len);
+                if read + piece.len() > limit {
                     return Err(ApiError::body_too_large(limit));
                 }
-                body.extend_from_slice(&piece);
+                match &mut gathered {
+                    None if first.is_empty() => first = piece,
+                    None => {
+                        let mut body = BytesMut::with_capacity(first.len() + piece.len());
+                        body.extend_from_slice(&first);
+                        body.extend_from_slice(&piece);
+                        gathered = Some(body);
+                    }
+                    Some(body) => body.extend_from_slice(&piece),
+                }
             }
-            Ok(None) => return Ok(body.freeze()),
+            Ok(None) => return Ok(gathered.map_or(first, BytesMut::freeze)),
             Err(e) => {
                 return Err(ApiError::bad_request(format!(
                     "cannot read the request body: {}",

@@ -435,14 +435,37 @@ impl Session {
                 Decoded::NeedMore => {}
             }
             self.buf.reserve(BODY_READ);
-            let read = fast_timeout(BODY_READ_TIMEOUT, self.stream.read_buf(&mut self.buf))
-                .await
-                .or_err(ErrorType::ReadTimedout, "reading the request body")?
-                .or_err(ErrorType::ReadError, "reading the request body")?;
-            if read == 0 {
-                return Error::e_explain(ErrorType::ConnectionClosed, "the body ended early");
+            self.fill_buf().await?;
+        }
+    }
+
+    /// The rest of a body of declared length up to `max` bytes, in one
+    /// piece: read into one buffer sized for it and handed out as it is,
+    /// where pieces would be copied together (a coding agent's request is
+    /// tens of KiB). Any other body, the next piece of it.
+    pub async fn read_request_body_whole(&mut self, max: usize) -> Result<Option<Bytes>> {
+        if let Body::Length(left) = self.body {
+            let left = usize::try_from(left).unwrap_or(usize::MAX);
+            if left <= max {
+                self.buf.reserve(left.saturating_sub(self.buf.len()));
+                while self.buf.len() < left {
+                    self.fill_buf().await?;
+                }
             }
         }
+        self.read_request_body().await
+    }
+
+    /// Reads what the client sent next into the buffer.
+    async fn fill_buf(&mut self) -> Result<()> {
+        let read = fast_timeout(BODY_READ_TIMEOUT, self.stream.read_buf(&mut self.buf))
+            .await
+            .or_err(ErrorType::ReadTimedout, "reading the request body")?
+            .or_err(ErrorType::ReadError, "reading the request body")?;
+        if read == 0 {
+            return Error::e_explain(ErrorType::ConnectionClosed, "the body ended early");
+        }
+        Ok(())
     }
 
     /// Once the body is read and nothing of a next request waits: the
@@ -924,6 +947,27 @@ mod tests {
         };
         assert_eq!(&read[..], b"GET /next HTTP/1.1\r\n");
         drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_body_of_declared_length_is_read_whole_in_one_piece() {
+        let (mut s, mut client) =
+            session("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nab");
+        tokio::spawn(async move {
+            for piece in [&b"cde"[..], b"fgh", b"iGET /next"] {
+                tokio::task::yield_now().await;
+                client.write_all(piece).await.unwrap();
+            }
+            client
+        });
+        let whole = s.read_request_body_whole(9).await.unwrap().unwrap();
+        assert_eq!(whole, "abcdefghi");
+        assert_eq!(s.read_request_body_whole(9).await.unwrap(), None);
+
+        // Longer than allowed: piece by piece, for the caller to refuse.
+        let (mut s, _client) =
+            session("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nab");
+        assert_eq!(s.read_request_body_whole(8).await.unwrap().unwrap(), "ab");
     }
 
     #[tokio::test]
