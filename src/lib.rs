@@ -16,6 +16,7 @@ pub mod error;
 pub mod front;
 pub mod http1;
 pub mod http_client;
+pub mod json;
 pub mod knowledge;
 pub mod limits;
 pub mod mcp;

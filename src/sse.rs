@@ -41,9 +41,12 @@ pub struct Parser {
     /// Bytes looked at for a line end, to show that each is looked at once.
     #[cfg(test)]
     examined: usize,
-    data: BytesMut,
+    /// The event's first `data:` value, a slice of the line it came in:
+    /// most events have one line, handed on without a copy.
+    data: Option<Bytes>,
+    /// Its `data:` values joined, once a second one comes.
+    joined: BytesMut,
     name: Option<String>,
-    has_data: bool,
     /// The last read ended in `\r`: a `\n` opening the next read belongs to it.
     skip_lf: bool,
     max_event_bytes: usize,
@@ -56,9 +59,9 @@ impl Parser {
             scanned: 0,
             #[cfg(test)]
             examined: 0,
-            data: BytesMut::new(),
+            data: None,
+            joined: BytesMut::new(),
             name: None,
-            has_data: false,
             skip_lf: false,
             max_event_bytes,
         }
@@ -79,14 +82,14 @@ impl Parser {
                 self.skip_lf = false;
             }
             let unscanned = &self.pending[self.scanned..];
-            let found = unscanned.iter().position(|&b| b == b'\n' || b == b'\r');
+            let found = memchr::memchr2(b'\n', b'\r', unscanned);
             #[cfg(test)]
             {
                 self.examined += found.map_or(unscanned.len(), |at| at + 1);
             }
             let Some(at) = found else {
                 self.scanned = self.pending.len();
-                if self.pending.len() + self.data.len() > self.max_event_bytes {
+                if self.pending.len() + self.data_len() > self.max_event_bytes {
                     return Err(EventTooLarge(self.max_event_bytes));
                 }
                 return Ok(None);
@@ -98,7 +101,7 @@ impl Parser {
             if terminator == b'\r' {
                 self.skip_lf = true;
             }
-            if let Some(event) = self.take_line(&line)? {
+            if let Some(event) = self.take_line(line)? {
                 return Ok(Some(event));
             }
         }
@@ -112,51 +115,64 @@ impl Parser {
             self.scanned = 0;
             // A partial last line is a field line; it cannot exceed the limit
             // check already applied in `next_event`.
-            let _ = self.take_line(&line);
+            let _ = self.take_line(line);
         }
         self.dispatch()
     }
 
-    fn take_line(&mut self, line: &[u8]) -> Result<Option<Event>, EventTooLarge> {
+    fn take_line(&mut self, line: BytesMut) -> Result<Option<Event>, EventTooLarge> {
         if line.is_empty() {
             return Ok(self.dispatch());
         }
         if line[0] == b':' {
             return Ok(None);
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
+        let (field, value) = match memchr::memchr(b':', &line) {
             Some(colon) => {
-                let value = &line[colon + 1..];
-                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+                let space = line.get(colon + 1) == Some(&b' ');
+                (colon, colon + 1 + usize::from(space))
             }
-            None => (line, &b""[..]),
+            None => (line.len(), line.len()),
         };
-        match field {
+        match &line[..field] {
             b"data" => {
-                if self.data.len() + value.len() + 1 > self.max_event_bytes {
+                let len = line.len() - value;
+                if self.data_len() + len + 1 > self.max_event_bytes {
                     return Err(EventTooLarge(self.max_event_bytes));
                 }
-                if self.has_data {
-                    self.data.extend_from_slice(b"\n");
+                match &self.data {
+                    None => self.data = Some(line.freeze().slice(value..)),
+                    Some(first) => {
+                        if self.joined.is_empty() {
+                            self.joined.extend_from_slice(first);
+                        }
+                        self.joined.extend_from_slice(b"\n");
+                        self.joined.extend_from_slice(&line[value..]);
+                    }
                 }
-                self.data.extend_from_slice(value);
-                self.has_data = true;
             }
-            b"event" => self.name = Some(String::from_utf8_lossy(value).into_owned()),
+            b"event" => self.name = Some(String::from_utf8_lossy(&line[value..]).into_owned()),
             _ => {}
         }
         Ok(None)
     }
 
+    /// The bytes of the event's data so far.
+    fn data_len(&self) -> usize {
+        match self.joined.is_empty() {
+            true => self.data.as_ref().map_or(0, Bytes::len),
+            false => self.joined.len(),
+        }
+    }
+
     fn dispatch(&mut self) -> Option<Event> {
         let name = self.name.take();
-        if !std::mem::take(&mut self.has_data) {
-            return None;
-        }
-        Some(Event {
-            name,
-            data: self.data.split().freeze(),
-        })
+        let first = self.data.take()?;
+        let data = match self.joined.is_empty() {
+            true => first,
+            false => self.joined.split().freeze(),
+        };
+        Some(Event { name, data })
     }
 }
 
@@ -221,6 +237,14 @@ mod tests {
         assert_eq!(
             data(&parse_all(&[b"data:abc\n\ndata: tail"])),
             vec![&b"abc"[..], b"tail"]
+        );
+    }
+
+    #[test]
+    fn empty_data_lines_count_as_lines() {
+        assert_eq!(
+            data(&parse_all(&[b"data:\n\ndata:\ndata: y\n\ndata: x\ndata:\ndata:\n\n"])),
+            vec![&b""[..], b"\ny", b"x\n\n"]
         );
     }
 

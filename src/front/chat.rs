@@ -27,7 +27,7 @@ use crate::sse;
 /// model stay in `extra`, in chat shape, for a chat upstream; tool schemas
 /// go on as the text they came as.
 pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
-    let request: ChatIn = serde_json::from_slice(body).map_err(|e| not_a_request(body, e))?;
+    let request: ChatIn = crate::json::from_bytes(body).map_err(|e| not_a_request(body, e))?;
     let ChatIn {
         model,
         messages,

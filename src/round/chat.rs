@@ -318,7 +318,7 @@ impl RoundDecoder for Decoder {
                 ..Step::default()
             });
         }
-        let chunk: ChunkIn<'a> = serde_json::from_slice(&event.data).map_err(|e| {
+        let chunk: ChunkIn<'a> = crate::json::from_bytes(&event.data).map_err(|e| {
             DecodeError::Malformed(format!(
                 "upstream sent an event that is not a chat chunk: {e}"
             ))
@@ -353,7 +353,7 @@ impl RoundDecoder for Decoder {
     }
 
     fn body(&mut self, body: &[u8]) -> Result<Whole, DecodeError> {
-        let completion: CompletionIn = serde_json::from_slice(body)
+        let completion: CompletionIn = crate::json::from_bytes(body)
             .map_err(|e| DecodeError::Malformed(format!("upstream sent invalid JSON: {e}")))?;
         if let Some(usage) = completion.usage {
             self.usage = usage;

@@ -470,7 +470,7 @@ impl RoundDecoder for Decoder {
         if event.is_done() {
             return Ok(Step::default());
         }
-        let data: EventIn<'a> = serde_json::from_slice(&event.data).map_err(|e| {
+        let data: EventIn<'a> = crate::json::from_bytes(&event.data).map_err(|e| {
             DecodeError::Malformed(format!(
                 "upstream sent an event that is not a Responses event: {e}"
             ))
@@ -530,7 +530,7 @@ impl RoundDecoder for Decoder {
     }
 
     fn body(&mut self, body: &[u8]) -> Result<Whole, DecodeError> {
-        let response: ResponseIn = serde_json::from_slice(body).map_err(|e| {
+        let response: ResponseIn = crate::json::from_bytes(body).map_err(|e| {
             DecodeError::Malformed(format!("upstream sent invalid Responses JSON: {e}"))
         })?;
         if let Some(error) = &response.error {

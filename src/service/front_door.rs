@@ -54,7 +54,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     let asked = match shape.model.filter(|model| serves(model)) {
         Some(model) => model.to_owned(),
         None => {
-            let peek: RoutingPeek = match serde_json::from_slice(&body) {
+            let peek: RoutingPeek = match crate::json::from_bytes(&body) {
                 Ok(peek) => peek,
                 Err(e) => {
                     let error = ApiError::bad_request(format!("invalid JSON body: {e}"));
@@ -358,7 +358,7 @@ pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result
         Ok(body) => body,
         Err(error) => return reject(session, dialect, &error).await,
     };
-    let model = serde_json::from_slice::<RoutingPeek>(&body)
+    let model = crate::json::from_bytes::<RoutingPeek>(&body)
         .ok()
         .and_then(|peek| peek.model.map(|m| m.into_owned()));
     let Some(agent) = model.as_deref().and_then(|m| config.agent(m)).cloned() else {
