@@ -239,17 +239,6 @@ pub struct CompletionMessageIn {
 // ------------------------------------------------------ what we write
 
 #[derive(Serialize)]
-pub struct ChunkOut<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub choices: &'a [ChoiceOut<'a>],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
-
-#[derive(Serialize)]
 pub struct ChoiceOut<'a> {
     pub index: u32,
     pub delta: DeltaOut<'a>,

@@ -243,7 +243,9 @@ mod tests {
     #[test]
     fn empty_data_lines_count_as_lines() {
         assert_eq!(
-            data(&parse_all(&[b"data:\n\ndata:\ndata: y\n\ndata: x\ndata:\ndata:\n\n"])),
+            data(&parse_all(&[
+                b"data:\n\ndata:\ndata: y\n\ndata: x\ndata:\ndata:\n\n"
+            ])),
             vec![&b""[..], b"\ny", b"x\n\n"]
         );
     }

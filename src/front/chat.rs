@@ -550,6 +550,24 @@ pub struct ChatEncoder {
     content: String,
     reasoning: String,
     tool_calls: Vec<openai::ToolCall>,
+    /// What every chunk of a stream begins with, its id to its `choices`:
+    /// rendered once, not per chunk (empty unless it streams: only a stream
+    /// writes chunks).
+    chunk_head: Vec<u8>,
+}
+
+/// `data: {"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":`
+fn chunk_head(id: &str, created: u64, model: &str) -> Vec<u8> {
+    let mut head = Vec::with_capacity(96 + model.len());
+    head.extend_from_slice(b"data: {\"id\":");
+    // Serializing a string cannot fail.
+    serde_json::to_writer(&mut head, id).unwrap_or_default();
+    head.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+    head.extend_from_slice(itoa::Buffer::new().format(created).as_bytes());
+    head.extend_from_slice(b",\"model\":");
+    serde_json::to_writer(&mut head, model).unwrap_or_default();
+    head.extend_from_slice(b",\"choices\":");
+    head
 }
 
 impl ChatEncoder {
@@ -558,11 +576,16 @@ impl ChatEncoder {
         let mut id = String::with_capacity(33);
         id.push_str("chatcmpl-");
         id.extend((0..24).map(|_| fastrand::alphanumeric()));
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         ChatEncoder {
+            chunk_head: match stream {
+                true => chunk_head(&id, created, model),
+                false => Vec::new(),
+            },
             id,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created,
             model: model.to_owned(),
             stream,
             include_usage,
@@ -584,18 +607,14 @@ impl ChatEncoder {
     }
 
     fn write(&self, choices: &[openai::ChoiceOut<'_>], usage: Option<Usage>, out: &mut Vec<u8>) {
-        let chunk = openai::ChunkOut {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            choices,
-            usage,
-        };
-        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&self.chunk_head);
         // Serializing our own string-only types cannot fail.
-        serde_json::to_writer(&mut *out, &chunk).unwrap_or_default();
-        out.extend_from_slice(b"\n\n");
+        serde_json::to_writer(&mut *out, choices).unwrap_or_default();
+        if let Some(usage) = usage {
+            out.extend_from_slice(b",\"usage\":");
+            serde_json::to_writer(&mut *out, &usage).unwrap_or_default();
+        }
+        out.extend_from_slice(b"}\n\n");
     }
 
     fn reasoning_fields<'t>(&self, text: &'t str) -> (Option<&'t str>, Option<&'t str>) {
