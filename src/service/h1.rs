@@ -440,20 +440,27 @@ impl Session {
     }
 
     /// The rest of a body of declared length up to `max` bytes, in one
-    /// piece: read into one buffer sized for it and handed out as it is,
-    /// where pieces would be copied together (a coding agent's request is
-    /// tens of KiB). Any other body, the next piece of it.
+    /// piece: a large one read into one buffer sized for it and handed out
+    /// as it is, where pieces would be copied together (a coding agent's
+    /// request is tens of KiB); a small one copied out of the read buffer,
+    /// which a slice of it would keep whole for as long as the request
+    /// lasts (a passed-through stream's). Any other body, the next piece.
     pub async fn read_request_body_whole(&mut self, max: usize) -> Result<Option<Bytes>> {
-        if let Body::Length(left) = self.body {
-            let left = usize::try_from(left).unwrap_or(usize::MAX);
-            if left <= max {
-                self.buf.reserve(left.saturating_sub(self.buf.len()));
-                while self.buf.len() < left {
-                    self.fill_buf().await?;
-                }
-            }
+        let Body::Length(left) = self.body else {
+            return self.read_request_body().await;
+        };
+        let left = usize::try_from(left).unwrap_or(usize::MAX);
+        if left > max {
+            return self.read_request_body().await;
         }
-        self.read_request_body().await
+        self.buf.reserve(left.saturating_sub(self.buf.len()));
+        while self.buf.len() < left {
+            self.fill_buf().await?;
+        }
+        Ok(match self.read_request_body().await? {
+            Some(piece) if piece.len() < BODY_READ => Some(Bytes::copy_from_slice(&piece)),
+            read => read,
+        })
     }
 
     /// Reads what the client sent next into the buffer.
