@@ -7,18 +7,40 @@
 //! one check of the whole text, with std's word-at-a-time ASCII path,
 //! costs less.
 
+use std::marker::PhantomData;
+
+use serde::de::DeserializeSeed;
 use serde::Deserialize;
+use serde_json::de::{Deserializer, Read};
 
 /// Reads `bytes` as serde_json's `from_slice` does, and accepts exactly
 /// what it accepts.
 pub fn from_bytes<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result<T> {
+    from_bytes_seed(bytes, PhantomData)
+}
+
+/// [`from_bytes`] by a seed (a reader with state of its own).
+pub fn from_bytes_seed<'a, S: DeserializeSeed<'a>>(
+    bytes: &'a [u8],
+    seed: S,
+) -> serde_json::Result<S::Value> {
     match std::str::from_utf8(bytes) {
-        Ok(text) => serde_json::from_str(text),
+        Ok(text) => whole(&mut Deserializer::from_str(text), seed),
         // Read as before: serde_json checks the strings it keeps and skips
         // the others unchecked, so a stray byte in a field nobody reads (an
         // upstream's token in `logprobs`, say) still passes.
-        Err(_) => serde_json::from_slice(bytes),
+        Err(_) => whole(&mut Deserializer::from_slice(bytes), seed),
     }
+}
+
+/// One value and nothing after it, as serde_json's `from_*` read.
+fn whole<'a, R: Read<'a>, S: DeserializeSeed<'a>>(
+    json: &mut Deserializer<R>,
+    seed: S,
+) -> serde_json::Result<S::Value> {
+    let value = seed.deserialize(&mut *json)?;
+    json.end()?;
+    Ok(value)
 }
 
 #[cfg(test)]

@@ -188,13 +188,9 @@ impl Turn<'_> {
             agent
                 .upstream
                 .pool
-                .ranks_by_conversation()
-                .then(|| match &conversation.session {
-                    Some(session) => affinity_key(None, Some(session)),
-                    None => {
-                        let first_user = conversation.first_user_text();
-                        affinity_key(conversation.system.as_deref(), first_user.as_deref())
-                    }
+                .conversation_key(conversation.session.as_deref(), || {
+                    let first_user = conversation.first_user_text();
+                    affinity_key(conversation.system.as_deref(), first_user.as_deref())
                 });
         loop {
             if summary.rounds > 0 {

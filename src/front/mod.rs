@@ -101,24 +101,9 @@ pub fn json_object_and_tools<'a>(
     body: &'a [u8],
     schema: &str,
 ) -> Result<(Map<String, Value>, Tools<'a>), ApiError> {
-    // As `json::from_bytes` reads: text known to be UTF-8 without a check
-    // per string.
-    let top = match std::str::from_utf8(body) {
-        Ok(text) => object_and_tools(&mut serde_json::Deserializer::from_str(text), schema),
-        Err(_) => object_and_tools(&mut serde_json::Deserializer::from_slice(body), schema),
-    };
-    top.map_err(|e| {
+    crate::json::from_bytes_seed(body, Top(schema)).map_err(|e| {
         ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
     })
-}
-
-fn object_and_tools<'a, R: serde_json::de::Read<'a>>(
-    json: &mut serde_json::Deserializer<R>,
-    schema: &str,
-) -> serde_json::Result<(Map<String, Value>, Tools<'a>)> {
-    let top = serde::Deserializer::deserialize_map(&mut *json, Top(schema))?;
-    json.end()?;
-    Ok(top)
 }
 
 /// A request's `tools` as the body's one pass read them, whatever their
@@ -179,6 +164,14 @@ fn function_tools(
 
 /// The body's root object: its members parsed into values, but `tools`.
 struct Top<'s>(&'s str);
+
+impl<'de> DeserializeSeed<'de> for Top<'_> {
+    type Value = (Map<String, Value>, Tools<'de>);
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
 
 impl<'de> Visitor<'de> for Top<'_> {
     type Value = (Map<String, Value>, Tools<'de>);

@@ -206,13 +206,9 @@ async fn pass_on(
     let affinity = config
         .default_upstream
         .pool
-        .ranks_by_conversation()
-        .then(|| match &ctx.session {
-            Some(session) => affinity_key(None, Some(session)),
-            None => {
-                let (system, first_user) = peek.prefix();
-                affinity_key(system, first_user)
-            }
+        .conversation_key(ctx.session.as_deref(), || {
+            let (system, first_user) = peek.prefix();
+            affinity_key(system, first_user)
         });
     let mut client = Client::new(session, config.limits.heartbeat);
     let cut = forward::forward(&mut client, config, Some(body), affinity).await;
@@ -446,35 +442,33 @@ pub(super) async fn read_body(session: &mut Session, limit: usize) -> Result<Byt
             .await
             .map_err(|_| ApiError::bad_request("client went away"))?;
     }
-    // A body of declared length comes in one piece, kept as it is; a
-    // chunked one is gathered.
-    let mut first = Bytes::new();
-    let mut gathered: Option<BytesMut> = None;
-    loop {
-        match session.read_request_body_whole(limit).await {
-            Ok(Some(piece)) => {
-                let read = gathered.as_ref().map_or(first.len(), BytesMut::len);
-                if read + piece.len() > limit {
-                    return Err(ApiError::body_too_large(limit));
-                }
-                match &mut gathered {
-                    None if first.is_empty() => first = piece,
-                    None => {
-                        let mut body = BytesMut::with_capacity(first.len() + piece.len());
-                        body.extend_from_slice(&first);
-                        body.extend_from_slice(&piece);
-                        gathered = Some(body);
-                    }
-                    Some(body) => body.extend_from_slice(&piece),
-                }
-            }
-            Ok(None) => return Ok(gathered.map_or(first, BytesMut::freeze)),
-            Err(e) => {
-                return Err(ApiError::bad_request(format!(
-                    "cannot read the request body: {}",
-                    e.etype().as_str()
-                )))
-            }
-        }
+    let failed = |e: pingora::BError| {
+        ApiError::bad_request(format!(
+            "cannot read the request body: {}",
+            e.etype().as_str()
+        ))
+    };
+    // A body of declared length comes in one piece, kept as it is.
+    let Some(first) = session
+        .read_request_body_whole(limit)
+        .await
+        .map_err(failed)?
+    else {
+        return Ok(Bytes::new());
+    };
+    if first.len() > limit {
+        return Err(ApiError::body_too_large(limit));
     }
+    if session.body_done() {
+        return Ok(first);
+    }
+    // A chunked one comes in pieces, gathered.
+    let mut body = BytesMut::from(&first[..]);
+    while let Some(piece) = session.read_request_body().await.map_err(failed)? {
+        if body.len() + piece.len() > limit {
+            return Err(ApiError::body_too_large(limit));
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(body.freeze())
 }

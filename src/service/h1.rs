@@ -306,8 +306,8 @@ fn frame_response(
 
 /// The fields every response head gets as it is written, without a trip
 /// through its map: the request's id, `Date` (RFC 9110 §6.6.1, unless the
-/// upstream's answer has one) and `Connection`. The first and the last
-/// replace any the head has.
+/// upstream's answer has one) and `Connection`. The head's own
+/// `x-request-id` and `Connection` are not written: these are ours.
 struct Stamp<'a> {
     request_id: Option<&'a HeaderValue>,
     date: bool,
@@ -488,7 +488,8 @@ impl Session {
         &self.body
     }
 
-    fn body_done(&self) -> bool {
+    /// Whether the request's body was read to its end (or has none).
+    pub fn body_done(&self) -> bool {
         matches!(self.body, Body::Done | Body::Length(0))
     }
 

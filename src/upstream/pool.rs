@@ -121,6 +121,23 @@ impl Pool {
         self.balance == Balance::PrefixAffinity && self.members.len() > 1
     }
 
+    /// A request's conversation key, where this pool ranks by one: by the
+    /// client's key for the conversation (`session`), else by how the
+    /// conversation begins (`beginning`, an [`affinity_key`]).
+    pub fn conversation_key(
+        &self,
+        session: Option<&str>,
+        beginning: impl FnOnce() -> u64,
+    ) -> Option<u64> {
+        if !self.ranks_by_conversation() {
+            return None;
+        }
+        Some(match session {
+            Some(session) => affinity_key(None, Some(session)),
+            None => beginning(),
+        })
+    }
+
     /// The members in the order a request tries them: the balancing choice
     /// first, healthy members before unhealthy ones (which are still tried
     /// last rather than failing outright). `affinity` is the conversation
