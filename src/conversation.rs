@@ -240,9 +240,10 @@ impl PartialEq for Schema {
     }
 }
 
-impl serde::Serialize for Schema {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+impl Schema {
+    /// The schema as [`json::write`](crate::json::write) writes it.
+    pub fn raw(&self) -> crate::json::Raw<'_> {
+        crate::json::Raw::checked(&self.0)
     }
 }
 

@@ -18,6 +18,7 @@ use crate::conversation::{
     Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
+use crate::json;
 use crate::openai;
 use crate::sse;
 
@@ -560,12 +561,11 @@ pub struct ChatEncoder {
 fn chunk_head(id: &str, created: u64, model: &str) -> Vec<u8> {
     let mut head = Vec::with_capacity(96 + model.len());
     head.extend_from_slice(b"data: {\"id\":");
-    // Serializing a string cannot fail.
-    serde_json::to_writer(&mut head, id).unwrap_or_default();
+    json::write(&mut head, id);
     head.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
     head.extend_from_slice(itoa::Buffer::new().format(created).as_bytes());
     head.extend_from_slice(b",\"model\":");
-    serde_json::to_writer(&mut head, model).unwrap_or_default();
+    json::write(&mut head, model);
     head.extend_from_slice(b",\"choices\":");
     head
 }
@@ -608,11 +608,10 @@ impl ChatEncoder {
 
     fn write(&self, choices: &[openai::ChoiceOut<'_>], usage: Option<Usage>, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.chunk_head);
-        // Serializing our own string-only types cannot fail.
-        serde_json::to_writer(&mut *out, choices).unwrap_or_default();
+        json::write(out, choices);
         if let Some(usage) = usage {
             out.extend_from_slice(b",\"usage\":");
-            serde_json::to_writer(&mut *out, &usage).unwrap_or_default();
+            json::write(out, &usage);
         }
         out.extend_from_slice(b"}\n\n");
     }
@@ -728,7 +727,7 @@ impl Encoder for ChatEncoder {
         };
         // Sized for the text and the envelope: one allocation, no regrowth.
         out.reserve(512 + self.content.len() + self.reasoning.len());
-        serde_json::to_writer(&mut *out, &body).unwrap_or_default();
+        json::write(out, &body);
     }
 
     fn stream_error(&mut self, _status: u16, openai_error: &[u8], out: &mut Vec<u8>) {

@@ -26,6 +26,7 @@ use crate::conversation::{
     Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
+use crate::json;
 
 /// Anthropic's keep-alive event: what a silent stream gets instead of an SSE
 /// comment (see [`Encoder::heartbeat`]).
@@ -861,8 +862,7 @@ impl Encoder for MessagesEncoder {
         }
         // Sized for the blocks and the envelope: one allocation, no regrowth.
         out.reserve(256 + self.content.iter().map(Block::size_hint).sum::<usize>());
-        // Our own types of strings, numbers and checked JSON: cannot fail.
-        let _ = serde_json::to_writer(&mut *out, &self.message(Some(stop_reason), usage));
+        json::write(out, &self.message(Some(stop_reason), usage));
     }
 
     fn error_body(&self, status: u16, openai_error: Bytes) -> Bytes {
@@ -937,8 +937,7 @@ fn error_json(kind: &'static str, message: &str) -> Bytes {
         error: ErrorOut { kind, message },
     };
     let mut out = Vec::with_capacity(64 + message.len());
-    // Plain strings: cannot fail.
-    let _ = serde_json::to_writer(
+    json::write(
         &mut out,
         &EventOut {
             kind: "error",
@@ -997,8 +996,7 @@ fn emit<T: Serialize>(out: &mut Vec<u8>, kind: &'static str, body: T) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(b"\ndata: ");
-    // Our own types of strings, numbers and checked JSON: cannot fail.
-    let _ = serde_json::to_writer(&mut *out, &EventOut { kind, body });
+    json::write(out, &EventOut { kind, body });
     out.extend_from_slice(b"\n\n");
 }
 
@@ -1083,7 +1081,7 @@ struct Input<'a>(Option<&'a RawValue>);
 impl Serialize for Input<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self.0 {
-            Some(raw) => raw.serialize(serializer),
+            Some(raw) => json::Raw::checked(raw).serialize(serializer),
             None => serializer.serialize_map(Some(0))?.end(),
         }
     }

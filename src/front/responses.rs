@@ -26,6 +26,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::front::Encoder;
+use crate::json;
 
 /// Between a namespace and a function name in a flattened tool name.
 const NAMESPACE_SEPARATOR: &str = "__";
@@ -789,8 +790,7 @@ impl Sink {
             sequence_number: self.sequence,
             body,
         };
-        // Our own types of strings, numbers and parsed JSON: cannot fail.
-        let _ = serde_json::to_writer(&mut *out, &event);
+        json::write(out, &event);
         out.extend_from_slice(b"\n\n");
         self.sequence += 1;
     }
@@ -1383,20 +1383,22 @@ fn write_end(
         if sink.stream {
             sink.emit(out, kind, ResponseEvent { response });
         } else {
-            // Our own types: serializing them cannot fail.
-            let _ = serde_json::to_writer(&mut *out, &response);
+            json::write(out, &response);
         }
     }
-    // Serialized once when it is kept too (our own types: cannot fail).
-    let kept = keep.and_then(|keep| Some((keep, serde_json::value::to_raw_value(response).ok()?)));
-    let Some((keep, json)) = kept else {
+    let Some(keep) = keep else {
         return put(sink, out, kind, response);
     };
-    put(sink, out, kind, &*json);
+    // Serialized once when it is kept too.
+    let kept = json::to_vec(response);
+    match json::Raw::written(&kept) {
+        Some(raw) => put(sink, out, kind, raw),
+        None => put(sink, out, kind, response),
+    }
     keep(Finished {
         id,
         status: response.status,
-        response: Box::<str>::from(json).into_string().into_bytes(),
+        response: kept,
     });
 }
 

@@ -8,10 +8,11 @@ use serde_json::{Map, Value};
 use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
 use crate::agent::assemble::{new_call_id, Assembler};
 use crate::conversation::{
-    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, Schema,
-    ToolCall, ToolChoice, UpstreamError,
+    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, ToolCall,
+    ToolChoice, UpstreamError,
 };
 use crate::front::chat::{wire_call, WireCall};
+use crate::json::{self, Raw};
 use crate::openai::{ChunkIn, CompletionIn};
 use crate::sse;
 
@@ -106,7 +107,7 @@ struct FunctionOut<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a str>,
-    parameters: &'a Schema,
+    parameters: Raw<'a>,
     #[serde(flatten)]
     extra: Option<&'a Map<String, Value>>,
 }
@@ -157,7 +158,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
                 function: FunctionOut {
                     name: &tool.name,
                     description: tool.description.as_deref(),
-                    parameters: &tool.parameters,
+                    parameters: tool.parameters.raw(),
                     extra: same_dialect.then_some(&tool.extra),
                 },
             })
@@ -194,7 +195,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
     // for the envelope and the escapes.
     let text = conversation.text_len();
     let mut out = Vec::with_capacity(4096 + text + text / 8);
-    serde_json::to_writer(&mut out, &body).unwrap_or_default();
+    json::write(&mut out, &body);
     out
 }
 

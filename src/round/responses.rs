@@ -16,8 +16,9 @@ use serde_json::Value;
 use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Part, Reasoning,
-    Role, RoundEnd, Schema, ToolCall, ToolChoice, UpstreamError, Usage,
+    Role, RoundEnd, ToolCall, ToolChoice, UpstreamError, Usage,
 };
+use crate::json::{self, Raw};
 use crate::sse;
 
 /// What makes reasoning items reusable without server-side storage.
@@ -38,8 +39,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
     // One allocation: the text and room for the envelope and the escapes.
     let text = conversation.text_len();
     let mut body = Vec::with_capacity(4096 + text + text / 8);
-    // Writing to a Vec cannot fail, and every map key here is a string.
-    serde_json::to_writer(&mut body, &request).expect("a Responses request serializes");
+    json::write(&mut body, &request);
     body
 }
 
@@ -366,7 +366,7 @@ enum ToolOut<'a> {
         name: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
         description: Option<&'a str>,
-        parameters: &'a Schema,
+        parameters: Raw<'a>,
         strict: &'a Value,
     },
     Custom {
@@ -387,7 +387,7 @@ fn tools<S: Serializer>(tools: &&[FunctionTool], serializer: S) -> Result<S::Ok,
             CallKind::Function => ToolOut::Function {
                 name,
                 description,
-                parameters: &tool.parameters,
+                parameters: tool.parameters.raw(),
                 strict: tool.extra.get("strict").unwrap_or(&NOT_STRICT),
             },
             CallKind::Custom => ToolOut::Custom {
@@ -919,7 +919,7 @@ mod tests {
     use serde_json::{json, Map};
 
     use super::*;
-    use crate::conversation::{Options, ToolResult};
+    use crate::conversation::{Options, Schema, ToolResult};
 
     const TOOL_STREAM: &[u8] =
         include_bytes!("../../tests/fixtures/openai/responses-tool-stream.sse");
