@@ -48,34 +48,33 @@ pub struct Conversation {
 }
 
 impl Conversation {
-    /// The bytes of its text and tool schemas: about the size of a request
-    /// carrying it, which an encoder sizes its buffer by (grown by
-    /// doubling instead, a coding agent's request is copied five times).
-    pub fn text_len(&self) -> usize {
-        let items: usize = self
-            .items
-            .iter()
-            .map(|item| match item {
-                Item::Message(m) => m
-                    .content
-                    .iter()
-                    .map(|part| match part {
-                        Part::Text(text) => text.len(),
-                        Part::Image { url, .. } => url.len(),
-                        Part::Other(_) => 0,
-                    })
-                    .sum(),
-                Item::Reasoning(r) => r.text.len(),
-                Item::ToolCall(call) => call.arguments.len(),
-                Item::ToolResult(result) => result.output.len(),
-            })
-            .sum();
-        let tools: usize = self
-            .tools
-            .iter()
-            .map(|t| t.description.as_ref().map_or(0, String::len) + t.parameters.json_len())
-            .sum();
-        self.system.as_ref().map_or(0, String::len) + items + tools
+    /// The bytes of its text and tool schemas (about the size of a request
+    /// carrying it), and of the longest of them: what an encoder sizes its
+    /// buffer by.
+    pub fn text_size(&self) -> TextSize {
+        let mut size = TextSize::default();
+        let mut add = |len: usize| {
+            size.total += len;
+            size.longest = size.longest.max(len);
+        };
+        add(self.system.as_ref().map_or(0, String::len));
+        for item in &self.items {
+            match item {
+                Item::Message(m) => m.content.iter().for_each(|part| match part {
+                    Part::Text(text) => add(text.len()),
+                    Part::Image { url, .. } => add(url.len()),
+                    Part::Other(_) => {}
+                }),
+                Item::Reasoning(r) => add(r.text.len()),
+                Item::ToolCall(call) => add(call.arguments.len()),
+                Item::ToolResult(result) => add(result.output.len()),
+            }
+        }
+        for tool in &self.tools {
+            add(tool.description.as_ref().map_or(0, String::len));
+            add(tool.parameters.json_len());
+        }
+        size
     }
 
     /// The text of the first user message: how a conversation begins, the
@@ -86,6 +85,13 @@ impl Conversation {
             _ => None,
         })
     }
+}
+
+/// [`Conversation::text_size`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TextSize {
+    pub total: usize,
+    pub longest: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

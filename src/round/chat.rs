@@ -191,10 +191,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
         user: options.user.as_deref(),
         rest: Fields(rest),
     };
-    // One allocation instead of a series of regrowths: the text and room
-    // for the envelope and the escapes.
-    let text = conversation.text_len();
-    let mut out = Vec::with_capacity(4096 + text + text / 8);
+    let mut out = super::body_buffer(conversation);
     json::write(&mut out, &body);
     out
 }

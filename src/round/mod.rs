@@ -73,6 +73,18 @@ pub fn encode(api: UpstreamApi, conversation: &Conversation, stream: bool) -> Ve
     }
 }
 
+/// The buffer `conversation`'s request body is written into, allocated
+/// once: its text, room for the envelope and the escapes, and what
+/// [`json::write`](crate::json::write) asks to have free before it writes a
+/// string (six bytes per byte, the escapes' worst case). Without that room
+/// the buffer is reallocated at the longest string, and what it holds
+/// copied: a coding agent's instructions are a third of its request. Room
+/// left untouched costs no memory (its pages are never written).
+fn body_buffer(conversation: &Conversation) -> Vec<u8> {
+    let text = conversation.text_size();
+    Vec::with_capacity(4096 + text.total + text.total / 8 + 6 * text.longest)
+}
+
 /// A decoder for one round of `api`'s answer to `conversation`.
 pub fn decoder(api: UpstreamApi, conversation: &Conversation) -> Box<dyn RoundDecoder + Send> {
     match api {
@@ -110,5 +122,41 @@ impl Serialize for Fields<'_> {
             map.serialize_entry(key, value)?;
         }
         map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::{FunctionTool, Item, Message, Role, Schema};
+
+    #[test]
+    fn a_request_body_is_written_without_growing_its_buffer() {
+        // A coding agent's shape: long instructions, escapes, a history.
+        let instructions = "Follow the rules:\n\t\"quote\" \\ é 漢\n".repeat(700);
+        let conversation = Conversation {
+            system: Some(instructions),
+            items: vec![
+                Item::Message(Message::text(Role::User, "fix the build")),
+                Item::Message(Message::text(Role::Assistant, "done.\n".repeat(300))),
+            ],
+            tools: vec![FunctionTool {
+                name: "shell".into(),
+                description: Some("Runs a command.".into()),
+                parameters: Schema::empty(),
+                kind: CallKind::Function,
+                extra: Default::default(),
+            }],
+            ..Default::default()
+        };
+        for api in [UpstreamApi::Chat, UpstreamApi::Responses] {
+            let capacity = body_buffer(&conversation).capacity();
+            let body = encode(api, &conversation, true);
+            assert_eq!(body.capacity(), capacity, "{api:?}: the buffer grew");
+            let parsed: Value = serde_json::from_slice(&body).unwrap();
+            assert!(parsed
+                .to_string()
+                .contains("Follow the rules:\\n\\t\\\"quote\\\""));
+        }
     }
 }

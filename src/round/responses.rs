@@ -36,9 +36,7 @@ const PART_SEPARATOR: &str = "\n\n";
 /// The `/v1/responses` request body for `conversation`.
 pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
     let request = Request::new(conversation, stream);
-    // One allocation: the text and room for the envelope and the escapes.
-    let text = conversation.text_len();
-    let mut body = Vec::with_capacity(4096 + text + text / 8);
+    let mut body = super::body_buffer(conversation);
     json::write(&mut body, &request);
     body
 }
