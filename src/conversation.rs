@@ -221,6 +221,11 @@ impl Schema {
         self.0.get().len()
     }
 
+    /// The schema as [`json::write`](crate::json::write) writes it.
+    pub fn raw(&self) -> crate::json::Raw<'_> {
+        crate::json::Raw::checked(&self.0)
+    }
+
     /// The schema as JSON (for a test or a look inside).
     pub fn to_value(&self) -> Value {
         serde_json::from_str(self.0.get()).unwrap_or_default()
@@ -243,13 +248,6 @@ impl From<&RawValue> for Schema {
 impl PartialEq for Schema {
     fn eq(&self, other: &Schema) -> bool {
         self.0.get() == other.0.get()
-    }
-}
-
-impl Schema {
-    /// The schema as [`json::write`](crate::json::write) writes it.
-    pub fn raw(&self) -> crate::json::Raw<'_> {
-        crate::json::Raw::checked(&self.0)
     }
 }
 
