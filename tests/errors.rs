@@ -200,6 +200,23 @@ async fn unreachable_upstream_is_502_on_every_path() {
     }
     let res = post_json(proxy.port, "/v1/embeddings", &json!({"input": "x"})).await;
     assert_error(&res, 502, "upstream_error");
+    // An Anthropic client reads Anthropic's error shape, agent or not.
+    for model in ["helper", "claude-passed-through"] {
+        for stream in [false, true] {
+            let body = json!({
+                "model": model, "max_tokens": 16, "stream": stream,
+                "messages": [{"role": "user", "content": "hi"}],
+            });
+            let res = post_json(proxy.port, "/v1/messages", &body).await;
+            assert_eq!(res.status, 502, "{model}: {}", res.text());
+            let error = res.json();
+            assert_eq!(error["type"], "error", "{model}: {error}");
+            assert_eq!(error["error"]["type"], "api_error", "{model}: {error}");
+            assert!(error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("refused")));
+        }
+    }
 }
 
 #[tokio::test]

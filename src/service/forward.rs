@@ -78,17 +78,20 @@ pub async fn other_route(session: &mut Session, ctx: &mut RequestCtx) -> Result<
         .filter(|_| config.default_upstream.pool.ranks_by_conversation())
         .map(|id| crate::upstream::affinity_key(None, Some(id)));
     let mut client = Client::new(session, config.limits.heartbeat);
-    handled(forward(&mut client, &config, body, affinity).await)
+    handled(forward(&mut client, &config, Dialect::Chat, body, affinity).await)
 }
 
-/// Returns whether the response was cut mid-stream.
+/// Returns whether the response was cut mid-stream. What the proxy itself
+/// answers (the upstream could not be reached, its stream broke) is in
+/// `dialect`'s shape: the client's SDK reads it.
 pub async fn forward(
     client: &mut Client<'_>,
     config: &Config,
+    dialect: Dialect,
     body: Option<Bytes>,
     affinity: Option<u64>,
 ) -> bool {
-    match relay(client, config, body, affinity).await {
+    match relay(client, config, dialect, body, affinity).await {
         Ok(()) => false,
         Err(Gone) => true,
     }
@@ -97,6 +100,7 @@ pub async fn forward(
 async fn relay(
     client: &mut Client<'_>,
     config: &Config,
+    dialect: Dialect,
     body: Option<Bytes>,
     affinity: Option<u64>,
 ) -> Result<(), Gone> {
@@ -126,13 +130,13 @@ async fn relay(
         Ok(exchange) => exchange,
         Err(e) => {
             return client
-                .respond_error(&from_upstream(&upstream.name, &e))
+                .respond_error_in(dialect, &from_upstream(&upstream.name, &e))
                 .await
         }
     };
     let Some(mut header) = exchange.take_header() else {
         let missing = ApiError::bad_gateway("the upstream's response has no header");
-        return client.respond_error(&missing).await;
+        return client.respond_error_in(dialect, &missing).await;
     };
     // Looked for in one pass: most answers have one of them or none, and
     // each removal hashes the name and shifts the map's entries.
@@ -170,9 +174,8 @@ async fn relay(
             Ok(None) => return Ok(()),
             Err(e) => {
                 if event_stream {
-                    let mut event = Vec::new();
-                    sse::write_data(&mut event, &from_upstream(&upstream.name, &e).to_json());
-                    let _ = client.write(Bytes::from(event)).await;
+                    let error = from_upstream(&upstream.name, &e);
+                    let _ = client.write(error_event(dialect, &error)).await;
                 }
                 return Err(Gone);
             }
@@ -180,9 +183,40 @@ async fn relay(
     }
 }
 
+/// The event that ends a stream the upstream broke: Anthropic's `error`
+/// event, or an OpenAI error as data.
+fn error_event(dialect: Dialect, error: &ApiError) -> Bytes {
+    let (_, body) = crate::front::error_response(dialect, error);
+    let mut event = Vec::with_capacity(body.len() + 24);
+    if dialect == Dialect::Messages {
+        event.extend_from_slice(b"event: error\n");
+    }
+    sse::write_data(&mut event, &body);
+    Bytes::from(event)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broken_stream_ends_with_an_error_in_the_clients_dialect() {
+        let error = ApiError::bad_gateway("the upstream closed mid-stream");
+        let anthropic = error_event(Dialect::Messages, &error);
+        let data = anthropic
+            .strip_prefix(b"event: error\ndata: ")
+            .and_then(|rest| rest.strip_suffix(b"\n\n"))
+            .expect("a named error event");
+        let data: serde_json::Value = serde_json::from_slice(data).unwrap();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["error"]["type"], "api_error");
+        for dialect in [Dialect::Chat, Dialect::Responses] {
+            let openai = error_event(dialect, &error);
+            let data = openai.strip_prefix(b"data: ").unwrap();
+            let data: serde_json::Value = serde_json::from_slice(data.trim_ascii_end()).unwrap();
+            assert_eq!(data["error"]["message"], "the upstream closed mid-stream");
+        }
+    }
 
     use crate::service::h1;
 

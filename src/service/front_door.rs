@@ -211,7 +211,7 @@ async fn pass_on(
             affinity_key(system, first_user)
         });
     let mut client = Client::new(session, config.limits.heartbeat);
-    let cut = forward::forward(&mut client, config, Some(body), affinity).await;
+    let cut = forward::forward(&mut client, config, dialect, Some(body), affinity).await;
     handled(cut)
 }
 
@@ -359,7 +359,8 @@ pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result
         .and_then(|peek| peek.model.map(|m| m.into_owned()));
     let Some(agent) = model.as_deref().and_then(|m| config.agent(m)).cloned() else {
         let mut client = Client::new(session, config.limits.heartbeat);
-        return handled(forward::forward(&mut client, &config, Some(body), Some(0)).await);
+        let forwarded = forward::forward(&mut client, &config, dialect, Some(body), Some(0));
+        return handled(forwarded.await);
     };
     let conversation = match front::messages::decode(&body) {
         Ok((conversation, _)) => conversation,
