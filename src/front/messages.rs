@@ -886,11 +886,7 @@ impl Encoder for MessagesEncoder {
             out.extend_from_slice(&error_json(kind, &message));
             return;
         }
-        let error = ErrorOut {
-            kind,
-            message: &message,
-        };
-        emit(out, "error", ErrorEvent { error });
+        emit_error(out, kind, &message);
     }
 
     fn heartbeat(&self) -> &'static [u8] {
@@ -930,6 +926,19 @@ pub fn error_status(status: u16) -> u16 {
 /// is [`error_status`] of `status`.
 pub fn anthropic_error(status: u16, message: &str) -> Bytes {
     error_json(error_type(status), message)
+}
+
+/// [`anthropic_error`] as the `error` event that ends a stream.
+pub fn anthropic_error_event(status: u16, message: &str) -> Bytes {
+    let mut out = Vec::with_capacity(64 + message.len());
+    emit_error(&mut out, error_type(status), message);
+    Bytes::from(out)
+}
+
+/// Writes an `error` event.
+fn emit_error(out: &mut Vec<u8>, kind: &'static str, message: &str) {
+    let error = ErrorOut { kind, message };
+    emit(out, "error", ErrorEvent { error });
 }
 
 fn error_json(kind: &'static str, message: &str) -> Bytes {

@@ -382,9 +382,45 @@ pub fn error_response(
     }
 }
 
+/// The event that ends a stream with `error`, in the shape `dialect`'s
+/// clients read: Anthropic's `error` event, or an OpenAI error as data.
+pub fn error_event(dialect: crate::conversation::Dialect, error: &ApiError) -> Bytes {
+    match dialect {
+        crate::conversation::Dialect::Messages => {
+            messages::anthropic_error_event(error.status, &error.message)
+        }
+        _ => {
+            let mut event = Vec::new();
+            crate::sse::write_data(&mut event, &error.to_json());
+            Bytes::from(event)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::new_id;
+    use super::{error_event, new_id};
+    use crate::conversation::Dialect;
+    use crate::error::ApiError;
+
+    #[test]
+    fn a_broken_stream_ends_with_an_error_in_the_clients_dialect() {
+        let error = ApiError::bad_gateway("the upstream closed mid-stream");
+        let anthropic = error_event(Dialect::Messages, &error);
+        let data = anthropic
+            .strip_prefix(b"event: error\ndata: ")
+            .and_then(|rest| rest.strip_suffix(b"\n\n"))
+            .expect("a named error event");
+        let data: serde_json::Value = serde_json::from_slice(data).unwrap();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["error"]["type"], "api_error");
+        for dialect in [Dialect::Chat, Dialect::Responses] {
+            let openai = error_event(dialect, &error);
+            let data = openai.strip_prefix(b"data: ").unwrap();
+            let data: serde_json::Value = serde_json::from_slice(data.trim_ascii_end()).unwrap();
+            assert_eq!(data["error"]["message"], "the upstream closed mid-stream");
+        }
+    }
 
     #[test]
     fn ids_sort_in_the_order_they_were_made() {

@@ -19,7 +19,6 @@ use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
 use crate::http1::{Body, X_ACCEL_BUFFERING};
 use crate::metrics::StreamGuard;
-use crate::sse;
 use crate::upstream::Outbound;
 
 /// Hop-by-hop headers: they describe one connection, not the message.
@@ -175,7 +174,9 @@ async fn relay(
             Err(e) => {
                 if event_stream {
                     let error = from_upstream(&upstream.name, &e);
-                    let _ = client.write(error_event(dialect, &error)).await;
+                    let _ = client
+                        .write(crate::front::error_event(dialect, &error))
+                        .await;
                 }
                 return Err(Gone);
             }
@@ -183,40 +184,9 @@ async fn relay(
     }
 }
 
-/// The event that ends a stream the upstream broke: Anthropic's `error`
-/// event, or an OpenAI error as data.
-fn error_event(dialect: Dialect, error: &ApiError) -> Bytes {
-    let (_, body) = crate::front::error_response(dialect, error);
-    let mut event = Vec::with_capacity(body.len() + 24);
-    if dialect == Dialect::Messages {
-        event.extend_from_slice(b"event: error\n");
-    }
-    sse::write_data(&mut event, &body);
-    Bytes::from(event)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_broken_stream_ends_with_an_error_in_the_clients_dialect() {
-        let error = ApiError::bad_gateway("the upstream closed mid-stream");
-        let anthropic = error_event(Dialect::Messages, &error);
-        let data = anthropic
-            .strip_prefix(b"event: error\ndata: ")
-            .and_then(|rest| rest.strip_suffix(b"\n\n"))
-            .expect("a named error event");
-        let data: serde_json::Value = serde_json::from_slice(data).unwrap();
-        assert_eq!(data["type"], "error");
-        assert_eq!(data["error"]["type"], "api_error");
-        for dialect in [Dialect::Chat, Dialect::Responses] {
-            let openai = error_event(dialect, &error);
-            let data = openai.strip_prefix(b"data: ").unwrap();
-            let data: serde_json::Value = serde_json::from_slice(data.trim_ascii_end()).unwrap();
-            assert_eq!(data["error"]["message"], "the upstream closed mid-stream");
-        }
-    }
 
     use crate::service::h1;
 
