@@ -19,7 +19,8 @@ use serde_json::{json, Map, Value};
 use super::chat::wire_arguments;
 use super::{
     function_tools, invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool,
-    take_f64, take_str, take_str_at, take_u64, Encoder, ErrorEnvelope, ErrorIn, ToolObject, Tools,
+    take_f64, take_str, take_str_at, take_u64, At, Encoder, ErrorEnvelope, ErrorIn, ToolObject,
+    Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -138,8 +139,9 @@ fn decode_messages(
         }
     };
     items.reserve(list.len());
+    let all = At::Root("messages");
     for (i, message) in list.into_iter().enumerate() {
-        decode_message(message, &format!("messages[{i}]"), items, system)?;
+        decode_message(message, all.index(i), items, system)?;
     }
     Ok(())
 }
@@ -148,7 +150,7 @@ fn decode_messages(
 /// right after the calls), then its parts, reasoning and calls in order.
 fn decode_message(
     message: Value,
-    param: &str,
+    param: At<'_>,
     items: &mut Vec<Item>,
     system: &mut Vec<String>,
 ) -> Result<(), ApiError> {
@@ -172,7 +174,7 @@ fn decode_message(
         other => {
             return Err(invalid(
                 format!("Invalid {param}.role `{other}`: expected user or assistant."),
-                format!("{param}.role"),
+                param.field("role"),
             ))
         }
     };
@@ -189,7 +191,7 @@ fn decode_message(
         _ => {
             return Err(invalid(
                 format!("{param}.content must be a string or an array of content blocks."),
-                format!("{param}.content"),
+                param.field("content"),
             ))
         }
     };
@@ -199,9 +201,9 @@ fn decode_message(
         parts: Vec::new(),
         rest: Vec::new(),
     };
+    let list = param.field("content");
     for (j, block) in blocks.into_iter().enumerate() {
-        let param = format!("{param}.content[{j}]");
-        if let Some(result) = decode_block(block, &param, &mut turn)? {
+        if let Some(result) = decode_block(block, list.index(j), &mut turn)? {
             items.push(Item::ToolResult(result));
         }
     }
@@ -241,7 +243,7 @@ impl Turn {
 /// before the message's other items).
 fn decode_block(
     block: Value,
-    param: &str,
+    param: At<'_>,
     turn: &mut Turn,
 ) -> Result<Option<ToolResult>, ApiError> {
     let Value::Object(mut block) = block else {
@@ -252,7 +254,7 @@ fn decode_block(
         _ => {
             return Err(invalid(
                 format!("{param}.type is required."),
-                format!("{param}.type"),
+                param.field("type"),
             ))
         }
     };
@@ -262,7 +264,7 @@ fn decode_block(
             _ => {
                 return Err(invalid(
                     format!("{param}.text must be a string."),
-                    format!("{param}.text"),
+                    param.field("text"),
                 ))
             }
         },
@@ -292,7 +294,7 @@ fn decode_block(
                 Some(_) => {
                     return Err(invalid(
                         format!("{param}.content must be a string or an array of content blocks."),
-                        format!("{param}.content"),
+                        param.field("content"),
                     ))
                 }
             };
@@ -306,8 +308,8 @@ fn decode_block(
             }));
         }
         "thinking" => {
-            let text = take_str_at(&mut block, "thinking", &format!("{param}.thinking"))?;
-            let signature = take_str_at(&mut block, "signature", &format!("{param}.signature"))?;
+            let text = take_str_at(&mut block, "thinking", param.field("thinking"))?;
+            let signature = take_str_at(&mut block, "signature", param.field("signature"))?;
             let reasoning = Reasoning {
                 text: text.unwrap_or_default(),
                 encrypted: signature.filter(|s| !s.is_empty()),
@@ -319,7 +321,7 @@ fn decode_block(
             }
         }
         "redacted_thinking" => {
-            if let Some(data) = take_str_at(&mut block, "data", &format!("{param}.data"))? {
+            if let Some(data) = take_str_at(&mut block, "data", param.field("data"))? {
                 turn.push(Item::Reasoning(Reasoning {
                     encrypted: Some(data),
                     ..Reasoning::default()
@@ -358,7 +360,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
             fields: mut tool,
             schema,
         } = tool;
-        match take_str_at(&mut tool, "type", &format!("{param}.type"))? {
+        match take_str_at(&mut tool, "type", param.field("type"))? {
             None => {}
             Some(kind) if kind == "custom" => {}
             Some(kind) => {
@@ -366,8 +368,8 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
                 return Ok(());
             }
         }
-        let name = required_str(&mut tool, "name", &param)?;
-        let description = take_str_at(&mut tool, "description", &format!("{param}.description"))?;
+        let name = required_str(&mut tool, "name", param)?;
+        let description = take_str_at(&mut tool, "description", param.field("description"))?;
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(FunctionTool {
             name,
@@ -428,7 +430,8 @@ fn decode_options(
             return Err(invalid("output_config must be an object.", "output_config"));
         };
         // The explicit effort wins over one read from a thinking budget.
-        if let Some(effort) = take_str_at(&mut config, "effort", "output_config.effort")? {
+        if let Some(effort) = take_str_at(&mut config, "effort", At::Root("output_config.effort"))?
+        {
             options.reasoning_effort = Some(openai_effort(effort));
         }
         if let Some(format) = config.remove("format").filter(|v| !v.is_null()) {
@@ -528,7 +531,7 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
             "output_config.format",
         ));
     };
-    if take_str_at(&mut fields, "type", "output_config.format.type")?.as_deref()
+    if take_str_at(&mut fields, "type", At::Root("output_config.format.type"))?.as_deref()
         != Some("json_schema")
     {
         return Ok(None);

@@ -81,15 +81,19 @@ pub trait Encoder: Send {
 /// a store's index of them append-only: a batch of stored responses dirties
 /// the index's last page or two, not one random page each.
 fn new_id(prefix: &str) -> String {
-    use std::fmt::Write;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let millis = crate::store::unix_now_ms();
     let mut id = String::with_capacity(prefix.len() + 32);
     id.push_str(prefix);
-    let _ = write!(
-        id,
-        "{:012x}",
-        crate::store::unix_now_ms() & 0xffff_ffff_ffff
+    id.extend(
+        (0..12)
+            .rev()
+            .map(|k| HEX[(millis >> (4 * k)) as usize & 0xf] as char),
     );
-    id.extend((0..20).map(|_| fastrand::alphanumeric()));
+    // One generator for the 20: each of fastrand's own functions looks up
+    // its thread's generator anew.
+    let mut random = fastrand::Rng::new();
+    id.extend((0..20).map(|_| random.alphanumeric()));
     id
 }
 
@@ -123,9 +127,9 @@ pub enum Tools<'a> {
 }
 
 /// One of a request's `tools`, parsed but for its schema.
-struct ToolObject {
+struct ToolObject<'a> {
     /// Its place (`tools[i]`), for errors.
-    param: String,
+    param: At<'a>,
     fields: Map<String, Value>,
     /// Kept as the text it came as; `null` is none.
     schema: Option<Schema>,
@@ -136,7 +140,7 @@ struct ToolObject {
 /// run, several for a namespace).
 fn function_tools(
     tools: Tools,
-    mut read: impl FnMut(ToolObject, &mut Vec<FunctionTool>) -> Result<(), ApiError>,
+    mut read: impl FnMut(ToolObject<'_>, &mut Vec<FunctionTool>) -> Result<(), ApiError>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
     let list = match tools {
         Tools::None => Vec::new(),
@@ -144,8 +148,9 @@ fn function_tools(
         _ => return Err(invalid("tools must be an array.", "tools")),
     };
     let mut out = Vec::with_capacity(list.len());
+    let all = At::Root("tools");
     for (i, tool) in list.into_iter().enumerate() {
-        let param = format!("tools[{i}]");
+        let param = all.index(i);
         let Tools::Object(fields, kept) = tool else {
             return Err(invalid(format!("{param} must be an object."), param));
         };
@@ -291,17 +296,53 @@ fn invalid(message: impl Into<String>, param: impl Into<String>) -> ApiError {
     ApiError::bad_request(message).with_param(param.into())
 }
 
+/// Where a value sits in a request body (`input[3].content[0]`), for an
+/// error about it: spelled out only when an error is made. A coding agent's
+/// request has hundreds of such places, and as a rule no error.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Root(&'a str),
+    Index(&'a At<'a>, usize),
+    Field(&'a At<'a>, &'a str),
+}
+
+impl<'a> At<'a> {
+    fn index(&'a self, i: usize) -> At<'a> {
+        At::Index(self, i)
+    }
+
+    fn field(&'a self, name: &'a str) -> At<'a> {
+        At::Field(self, name)
+    }
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            At::Root(name) => f.write_str(name),
+            At::Index(list, i) => write!(f, "{list}[{i}]"),
+            At::Field(object, name) => write!(f, "{object}.{name}"),
+        }
+    }
+}
+
+impl From<At<'_>> for String {
+    fn from(at: At<'_>) -> String {
+        at.to_string()
+    }
+}
+
 // Typed field readers: null counts as absent; a wrong type is a 400 naming
 // the field.
 
 fn take_str(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
-    take_str_at(map, key, key)
+    take_str_at(map, key, At::Root(key))
 }
 
 fn take_str_at(
     map: &mut Map<String, Value>,
     key: &str,
-    param: &str,
+    param: At<'_>,
 ) -> Result<Option<String>, ApiError> {
     match map.remove(key) {
         None | Some(Value::Null) => Ok(None),
@@ -310,9 +351,9 @@ fn take_str_at(
     }
 }
 
-fn required_str(map: &mut Map<String, Value>, key: &str, at: &str) -> Result<String, ApiError> {
-    let param = format!("{at}.{key}");
-    match take_str_at(map, key, &param)? {
+fn required_str(map: &mut Map<String, Value>, key: &str, at: At<'_>) -> Result<String, ApiError> {
+    let param = at.field(key);
+    match take_str_at(map, key, param)? {
         Some(s) => Ok(s),
         None => Err(invalid(format!("{param} is required."), param)),
     }

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     function_tools, invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool,
-    take_f64, take_str, take_str_at, take_u64, ErrorEnvelope, ErrorIn, ToolObject, Tools,
+    take_f64, take_str, take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, ToolObject, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -226,12 +226,13 @@ fn decode_options(top: &mut Map<String, Value>, ctx: &mut Context) -> Result<Opt
             return Err(invalid("reasoning must be an object.", "reasoning"));
         };
         echo.reasoning = Value::Object(fields.clone());
-        options.reasoning_effort = take_str_at(&mut fields, "effort", "reasoning.effort")?;
-        let summary = take_str_at(&mut fields, "summary", "reasoning.summary")?;
+        options.reasoning_effort =
+            take_str_at(&mut fields, "effort", At::Root("reasoning.effort"))?;
+        let summary = take_str_at(&mut fields, "summary", At::Root("reasoning.summary"))?;
         let legacy = take_str_at(
             &mut fields,
             "generate_summary",
-            "reasoning.generate_summary",
+            At::Root("reasoning.generate_summary"),
         )?;
         options.reasoning_summary = summary.or(legacy);
         if !fields.is_empty() {
@@ -274,7 +275,7 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
     let Value::Object(mut fields) = format else {
         return Err(invalid("text.format must be an object.", "text.format"));
     };
-    let kind = take_str_at(&mut fields, "type", "text.format.type")?;
+    let kind = take_str_at(&mut fields, "type", At::Root("text.format.type"))?;
     Ok(match kind.as_deref() {
         // `{name, schema, strict, description}`: the same object chat nests
         // in `response_format.json_schema`.
@@ -291,25 +292,23 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
             fields: mut tool,
             schema: parameters,
         } = tool;
-        let kind = required_str(&mut tool, "type", &param)?;
+        let kind = required_str(&mut tool, "type", param)?;
         match kind.as_str() {
             "function" | "custom" => {
-                out.push(function_tool(tool, parameters, &kind, None, &param, ctx)?)
+                out.push(function_tool(tool, parameters, &kind, None, param, ctx)?)
             }
             "namespace" => {
-                let namespace = required_str(&mut tool, "name", &param)?;
+                let namespace = required_str(&mut tool, "name", param)?;
+                let list = param.field("tools");
                 let Some(Value::Array(nested)) = tool.remove("tools") else {
-                    return Err(invalid(
-                        format!("{param}.tools must be an array."),
-                        format!("{param}.tools"),
-                    ));
+                    return Err(invalid(format!("{list} must be an array."), list));
                 };
                 for (j, inner) in nested.into_iter().enumerate() {
-                    let param = format!("{param}.tools[{j}]");
+                    let param = list.index(j);
                     let Value::Object(mut inner) = inner else {
                         return Err(invalid(format!("{param} must be an object."), param));
                     };
-                    let kind = required_str(&mut inner, "type", &param)?;
+                    let kind = required_str(&mut inner, "type", param)?;
                     if kind == "function" || kind == "custom" {
                         let parameters = inner
                             .remove("parameters")
@@ -317,7 +316,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
                             .map(|schema| Schema::from(&schema));
                         let namespace = Some(namespace.as_str());
                         out.push(function_tool(
-                            inner, parameters, &kind, namespace, &param, ctx,
+                            inner, parameters, &kind, namespace, param, ctx,
                         )?);
                     } else {
                         note_dropped(&mut ctx.dropped_tools, kind);
@@ -338,11 +337,11 @@ fn function_tool(
     parameters: Option<Schema>,
     kind: &str,
     namespace: Option<&str>,
-    param: &str,
+    param: At<'_>,
     ctx: &mut Context,
 ) -> Result<FunctionTool, ApiError> {
     let name = required_str(&mut tool, "name", param)?;
-    let description = take_str_at(&mut tool, "description", &format!("{param}.description"))?;
+    let description = take_str_at(&mut tool, "description", param.field("description"))?;
     let (kind, parameters) = if kind == "custom" {
         // A freeform tool takes one raw string; to a model without custom
         // tools it is a function of one string argument.
@@ -373,7 +372,7 @@ fn function_tool(
 
 /// `<namespace>__<name>`, remembered so calls can be handed back as sent.
 fn flatten(ctx: &mut Context, namespace: &str, name: String) -> String {
-    let flat = format!("{namespace}{NAMESPACE_SEPARATOR}{name}");
+    let flat = [namespace, NAMESPACE_SEPARATOR, &name].concat();
     ctx.namespaced
         .entry(flat.clone())
         .or_insert_with(|| (namespace.to_owned(), name));
@@ -406,8 +405,9 @@ fn decode_input(
         }
     };
     items.reserve(list.len());
+    let all = At::Root("input");
     for (i, item) in list.into_iter().enumerate() {
-        let Some(item) = decode_item(item, i, ctx)? else {
+        let Some(item) = decode_item(item, all.index(i), ctx)? else {
             continue;
         };
         match item {
@@ -458,8 +458,7 @@ pub fn input_items(input: Option<Value>) -> Vec<Value> {
 
 /// One input item; `None` for item types the proxy does not model (such as
 /// `item_reference` or hosted tool calls), which are skipped.
-fn decode_item(item: Value, i: usize, ctx: &mut Context) -> Result<Option<Item>, ApiError> {
-    let param = format!("input[{i}]");
+fn decode_item(item: Value, param: At<'_>, ctx: &mut Context) -> Result<Option<Item>, ApiError> {
     let Value::Object(mut item) = item else {
         return Err(invalid(format!("{param} must be an object."), param));
     };
@@ -470,16 +469,16 @@ fn decode_item(item: Value, i: usize, ctx: &mut Context) -> Result<Option<Item>,
         _ => {
             return Err(invalid(
                 format!("{param}.type is required."),
-                format!("{param}.type"),
+                param.field("type"),
             ))
         }
     };
     Ok(Some(match kind.as_str() {
-        "message" => Item::Message(decode_message(item, &param)?),
+        "message" => Item::Message(decode_message(item, param)?),
         "function_call" | "custom_tool_call" => {
-            let call_id = required_str(&mut item, "call_id", &param)?;
-            let mut name = required_str(&mut item, "name", &param)?;
-            let namespace = take_str_at(&mut item, "namespace", &format!("{param}.namespace"))?;
+            let call_id = required_str(&mut item, "call_id", param)?;
+            let mut name = required_str(&mut item, "name", param)?;
+            let namespace = take_str_at(&mut item, "namespace", param.field("namespace"))?;
             if let Some(namespace) = namespace {
                 name = flatten(ctx, &namespace, name);
             }
@@ -488,8 +487,7 @@ fn decode_item(item: Value, i: usize, ctx: &mut Context) -> Result<Option<Item>,
             } else {
                 ("input", CallKind::Custom)
             };
-            let arguments =
-                take_str_at(&mut item, field, &format!("{param}.{field}"))?.unwrap_or_default();
+            let arguments = take_str_at(&mut item, field, param.field(field))?.unwrap_or_default();
             Item::ToolCall(ToolCall {
                 id: call_id,
                 name,
@@ -498,16 +496,16 @@ fn decode_item(item: Value, i: usize, ctx: &mut Context) -> Result<Option<Item>,
             })
         }
         "function_call_output" | "custom_tool_call_output" => Item::ToolResult(ToolResult {
-            call_id: required_str(&mut item, "call_id", &param)?,
-            output: output_text(item.remove("output"), &param)?,
+            call_id: required_str(&mut item, "call_id", param)?,
+            output: output_text(item.remove("output"), param)?,
             is_error: false,
         }),
-        "reasoning" => Item::Reasoning(decode_reasoning(item, &param)?),
+        "reasoning" => Item::Reasoning(decode_reasoning(item, param)?),
         _ => return Ok(None),
     }))
 }
 
-fn decode_message(mut item: Map<String, Value>, param: &str) -> Result<Message, ApiError> {
+fn decode_message(mut item: Map<String, Value>, param: At<'_>) -> Result<Message, ApiError> {
     let role = match required_str(&mut item, "role", param)?.as_str() {
         "user" => Role::User,
         "assistant" => Role::Assistant,
@@ -517,7 +515,7 @@ fn decode_message(mut item: Map<String, Value>, param: &str) -> Result<Message, 
                 format!(
                 "Invalid {param}.role `{other}`: expected user, assistant, system or developer."
             ),
-                format!("{param}.role"),
+                param.field("role"),
             ))
         }
     };
@@ -525,15 +523,16 @@ fn decode_message(mut item: Map<String, Value>, param: &str) -> Result<Message, 
         Some(Value::String(text)) => vec![Part::Text(text)],
         Some(Value::Array(parts)) => {
             let mut out = Vec::with_capacity(parts.len());
+            let list = param.field("content");
             for (j, part) in parts.into_iter().enumerate() {
-                out.push(decode_part(part, &format!("{param}.content[{j}]"))?);
+                out.push(decode_part(part, list.index(j))?);
             }
             out
         }
         _ => {
             return Err(invalid(
                 format!("{param}.content must be a string or an array of content parts."),
-                format!("{param}.content"),
+                param.field("content"),
             ))
         }
     };
@@ -548,7 +547,7 @@ fn decode_message(mut item: Map<String, Value>, param: &str) -> Result<Message, 
     })
 }
 
-fn decode_part(part: Value, param: &str) -> Result<Part, ApiError> {
+fn decode_part(part: Value, param: At<'_>) -> Result<Part, ApiError> {
     let Value::Object(mut part) = part else {
         return Err(invalid(format!("{param} must be an object."), param));
     };
@@ -573,7 +572,7 @@ fn decode_part(part: Value, param: &str) -> Result<Part, ApiError> {
 }
 
 /// A tool output: a string, or content parts whose texts are joined.
-fn output_text(output: Option<Value>, param: &str) -> Result<String, ApiError> {
+fn output_text(output: Option<Value>, param: At<'_>) -> Result<String, ApiError> {
     match output {
         Some(Value::String(text)) => Ok(text),
         Some(Value::Array(parts)) => {
@@ -590,12 +589,12 @@ fn output_text(output: Option<Value>, param: &str) -> Result<String, ApiError> {
     }
 }
 
-fn decode_reasoning(mut item: Map<String, Value>, param: &str) -> Result<Reasoning, ApiError> {
-    let id = take_str_at(&mut item, "id", &format!("{param}.id"))?;
+fn decode_reasoning(mut item: Map<String, Value>, param: At<'_>) -> Result<Reasoning, ApiError> {
+    let id = take_str_at(&mut item, "id", param.field("id"))?;
     let encrypted = take_str_at(
         &mut item,
         "encrypted_content",
-        &format!("{param}.encrypted_content"),
+        param.field("encrypted_content"),
     )?;
     let texts = |parts: Option<Value>, field: &str| -> Result<Vec<String>, ApiError> {
         match parts {
@@ -2121,6 +2120,22 @@ mod tests {
             param(json!({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}))
                 .as_deref(),
             Some("input[0].content[0].text")
+        );
+        assert_eq!(
+            param(json!({"input": [
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": [{"type": "input_text", "text": "b"}, {"type": "input_text"}]},
+            ]}))
+            .as_deref(),
+            Some("input[1].content[1].text")
+        );
+        assert_eq!(
+            param(json!({"input": "hi", "tools": [
+                {"type": "function", "name": "f"},
+                {"type": "namespace", "name": "n", "tools": [{"type": "function", "name": "g"}, {"type": "function"}]},
+            ]}))
+            .as_deref(),
+            Some("tools[1].tools[1].name")
         );
         assert_eq!(
             param(json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}))
