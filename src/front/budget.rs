@@ -84,36 +84,31 @@ impl<'a> Shape<'a> {
             match byte {
                 b'"' => {
                     let start = at;
-                    let mut escaped = false;
-                    loop {
-                        match memchr::memchr2(b'"', b'\\', body.get(at..).unwrap_or_default()) {
-                            None => return scan.end(),
-                            // An escape: the next byte is text, whatever it is.
-                            Some(i) if body[at + i] == b'\\' => {
-                                escaped = true;
-                                at += i + 2;
-                            }
-                            Some(i) => {
-                                at += i + 1;
-                                break;
-                            }
-                        }
-                    }
-                    // Below the root's members and their lists nothing is read.
-                    if scan.depth <= 2 {
-                        let text = body.get(start..at - 1).unwrap_or_default();
-                        scan.string(text, escaped);
-                    }
+                    let Some((end, escaped)) = skip_string(body, at) else {
+                        return scan.end();
+                    };
+                    at = end;
+                    scan.string(&body[start..at - 1], escaped);
                 }
                 b'[' | b'{' => {
                     scan.shape.values += 1;
                     scan.begins(byte);
                     scan.depth += 1;
-                    if scan.depth == 1 {
-                        scan.root_object = byte == b'{';
-                        scan.key_next = scan.root_object;
-                    } else if scan.depth == 2 {
-                        scan.entry_next = byte == b'[';
+                    match scan.depth {
+                        1 => {
+                            scan.root_object = byte == b'{';
+                            scan.key_next = scan.root_object;
+                        }
+                        2 => scan.entry_next = byte == b'[',
+                        // Below the root's members and their lists nothing
+                        // is read: only counted.
+                        _ => match deep(body, at, &mut scan.shape.values) {
+                            Some(end) => {
+                                at = end;
+                                scan.depth -= 1;
+                            }
+                            None => return scan.end(),
+                        },
                     }
                 }
                 b']' | b'}' => scan.depth = scan.depth.saturating_sub(1),
@@ -132,11 +127,55 @@ impl<'a> Shape<'a> {
                     scan.shape.values += 1;
                     scan.value_next = scan.depth == 1 && scan.root_object;
                 }
-                _ if scan.depth > 2 || byte.is_ascii_whitespace() => {}
+                _ if byte.is_ascii_whitespace() => {}
                 _ => scan.begins(byte),
             }
         }
         scan.end()
+    }
+}
+
+/// Counts the values of an array or object from just inside its opening
+/// bracket, and returns where it ends, just past its closing one (`None`:
+/// where the body ends first). Most of a large request is down here (a
+/// message's content, a tool's schema), so this loop keeps no other state.
+fn deep(body: &[u8], mut at: usize, values: &mut usize) -> Option<usize> {
+    let mut depth = 1usize;
+    while let Some(&byte) = body.get(at) {
+        at += 1;
+        match byte {
+            b'"' => at = skip_string(body, at)?.0,
+            b'[' | b'{' => {
+                *values += 1;
+                depth += 1;
+            }
+            b']' | b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(at);
+                }
+            }
+            b',' | b':' => *values += 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The end of a string from just past its opening quote: just past its
+/// closing quote, and whether it has escapes (`None`: the body ends first).
+#[inline]
+fn skip_string(body: &[u8], mut at: usize) -> Option<(usize, bool)> {
+    let mut escaped = false;
+    loop {
+        let rest = body.get(at..)?;
+        let i = memchr::memchr2(b'"', b'\\', rest)?;
+        if rest[i] == b'"' {
+            return Some((at + i + 1, escaped));
+        }
+        // An escape: the next byte is text, whatever it is.
+        escaped = true;
+        at += i + 2;
     }
 }
 
