@@ -302,8 +302,15 @@ struct Conn {
 impl Conn {
     /// Reads once into the buffer; 0 when the server has closed.
     async fn fill(&mut self) -> Result<usize> {
-        // Once the pieces handed out are dropped, this reuses their memory.
-        self.buf.reserve(self.read_size);
+        if self.buf.is_empty() && self.buf.capacity() < self.read_size {
+            // Nothing to keep, and more room wanted (a fast answer): a new
+            // buffer. Growing this one would copy the bytes already handed
+            // out, and keep their room too.
+            self.buf = BytesMut::with_capacity(self.read_size);
+        } else {
+            // Once the pieces handed out are dropped, this reuses their memory.
+            self.buf.reserve(self.read_size);
+        }
         let room = self.buf.capacity() - self.buf.len();
         let Link { stream, timer } = &mut self.link;
         let read = stream.read_buf(&mut self.buf);
