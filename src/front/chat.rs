@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{invalid, Encoder};
+use super::{invalid, At, Encoder};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -50,8 +50,8 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
     let mut leading = true;
     for (i, message) in messages.into_iter().enumerate() {
         let Some(role) = message.role.as_deref() else {
-            let param = format!("messages[{i}].role");
-            return Err(invalid(format!("{param} is required."), param));
+            let at = At::Root("messages");
+            return Err(at.index(i).field("role").invalid("is required."));
         };
         leading &= matches!(role, "system" | "developer");
         if leading {
@@ -69,8 +69,12 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
             continue;
         };
         let Some(name) = function.name else {
-            let param = format!("tools[{i}].function.name");
-            return Err(invalid(format!("{param} is required."), param));
+            let at = At::Root("tools");
+            return Err(at
+                .index(i)
+                .field("function")
+                .field("name")
+                .invalid("is required."));
         };
         conversation.tools.push(FunctionTool {
             name,

@@ -155,7 +155,7 @@ fn decode_message(
     system: &mut Vec<String>,
 ) -> Result<(), ApiError> {
     let Value::Object(mut message) = message else {
-        return Err(invalid(format!("{param} must be an object."), param));
+        return Err(param.invalid("must be an object."));
     };
     let role = match required_str(&mut message, "role", param)?.as_str() {
         "user" => Role::User,
@@ -189,10 +189,9 @@ fn decode_message(
         }
         Some(Value::Array(blocks)) => blocks,
         _ => {
-            return Err(invalid(
-                format!("{param}.content must be a string or an array of content blocks."),
-                param.field("content"),
-            ))
+            return Err(param
+                .field("content")
+                .invalid("must be a string or an array of content blocks."))
         }
     };
     let mut turn = Turn {
@@ -247,26 +246,16 @@ fn decode_block(
     turn: &mut Turn,
 ) -> Result<Option<ToolResult>, ApiError> {
     let Value::Object(mut block) = block else {
-        return Err(invalid(format!("{param} must be an object."), param));
+        return Err(param.invalid("must be an object."));
     };
     let kind = match block.get("type") {
         Some(Value::String(kind)) => kind.clone(),
-        _ => {
-            return Err(invalid(
-                format!("{param}.type is required."),
-                param.field("type"),
-            ))
-        }
+        _ => return Err(param.field("type").invalid("is required.")),
     };
     match kind.as_str() {
         "text" => match block.remove("text") {
             Some(Value::String(text)) => turn.parts.push(Part::Text(text)),
-            _ => {
-                return Err(invalid(
-                    format!("{param}.text must be a string."),
-                    param.field("text"),
-                ))
-            }
+            _ => return Err(param.field("text").invalid("must be a string.")),
         },
         "image" => turn.parts.push(decode_image(block)),
         "tool_use" => {
@@ -292,14 +281,13 @@ fn decode_block(
                 // message.
                 Some(Value::Array(blocks)) => block_texts(blocks).collect::<Vec<_>>().join("\n"),
                 Some(_) => {
-                    return Err(invalid(
-                        format!("{param}.content must be a string or an array of content blocks."),
-                        param.field("content"),
-                    ))
+                    return Err(param
+                        .field("content")
+                        .invalid("must be a string or an array of content blocks."))
                 }
             };
             let is_error = take_bool(&mut block, "is_error")
-                .map_err(|_| invalid(format!("{param}.is_error must be a boolean."), param))?
+                .map_err(|_| param.field("is_error").invalid("must be a boolean."))?
                 .unwrap_or(false);
             return Ok(Some(ToolResult {
                 call_id,
@@ -1664,6 +1652,13 @@ mod tests {
             param(json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]}))
                 .as_deref(),
             Some("messages[0].content[0].tool_use_id")
+        );
+        assert_eq!(
+            param(json!({"messages": [{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t", "is_error": "yes"},
+            ]}]}))
+            .as_deref(),
+            Some("messages[0].content[0].is_error")
         );
         assert_eq!(
             param(json!({"messages": hi, "max_tokens": "9"})).as_deref(),

@@ -306,7 +306,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
                 for (j, inner) in nested.into_iter().enumerate() {
                     let param = list.index(j);
                     let Value::Object(mut inner) = inner else {
-                        return Err(invalid(format!("{param} must be an object."), param));
+                        return Err(param.invalid("must be an object."));
                     };
                     let kind = required_str(&mut inner, "type", param)?;
                     if kind == "function" || kind == "custom" {
@@ -460,18 +460,13 @@ pub fn input_items(input: Option<Value>) -> Vec<Value> {
 /// `item_reference` or hosted tool calls), which are skipped.
 fn decode_item(item: Value, param: At<'_>, ctx: &mut Context) -> Result<Option<Item>, ApiError> {
     let Value::Object(mut item) = item else {
-        return Err(invalid(format!("{param} must be an object."), param));
+        return Err(param.invalid("must be an object."));
     };
     let kind = match item.remove("type") {
         Some(Value::String(kind)) => kind,
         // An "easy" input message: `{role, content}`.
         None | Some(Value::Null) if item.contains_key("role") => "message".to_owned(),
-        _ => {
-            return Err(invalid(
-                format!("{param}.type is required."),
-                param.field("type"),
-            ))
-        }
+        _ => return Err(param.field("type").invalid("is required.")),
     };
     Ok(Some(match kind.as_str() {
         "message" => Item::Message(decode_message(item, param)?),
@@ -530,10 +525,9 @@ fn decode_message(mut item: Map<String, Value>, param: At<'_>) -> Result<Message
             out
         }
         _ => {
-            return Err(invalid(
-                format!("{param}.content must be a string or an array of content parts."),
-                param.field("content"),
-            ))
+            return Err(param
+                .field("content")
+                .invalid("must be a string or an array of content parts."))
         }
     };
     // The id and status of an item the client got from a response say
@@ -549,7 +543,7 @@ fn decode_message(mut item: Map<String, Value>, param: At<'_>) -> Result<Message
 
 fn decode_part(part: Value, param: At<'_>) -> Result<Part, ApiError> {
     let Value::Object(mut part) = part else {
-        return Err(invalid(format!("{param} must be an object."), param));
+        return Err(param.invalid("must be an object."));
     };
     let text_field = match part.get("type").and_then(Value::as_str) {
         Some("input_text" | "output_text" | "text") => "text",
@@ -564,10 +558,7 @@ fn decode_part(part: Value, param: At<'_>) -> Result<Part, ApiError> {
     };
     match part.remove(text_field) {
         Some(Value::String(text)) => Ok(Part::Text(text)),
-        _ => Err(invalid(
-            format!("{param}.{text_field} must be a string."),
-            format!("{param}.{text_field}"),
-        )),
+        _ => Err(param.field(text_field).invalid("must be a string.")),
     }
 }
 
@@ -582,10 +573,9 @@ fn output_text(output: Option<Value>, param: At<'_>) -> Result<String, ApiError>
                 .collect();
             Ok(texts.join("\n"))
         }
-        _ => Err(invalid(
-            format!("{param}.output must be a string or an array of content parts."),
-            format!("{param}.output"),
-        )),
+        _ => Err(param
+            .field("output")
+            .invalid("must be a string or an array of content parts.")),
     }
 }
 
@@ -597,6 +587,7 @@ fn decode_reasoning(mut item: Map<String, Value>, param: At<'_>) -> Result<Reaso
         param.field("encrypted_content"),
     )?;
     let texts = |parts: Option<Value>, field: &str| -> Result<Vec<String>, ApiError> {
+        let list = param.field(field);
         match parts {
             None | Some(Value::Null) => Ok(Vec::new()),
             Some(Value::Array(parts)) => parts
@@ -605,21 +596,12 @@ fn decode_reasoning(mut item: Map<String, Value>, param: At<'_>) -> Result<Reaso
                 .map(|(j, part)| match part {
                     Value::Object(mut part) => match part.remove("text") {
                         Some(Value::String(text)) => Ok(text),
-                        _ => Err(invalid(
-                            format!("{param}.{field}[{j}].text must be a string."),
-                            format!("{param}.{field}[{j}].text"),
-                        )),
+                        _ => Err(list.index(j).field("text").invalid("must be a string.")),
                     },
-                    _ => Err(invalid(
-                        format!("{param}.{field}[{j}] must be an object."),
-                        format!("{param}.{field}[{j}]"),
-                    )),
+                    _ => Err(list.index(j).invalid("must be an object.")),
                 })
                 .collect(),
-            Some(_) => Err(invalid(
-                format!("{param}.{field} must be an array."),
-                format!("{param}.{field}"),
-            )),
+            Some(_) => Err(list.invalid("must be an array.")),
         }
     };
     let summary = texts(item.remove("summary"), "summary")?;
