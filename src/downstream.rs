@@ -7,13 +7,14 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use http::{HeaderMap, StatusCode};
 use pingora::http::ResponseHeader;
 use tokio::time::{Instant, Sleep};
 
 use crate::conversation::Dialect;
 use crate::error::ApiError;
-use crate::http1::X_ACCEL_BUFFERING;
+use crate::http1::{response_head, X_ACCEL_BUFFERING};
 use crate::metrics::StreamGuard;
 use crate::service::h1::Session;
 use crate::service::write_buffer;
@@ -107,17 +108,17 @@ impl<'s> Client<'s> {
 
     /// Sends the response header of an event stream.
     pub async fn start_event_stream(&mut self) -> Result<(), Gone> {
-        let mut header = response_header(200)?;
+        let mut fields = HeaderMap::with_capacity(4);
         for (name, value) in [
             (CONTENT_TYPE, "text/event-stream"),
             (CACHE_CONTROL, "no-cache"),
             (X_ACCEL_BUFFERING, "no"),
             (TRANSFER_ENCODING, "chunked"),
         ] {
-            let value = http::HeaderValue::from_static(value);
-            header.insert_header(name, value).map_err(|_| Gone)?;
+            fields.insert(name, http::HeaderValue::from_static(value));
         }
-        self.send_header(header, false).await?;
+        self.send_header(response_head(StatusCode::OK, fields), false)
+            .await?;
         self.mark_streaming();
         Ok(())
     }
@@ -162,20 +163,18 @@ impl<'s> Client<'s> {
         body: Bytes,
         extra: &[(http::HeaderName, http::HeaderValue)],
     ) -> Result<(), Gone> {
-        let mut header = response_header(status)?;
-        header
-            .insert_header(
-                CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            )
-            .and_then(|_| header.insert_header(http::header::CONTENT_LENGTH, body.len()))
-            .map_err(|_| Gone)?;
+        let status = StatusCode::from_u16(status).map_err(|_| Gone)?;
+        let mut fields = HeaderMap::with_capacity(2 + extra.len());
+        fields.insert(
+            CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        fields.insert(CONTENT_LENGTH, body.len().into());
         for (name, value) in extra {
-            header
-                .insert_header(name.clone(), value.clone())
-                .map_err(|_| Gone)?;
+            fields.insert(name.clone(), value.clone());
         }
-        self.send_header(header, body.is_empty()).await?;
+        self.send_header(response_head(status, fields), body.is_empty())
+            .await?;
         if !body.is_empty() {
             self.session
                 .write_response_body(body, true)
@@ -198,12 +197,6 @@ impl<'s> Client<'s> {
         let (status, body) = crate::front::error_response(dialect, error);
         self.respond_json(status, body, &[]).await
     }
-}
-
-/// Without pingora's case-preserving name map (names go out lower-case):
-/// fewer allocations per response.
-fn response_header(status: u16) -> Result<ResponseHeader, Gone> {
-    ResponseHeader::build_no_case(status, Some(6)).map_err(|_| Gone)
 }
 
 /// Where an agent's answer goes: the client's connection ([`Client`]), or

@@ -5,6 +5,8 @@
 //! ([`crate::service`]).
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, StatusCode};
+use pingora::http::ResponseHeader;
 use pingora::{Error, ErrorType, Result};
 
 /// Asks a buffering proxy in front of us (nginx) to pass an event stream
@@ -18,6 +20,17 @@ const MAX_TRAILERS: usize = 64 * 1024;
 
 /// A chunked body that breaks its framing.
 const BAD_CHUNK: ErrorType = ErrorType::Custom("InvalidChunk");
+
+/// A response head of `status` and `fields`. Without pingora's case map,
+/// which our HTTP/1 does not read (names go out as the map has them), the
+/// fields go into `http`'s map itself: pingora's `insert_header` writes a
+/// name out in title case and parses it again, for that map.
+pub fn response_head(status: StatusCode, fields: HeaderMap) -> ResponseHeader {
+    let (mut parts, ()) = http::Response::new(()).into_parts();
+    parts.status = status;
+    parts.headers = fields;
+    ResponseHeader::from(parts)
+}
 
 /// `part`, a slice of `buf` (as httparse returns them), out of `copy`, a
 /// copy of `buf`'s start.

@@ -36,6 +36,7 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
         stream,
         stream_options,
         enable_thinking,
+        options: given,
         mut rest,
     } = request;
     let mut conversation = Conversation {
@@ -101,7 +102,7 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
         // Forwarded as sent to a chat upstream.
         rest.insert("enable_thinking".into(), Value::Bool(thinking));
     }
-    decode_options(&mut rest, &mut options)?;
+    decode_options(&mut rest, given, &mut options)?;
     conversation.options = options;
     conversation.extra = rest;
     Ok(conversation)
@@ -215,7 +216,24 @@ struct ChatIn<'a> {
     /// Qwen-style switch; the rewrite also forwards it as
     /// `chat_template_kwargs`.
     enable_thinking: Option<bool>,
+    options: OptionsIn,
     rest: Map<String, Value>,
+}
+
+/// The options the core maps between dialects, as sent: read as values, so
+/// a wrong one gets our error, naming it ([`decode_options`]). Not in
+/// `rest`, where each would be hashed in and out again.
+#[derive(Default)]
+struct OptionsIn {
+    max_tokens: Option<Value>,
+    temperature: Option<Value>,
+    top_p: Option<Value>,
+    stop: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<Value>,
+    reasoning_effort: Option<Value>,
+    response_format: Option<Value>,
+    user: Option<Value>,
 }
 
 #[derive(Default)]
@@ -315,6 +333,15 @@ impl<'de> Members<'de> for ChatIn<'de> {
             "stream" => self.stream = map.next_value()?,
             "stream_options" => self.stream_options = map.next_value()?,
             "enable_thinking" => self.enable_thinking = map.next_value()?,
+            "max_tokens" => self.options.max_tokens = map.next_value()?,
+            "temperature" => self.options.temperature = map.next_value()?,
+            "top_p" => self.options.top_p = map.next_value()?,
+            "stop" => self.options.stop = map.next_value()?,
+            "tool_choice" => self.options.tool_choice = map.next_value()?,
+            "parallel_tool_calls" => self.options.parallel_tool_calls = map.next_value()?,
+            "reasoning_effort" => self.options.reasoning_effort = map.next_value()?,
+            "response_format" => self.options.response_format = map.next_value()?,
+            "user" => self.options.user = map.next_value()?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -441,18 +468,29 @@ fn decode_part(part: Value) -> Part {
     }
 }
 
-/// Moves the options the core maps between dialects out of `rest`.
-fn decode_options(rest: &mut Map<String, Value>, options: &mut Options) -> Result<(), ApiError> {
+/// The options the core maps between dialects: those `given`, and those
+/// that stay in `rest` too.
+fn decode_options(
+    rest: &mut Map<String, Value>,
+    given: OptionsIn,
+    options: &mut Options,
+) -> Result<(), ApiError> {
     let invalid = |key: &'static str| {
         ApiError::bad_request(format!("`{key}` has an invalid value")).with_param(key)
     };
     // `max_completion_tokens` stays as sent for a chat upstream; other
     // dialects get it as their own limit.
     options.max_tokens = match rest.get("max_completion_tokens") {
-        Some(v) => Some(v.as_u64().ok_or_else(|| invalid("max_completion_tokens"))?),
-        None => match rest.remove("max_tokens") {
-            Some(Value::Null) | None => None,
+        Some(v) => {
+            let limit = v.as_u64().ok_or_else(|| invalid("max_completion_tokens"))?;
+            if let Some(sent) = given.max_tokens {
+                rest.insert("max_tokens".into(), sent);
+            }
+            Some(limit)
+        }
+        None => match given.max_tokens {
             Some(v) => Some(v.as_u64().ok_or_else(|| invalid("max_tokens"))?),
+            None => None,
         },
     };
     // One answer per agent request: the loop runs tools for one choice.
@@ -467,10 +505,10 @@ fn decode_options(rest: &mut Map<String, Value>, options: &mut Options) -> Resul
         }
         Some(_) => return Err(invalid("n")),
     }
-    options.temperature = take_number(rest, "temperature").map_err(|_| invalid("temperature"))?;
-    options.top_p = take_number(rest, "top_p").map_err(|_| invalid("top_p"))?;
-    options.stop = match rest.remove("stop") {
-        None | Some(Value::Null) => Vec::new(),
+    options.temperature = number(given.temperature).ok_or_else(|| invalid("temperature"))?;
+    options.top_p = number(given.top_p).ok_or_else(|| invalid("top_p"))?;
+    options.stop = match given.stop {
+        None => Vec::new(),
         Some(Value::String(s)) => vec![s],
         Some(Value::Array(all)) => all
             .into_iter()
@@ -481,22 +519,22 @@ fn decode_options(rest: &mut Map<String, Value>, options: &mut Options) -> Resul
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(invalid("stop")),
     };
-    options.tool_choice = match rest.remove("tool_choice") {
-        None | Some(Value::Null) => None,
+    options.tool_choice = match given.tool_choice {
+        None => None,
         Some(choice) => Some(decode_tool_choice(&choice).ok_or_else(|| invalid("tool_choice"))?),
     };
-    options.parallel_tool_calls = match rest.remove("parallel_tool_calls") {
-        None | Some(Value::Null) => None,
+    options.parallel_tool_calls = match given.parallel_tool_calls {
+        None => None,
         Some(Value::Bool(b)) => Some(b),
         Some(_) => return Err(invalid("parallel_tool_calls")),
     };
-    options.reasoning_effort = match rest.remove("reasoning_effort") {
-        None | Some(Value::Null) => None,
+    options.reasoning_effort = match given.reasoning_effort {
+        None => None,
         Some(Value::String(s)) => Some(s),
         Some(_) => return Err(invalid("reasoning_effort")),
     };
-    options.format = match rest.remove("response_format") {
-        None | Some(Value::Null) => None,
+    options.format = match given.response_format {
+        None => None,
         Some(format) => match format.get("type").and_then(Value::as_str) {
             Some("text") => None,
             Some("json_object") => Some(Format::JsonObject),
@@ -509,18 +547,19 @@ fn decode_options(rest: &mut Map<String, Value>, options: &mut Options) -> Resul
             _ => return Err(invalid("response_format")),
         },
     };
-    options.user = match rest.remove("user") {
-        None | Some(Value::Null) => None,
+    options.user = match given.user {
+        None => None,
         Some(Value::String(s)) => Some(s),
         Some(_) => return Err(invalid("user")),
     };
     Ok(())
 }
 
-fn take_number(rest: &mut Map<String, Value>, key: &str) -> Result<Option<f64>, ()> {
-    match rest.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or(()),
+/// A number given or none; `None`: something else was given.
+fn number(given: Option<Value>) -> Option<Option<f64>> {
+    match given {
+        None => Some(None),
+        Some(v) => v.as_f64().map(Some),
     }
 }
 
@@ -813,6 +852,38 @@ mod tests {
         assert_eq!(out["response_format"], json!({"type": "json_object"}));
         assert_eq!(out["temperature"], 0.3);
         assert_eq!(out["enable_thinking"], false);
+    }
+
+    #[test]
+    fn token_limits_go_on_as_sent_and_wrong_options_are_named() {
+        let user = r#""messages":[{"role":"user","content":"hi"}]"#;
+        let out = forwarded(&format!(
+            r#"{{{user},"max_tokens":9,"stop":"x","user":"u"}}"#
+        ));
+        assert_eq!(out["max_tokens"], 9);
+        assert_eq!(out.get("max_completion_tokens"), None);
+        assert_eq!(out["stop"], json!(["x"]));
+        // Both limits: each as sent, the newer one the agent's own.
+        let body = format!(r#"{{{user},"max_tokens":9,"max_completion_tokens":5}}"#);
+        assert_eq!(decode(body.as_bytes()).unwrap().options.max_tokens, Some(5));
+        let out = forwarded(&body);
+        assert_eq!(
+            (&out["max_tokens"], &out["max_completion_tokens"]),
+            (&json!(9), &json!(5))
+        );
+        for (option, value) in [
+            ("max_tokens", "-1"),
+            ("temperature", "\"hot\""),
+            ("stop", "[1]"),
+            ("tool_choice", "7"),
+            ("parallel_tool_calls", "\"yes\""),
+            ("response_format", "{\"type\":\"yaml\"}"),
+            ("user", "{}"),
+        ] {
+            let body = format!(r#"{{{user},"{option}":{value}}}"#);
+            let error = decode(body.as_bytes()).unwrap_err();
+            assert_eq!(error.param.as_deref(), Some(option), "{body}");
+        }
     }
 
     #[test]

@@ -17,14 +17,14 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderName, HeaderValue, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
 use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
 use tokio::io::AsyncReadExt;
 use tokio::time::{Instant, Sleep};
 
-use crate::http1::{has_token, is_chunked, same_bytes, Body, Chunk, Decoded};
+use crate::http1::{has_token, is_chunked, response_head, same_bytes, Body, Chunk, Decoded};
 
 /// The buffer a response starts with: a model server's head and an event
 /// stream's pieces fit in it many times over.
@@ -66,10 +66,10 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    // Room for the one field a forwarded answer gains (`x-request-id`):
-    // a map sized to the fields alone grows, a reallocation, on it.
-    let mut header = ResponseHeader::build_no_case(status, Some(response.headers.len() + 1))?;
-    header.set_version(version);
+    // Room for the one field a forwarded answer may gain
+    // (`transfer-encoding`): a map sized to the fields alone grows, a
+    // reallocation, on it.
+    let mut fields = HeaderMap::with_capacity(response.headers.len() + 1);
     // One copy of the head, the values sliced out of it: one allocation
     // rather than one per value, and the read buffer stays the reader's.
     let raw = Bytes::copy_from_slice(&buf[..len]);
@@ -101,7 +101,9 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         }
         let value =
             HeaderValue::from_maybe_shared(value).or_err(invalid(), "response header value")?;
-        header.append_header(name, value)?;
+        fields
+            .try_append(name, value)
+            .or_err(invalid(), "response header fields")?;
     }
     let mut keep_alive = !close && (version == Version::HTTP_11 || keep_alive_asked);
     let body = if head_request || matches!(status, 100..=199 | 204 | 304) {
@@ -112,7 +114,7 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         // trusted with another request; nor is an HTTP/1.0 one with a
         // coding (RFC 9112 §6.1).
         if length.is_some() || version == Version::HTTP_10 {
-            header.remove_header(&CONTENT_LENGTH);
+            fields.remove(CONTENT_LENGTH);
             keep_alive = false;
         }
         if chunked {
@@ -129,6 +131,9 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
     if matches!(body, Body::Close) {
         keep_alive = false;
     }
+    let status = StatusCode::from_u16(status).or_err(invalid(), "response status")?;
+    let mut header = response_head(status, fields);
+    header.set_version(version);
     Ok(Some((
         Head {
             header,

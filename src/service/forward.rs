@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
-use crate::http1::{Body, X_ACCEL_BUFFERING};
+use crate::http1::{response_head, Body, X_ACCEL_BUFFERING};
 use crate::metrics::StreamGuard;
 use crate::upstream::Outbound;
 
@@ -133,38 +133,40 @@ async fn relay(
                 .await
         }
     };
-    let Some(mut header) = exchange.take_header() else {
+    let Some(header) = exchange.take_header() else {
         let missing = ApiError::bad_gateway("the upstream's response has no header");
         return client.respond_error_in(dialect, &missing).await;
     };
+    // Edited as `http`'s parts (see `response_head`). Ours is an HTTP/1.1
+    // answer, whatever the upstream spoke (h2).
+    let http::response::Parts {
+        status,
+        headers: mut fields,
+        ..
+    } = (*header).into();
     // Looked for in one pass: most answers have one of them or none, and
     // each removal hashes the name and shifts the map's entries.
-    let hop: Vec<HeaderName> = header
-        .headers
+    let hop: Vec<HeaderName> = fields
         .keys()
         .filter(|n| is_hop_by_hop(n))
         .cloned()
         .collect();
     for name in &hop {
-        header.remove_header(name);
+        fields.remove(name);
     }
-    // Ours is an HTTP/1.1 answer, whatever the upstream spoke (h2).
-    header.set_version(http::Version::HTTP_11);
     let event_stream = exchange.is_event_stream();
-    if header.headers.get(http::header::CONTENT_LENGTH).is_none() {
-        header
-            .insert_header(
-                http::header::TRANSFER_ENCODING,
-                http::HeaderValue::from_static("chunked"),
-            )
-            .map_err(|_| Gone)?;
+    if !fields.contains_key(http::header::CONTENT_LENGTH) {
+        fields.insert(
+            http::header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
     }
-    if event_stream && !header.headers.contains_key(X_ACCEL_BUFFERING) {
-        header
-            .insert_header(X_ACCEL_BUFFERING, http::HeaderValue::from_static("no"))
-            .map_err(|_| Gone)?;
+    if event_stream && !fields.contains_key(X_ACCEL_BUFFERING) {
+        fields.insert(X_ACCEL_BUFFERING, http::HeaderValue::from_static("no"));
     }
-    client.send_header(*header, false).await?;
+    client
+        .send_header(response_head(status, fields), false)
+        .await?;
     // Counted, but no heartbeats: a passed-through stream stays byte for byte.
     let _stream = event_stream.then(StreamGuard::open);
     loop {

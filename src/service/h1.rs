@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
-use http::{HeaderValue, Method, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::authority::validate_request_authority;
 use pingora::protocols::http::date::get_cached_date;
@@ -134,24 +134,29 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
     // body's bytes and is reused for the rest of them.
     let raw = Bytes::copy_from_slice(&buf[..len]);
     // Room for the one field a request gains (`x-request-id`).
-    let mut header = RequestHeader::build_no_case(
-        request.method.unwrap_or_default(),
-        request.path.unwrap_or_default().as_bytes(),
-        Some(request.headers.len() + 1),
-    )
-    .map_err(|_| MALFORMED)?;
-    let version = match request.version {
-        Some(0) => Version::HTTP_10,
-        _ => Version::HTTP_11,
-    };
-    header.set_version(version);
+    let mut fields = HeaderMap::with_capacity(request.headers.len() + 1);
     for field in request.headers.iter() {
-        let name = same_bytes(&raw, buf, field.name.as_bytes()).ok_or(MALFORMED)?;
+        let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| MALFORMED)?;
         let value = same_bytes(&raw, buf, field.value)
             .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
             .ok_or(MALFORMED)?;
-        header.append_header(name, value).map_err(|_| MALFORMED)?;
+        fields.try_append(name, value).map_err(|_| MALFORMED)?;
     }
+    // Built from `http`'s parts, without pingora's case map, which our
+    // HTTP/1 does not read: pingora's `append_header` would parse each name
+    // again for it.
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method =
+        Method::from_bytes(request.method.unwrap_or_default().as_bytes()).map_err(|_| MALFORMED)?;
+    parts.version = match request.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    parts.headers = fields;
+    let mut header = RequestHeader::from(parts);
+    header
+        .set_raw_path(request.path.unwrap_or_default().as_bytes())
+        .map_err(|_| MALFORMED)?;
     bytes::Buf::advance(buf, len);
     let (body, keep_alive) = framing(&mut header)?;
     Ok(Head {
