@@ -142,9 +142,9 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
             .ok_or(MALFORMED)?;
         fields.try_append(name, value).map_err(|_| MALFORMED)?;
     }
-    // Built from `http`'s parts, without pingora's case map, which our
-    // HTTP/1 does not read: pingora's `append_header` would parse each name
-    // again for it.
+    // Built from `http`'s parts: without pingora's case map, which our
+    // HTTP/1 does not read, the fields go into `http`'s map as they are
+    // parsed, each name read once (see `http1::response_head`).
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method =
         Method::from_bytes(request.method.unwrap_or_default().as_bytes()).map_err(|_| MALFORMED)?;
