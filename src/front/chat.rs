@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{invalid, At, Encoder};
+use super::{invalid, At, Encoder, Key};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -406,31 +406,6 @@ impl<'de> Members<'de> for StreamOptionsIn {
         }
         self.include_usage = map.next_value()?;
         Ok(true)
-    }
-}
-
-/// A member's name, borrowed from the body unless it has escapes.
-struct Key<'de>(Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(json: D) -> Result<Self, D::Error> {
-        struct Name;
-        impl<'de> Visitor<'de> for Name {
-            type Value = Key<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a member's name")
-            }
-
-            fn visit_borrowed_str<E>(self, name: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(name)))
-            }
-
-            fn visit_str<E>(self, name: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(name.to_owned())))
-            }
-        }
-        json.deserialize_str(Name)
     }
 }
 

@@ -18,9 +18,9 @@ use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
 use super::{
-    function_tools, invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool,
-    take_f64, take_str, take_str_at, take_u64, At, Encoder, ErrorEnvelope, ErrorIn, ToolObject,
-    Tools,
+    function_tools, invalid, new_id, note_dropped, picked_object_and_tools, required_str,
+    take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder, ErrorEnvelope, ErrorIn,
+    Picked, Take, ToolObject, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -42,9 +42,23 @@ pub struct Context {
     pub dropped_tools: Vec<String>,
 }
 
-/// Request fields that configure Anthropic's own services: accepted, never
-/// forwarded.
-const IGNORED: [&str; 6] = [
+/// The root members the decoder reads, set apart as the body is parsed
+/// ([`Picked`]); the others go on in `extra`. The last six configure
+/// Anthropic's own services: accepted, never taken, so never forwarded.
+const READ: [&str; 19] = [
+    "model",
+    "system",
+    "messages",
+    "stream",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "metadata",
     "context_management",
     "safeguards",
     "container",
@@ -52,6 +66,9 @@ const IGNORED: [&str; 6] = [
     "service_tier",
     "cache_control",
 ];
+
+/// The members of a body [`READ`] set apart.
+type Read = Picked<{ READ.len() }>;
 
 /// How Claude Code's first system block starts: billing attribution for
 /// Anthropic's API, not an instruction. It differs between conversations, so
@@ -69,21 +86,18 @@ const SCHEMA: &str = "input_schema";
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     // Tools are most of a coding agent's request: read as tools in the
     // body's one pass, their schemas kept as the text they came as.
-    let (mut top, tools) = json_object_and_tools(body, SCHEMA)?;
-    for key in IGNORED {
-        top.remove(key);
-    }
+    let (mut read, mut top, tools) = picked_object_and_tools(body, SCHEMA, &READ)?;
     let mut ctx = Context::default();
     let mut conv = Conversation {
         origin: Dialect::Messages,
-        model: take_str(&mut top, "model")?,
+        model: take_str(&mut read, "model")?,
         ..Conversation::default()
     };
-    let mut system = decode_system(top.remove("system"))?;
-    decode_messages(top.remove("messages"), &mut conv.items, &mut system)?;
+    let mut system = decode_system(read.take("system"))?;
+    decode_messages(read.take("messages"), &mut conv.items, &mut system)?;
     conv.system = (!system.is_empty()).then(|| system.join("\n\n"));
     conv.tools = decode_tools(tools, &mut ctx)?;
-    conv.options = decode_options(&mut top, &mut conv.params)?;
+    conv.options = decode_options(&mut read, &mut top, &mut conv.params)?;
     // Claude Code's carries its session id; an app's, its user.
     conv.session.clone_from(&conv.options.user);
     conv.extra = top;
@@ -370,25 +384,27 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
     })
 }
 
-/// The sampling and output options; `top_k` goes to `params`, for any
-/// upstream.
+/// The sampling and output options, out of the members `read`; `top_k`
+/// goes to `params`, for any upstream, and what the core does not map of
+/// `output_config` back to `top`.
 fn decode_options(
+    read: &mut Read,
     top: &mut Map<String, Value>,
     params: &mut Map<String, Value>,
 ) -> Result<Options, ApiError> {
     let mut options = Options {
-        stream: take_bool(top, "stream")?.unwrap_or(false),
+        stream: take_bool(read, "stream")?.unwrap_or(false),
         // `message_delta` reports usage: ask upstreams for it.
         include_usage: true,
-        max_tokens: take_u64(top, "max_tokens")?,
-        temperature: take_f64(top, "temperature")?,
-        top_p: take_f64(top, "top_p")?,
+        max_tokens: take_u64(read, "max_tokens")?,
+        temperature: take_f64(read, "temperature")?,
+        top_p: take_f64(read, "top_p")?,
         ..Options::default()
     };
-    if let Some(top_k) = take_u64(top, "top_k")? {
+    if let Some(top_k) = take_u64(read, "top_k")? {
         params.insert("top_k".into(), top_k.into());
     }
-    options.stop = match top.remove("stop_sequences") {
+    options.stop = match read.take("stop_sequences") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(all)) => all
             .into_iter()
@@ -407,13 +423,13 @@ fn decode_options(
             ))
         }
     };
-    if let Some(choice) = top.remove("tool_choice").filter(|v| !v.is_null()) {
+    if let Some(choice) = read.take("tool_choice").filter(|v| !v.is_null()) {
         decode_tool_choice(&choice, &mut options)?;
     }
-    if let Some(thinking) = top.remove("thinking").filter(|v| !v.is_null()) {
+    if let Some(thinking) = read.take("thinking").filter(|v| !v.is_null()) {
         decode_thinking(&thinking, &mut options)?;
     }
-    if let Some(config) = top.remove("output_config").filter(|v| !v.is_null()) {
+    if let Some(config) = read.take("output_config").filter(|v| !v.is_null()) {
         let Value::Object(mut config) = config else {
             return Err(invalid("output_config must be an object.", "output_config"));
         };
@@ -430,7 +446,7 @@ fn decode_options(
         }
     }
     // Claude Code's `user_id` is a JSON string (device, session); kept as sent.
-    if let Some(metadata) = top.remove("metadata") {
+    if let Some(metadata) = read.take("metadata") {
         options.user = metadata
             .get("user_id")
             .and_then(Value::as_str)

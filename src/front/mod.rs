@@ -94,17 +94,64 @@ fn new_id(prefix: &str) -> String {
     id
 }
 
-/// A request body, which must be a JSON object, parsed in one pass: its
-/// `tools` (most of a coding agent's request) each parsed but for its
-/// member `schema`, kept as the text it came as (schemas go on as they
-/// came).
-pub fn json_object_and_tools<'a>(
+/// A request body, which must be a JSON object, parsed in one pass: the
+/// root's members named in `names` set apart ([`Picked`]), the others in a
+/// map, and its `tools` (most of a coding agent's request) each parsed but
+/// for its member `schema`, kept as the text it came as (schemas go on as
+/// they came).
+pub fn picked_object_and_tools<'a, const N: usize>(
     body: &'a [u8],
     schema: &str,
-) -> Result<(Map<String, Value>, Tools<'a>), ApiError> {
-    crate::json::from_bytes_seed(body, Top(schema)).map_err(|e| {
+    names: &'static [&'static str; N],
+) -> Result<(Picked<N>, Map<String, Value>, Tools<'a>), ApiError> {
+    crate::json::from_bytes_seed(body, Top { schema, names }).map_err(|e| {
         ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
     })
+}
+
+/// The root members a decoder reads, set apart as the body is parsed: each
+/// found by its name in a short list, where the map of the other members
+/// would hash it in and out again. What is not taken is dropped.
+pub struct Picked<const N: usize> {
+    names: &'static [&'static str; N],
+    values: [Option<Value>; N],
+}
+
+/// An object whose members a decoder takes out one by one.
+pub trait Take {
+    fn take(&mut self, key: &str) -> Option<Value>;
+}
+
+impl Take for Map<String, Value> {
+    fn take(&mut self, key: &str) -> Option<Value> {
+        self.remove(key)
+    }
+}
+
+impl<const N: usize> Picked<N> {
+    fn slot(&self, key: &str) -> Option<usize> {
+        let slot = self.names.iter().position(|name| *name == key);
+        debug_assert!(slot.is_some(), "`{key}` is not among the picked members");
+        slot
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.values[self.slot(key)?].as_ref()
+    }
+
+    /// Sets a member (one the decoder takes, to be read as `value`).
+    pub fn put(&mut self, key: &str, value: Value) {
+        if let Some(slot) = self.slot(key) {
+            self.values[slot] = Some(value);
+        }
+    }
+}
+
+impl<const N: usize> Take for Picked<N> {
+    fn take(&mut self, key: &str) -> Option<Value> {
+        let slot = self.slot(key)?;
+        self.values[slot].take()
+    }
 }
 
 /// A request's `tools` as the body's one pass read them, whatever their
@@ -164,40 +211,75 @@ fn function_tools(
     Ok(out)
 }
 
-/// The body's root object: its members parsed into values, but `tools`.
-struct Top<'s>(&'s str);
+/// The body's root object: its members parsed into values, those `names`
+/// set apart, and `tools` read as tools.
+struct Top<'s, const N: usize> {
+    schema: &'s str,
+    names: &'static [&'static str; N],
+}
 
-impl<'de> DeserializeSeed<'de> for Top<'_> {
-    type Value = (Map<String, Value>, Tools<'de>);
+impl<'de, const N: usize> DeserializeSeed<'de> for Top<'_, N> {
+    type Value = (Picked<N>, Map<String, Value>, Tools<'de>);
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for Top<'_> {
-    type Value = (Map<String, Value>, Tools<'de>);
+impl<'de, const N: usize> Visitor<'de> for Top<'_, N> {
+    type Value = (Picked<N>, Map<String, Value>, Tools<'de>);
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut picked = Picked {
+            names: self.names,
+            values: std::array::from_fn(|_| None),
+        };
         let mut parsed = Map::new();
         // Given twice: the last.
         let mut tools = Tools::None;
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(Key(key)) = map.next_key()? {
             if key == "tools" {
                 tools = map.next_value_seed(Lenient {
-                    schema: self.0,
+                    schema: self.schema,
                     tool: false,
                 })?;
+            } else if let Some(slot) = self.names.iter().position(|name| *name == key) {
+                picked.values[slot] = Some(map.next_value()?);
             } else {
                 let value = map.next_value()?;
-                parsed.insert(key, value);
+                parsed.insert(key.into_owned(), value);
             }
         }
-        Ok((parsed, tools))
+        Ok((picked, parsed, tools))
+    }
+}
+
+/// A member's name, borrowed from the body unless it has escapes.
+pub struct Key<'de>(pub Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(json: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl<'de> Visitor<'de> for Name {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member's name")
+            }
+
+            fn visit_borrowed_str<E>(self, name: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(name)))
+            }
+
+            fn visit_str<E>(self, name: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(name.to_owned())))
+            }
+        }
+        json.deserialize_str(Name)
     }
 }
 
@@ -338,23 +420,19 @@ impl From<At<'_>> for String {
 // Typed field readers: null counts as absent; a wrong type is a 400 naming
 // the field.
 
-fn take_str(map: &mut Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+fn take_str(map: &mut impl Take, key: &str) -> Result<Option<String>, ApiError> {
     take_str_at(map, key, At::Root(key))
 }
 
-fn take_str_at(
-    map: &mut Map<String, Value>,
-    key: &str,
-    param: At<'_>,
-) -> Result<Option<String>, ApiError> {
-    match map.remove(key) {
+fn take_str_at(map: &mut impl Take, key: &str, param: At<'_>) -> Result<Option<String>, ApiError> {
+    match map.take(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
         Some(_) => Err(param.invalid("must be a string.")),
     }
 }
 
-fn required_str(map: &mut Map<String, Value>, key: &str, at: At<'_>) -> Result<String, ApiError> {
+fn required_str(map: &mut impl Take, key: &str, at: At<'_>) -> Result<String, ApiError> {
     let param = at.field(key);
     match take_str_at(map, key, param)? {
         Some(s) => Ok(s),
@@ -362,24 +440,24 @@ fn required_str(map: &mut Map<String, Value>, key: &str, at: At<'_>) -> Result<S
     }
 }
 
-fn take_bool(map: &mut Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match map.remove(key) {
+fn take_bool(map: &mut impl Take, key: &str) -> Result<Option<bool>, ApiError> {
+    match map.take(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(b)),
         Some(_) => Err(invalid(format!("{key} must be a boolean."), key)),
     }
 }
 
-fn take_f64(map: &mut Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
-    match map.remove(key) {
+fn take_f64(map: &mut impl Take, key: &str) -> Result<Option<f64>, ApiError> {
+    match map.take(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => Ok(n.as_f64()),
         Some(_) => Err(invalid(format!("{key} must be a number."), key)),
     }
 }
 
-fn take_u64(map: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
-    match map.remove(key) {
+fn take_u64(map: &mut impl Take, key: &str) -> Result<Option<u64>, ApiError> {
+    match map.take(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
         Some(_) => Err(invalid(

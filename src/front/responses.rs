@@ -17,8 +17,9 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    function_tools, invalid, json_object_and_tools, new_id, note_dropped, required_str, take_bool,
-    take_f64, take_str, take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, ToolObject, Tools,
+    function_tools, invalid, new_id, note_dropped, picked_object_and_tools, required_str,
+    take_bool, take_f64, take_str, take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, Picked, Take,
+    ToolObject, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -97,30 +98,51 @@ pub const SCHEMA: &str = "parameters";
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    let (top, tools) = json_object_and_tools(body, SCHEMA)?;
-    decode_object(top, tools)
+    let (read, top, tools) = picked_object_and_tools(body, SCHEMA, &READ)?;
+    decode_object(read, top, tools)
 }
+
+/// The root members the decoder reads, set apart as the body is parsed
+/// ([`Picked`]); the others go on in `extra` (to a Responses upstream). The
+/// last three, null or false, only say what the stateless proxy does anyway:
+/// checked, never taken, so never forwarded.
+pub const READ: [&str; 15] = [
+    "model",
+    "instructions",
+    "input",
+    "stream",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "tool_choice",
+    "text",
+    "reasoning",
+    "previous_response_id",
+    "background",
+    "conversation",
+];
+
+/// The members of a body [`READ`] set apart.
+pub type Read = Picked<{ READ.len() }>;
 
 /// [`decode`] of a body already parsed (and its history spliced in), its
 /// `tools` as that pass read them.
 pub fn decode_object(
+    mut read: Read,
     mut top: Map<String, Value>,
     tools: Tools,
 ) -> Result<(Conversation, Context), ApiError> {
-    refuse_state(&top)?;
-    // Null or false, they only say what the stateless proxy does anyway.
-    for key in ["previous_response_id", "background", "conversation"] {
-        top.remove(key);
-    }
-
+    refuse_state(&read)?;
     let mut ctx = Context::default();
     let mut conv = Conversation {
         origin: Dialect::Responses,
-        model: take_str(&mut top, "model")?,
+        model: take_str(&mut read, "model")?,
         ..Conversation::default()
     };
-    let instructions = take_str(&mut top, "instructions")?;
-    let options = decode_options(&mut top, &mut ctx)?;
+    let instructions = take_str(&mut read, "instructions")?;
+    let options = decode_options(&mut read, &mut top, &mut ctx)?;
 
     conv.tools = decode_tools(tools, &mut ctx)?;
 
@@ -129,7 +151,7 @@ pub fn decode_object(
         .filter(|s| !s.is_empty())
         .cloned()
         .collect();
-    decode_input(top.remove("input"), &mut conv.items, &mut system, &mut ctx)?;
+    decode_input(read.take("input"), &mut conv.items, &mut system, &mut ctx)?;
     conv.system = (!system.is_empty()).then(|| system.join("\n\n"));
 
     // Echoed as sent; also forwarded (in `extra`) to a Responses upstream.
@@ -156,8 +178,8 @@ pub fn decode_object(
 
 /// Stored state the proxy does not have: a request relying on it is refused
 /// rather than answered without the context it expects.
-fn refuse_state(top: &Map<String, Value>) -> Result<(), ApiError> {
-    let set = |key| top.get(key).is_some_and(|v| !v.is_null());
+fn refuse_state(read: &Read) -> Result<(), ApiError> {
+    let set = |key| read.get(key).is_some_and(|v| !v.is_null());
     if set("previous_response_id") {
         return Err(invalid(
             "previous_response_id is not supported: this proxy keeps no responses (its \
@@ -165,7 +187,7 @@ fn refuse_state(top: &Map<String, Value>) -> Result<(), ApiError> {
             "previous_response_id",
         ));
     }
-    if top.get("background").and_then(Value::as_bool) == Some(true) {
+    if read.get("background").and_then(Value::as_bool) == Some(true) {
         return Err(invalid(
             "agent-proxy is stateless: background responses are not supported; stream the \
              response instead.",
@@ -182,18 +204,23 @@ fn refuse_state(top: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The sampling and output options; `text` and `reasoning` fields the core
-/// does not map stay in `top` (forwarded to a Responses upstream).
-fn decode_options(top: &mut Map<String, Value>, ctx: &mut Context) -> Result<Options, ApiError> {
+/// The sampling and output options, out of the members `read`; `text` and
+/// `reasoning` fields the core does not map go to `top` (forwarded to a
+/// Responses upstream).
+fn decode_options(
+    read: &mut Read,
+    top: &mut Map<String, Value>,
+    ctx: &mut Context,
+) -> Result<Options, ApiError> {
     let mut options = Options {
-        stream: take_bool(top, "stream")?.unwrap_or(false),
+        stream: take_bool(read, "stream")?.unwrap_or(false),
         // The Response object always reports usage: ask upstreams for it.
         include_usage: true,
-        max_tokens: take_u64(top, "max_output_tokens")?,
-        temperature: take_f64(top, "temperature")?,
-        top_p: take_f64(top, "top_p")?,
-        parallel_tool_calls: take_bool(top, "parallel_tool_calls")?,
-        user: take_str(top, "user")?,
+        max_tokens: take_u64(read, "max_output_tokens")?,
+        temperature: take_f64(read, "temperature")?,
+        top_p: take_f64(read, "top_p")?,
+        parallel_tool_calls: take_bool(read, "parallel_tool_calls")?,
+        user: take_str(read, "user")?,
         ..Options::default()
     };
     let echo = &mut ctx.echo;
@@ -203,12 +230,12 @@ fn decode_options(top: &mut Map<String, Value>, ctx: &mut Context) -> Result<Opt
     echo.parallel_tool_calls = options.parallel_tool_calls.unwrap_or(true);
     echo.user = options.user.clone();
 
-    if let Some(choice) = top.remove("tool_choice").filter(|v| !v.is_null()) {
+    if let Some(choice) = read.take("tool_choice").filter(|v| !v.is_null()) {
         options.tool_choice = decode_tool_choice(&choice)?;
         echo.tool_choice = choice;
     }
 
-    if let Some(text) = top.remove("text").filter(|v| !v.is_null()) {
+    if let Some(text) = read.take("text").filter(|v| !v.is_null()) {
         let Value::Object(mut fields) = text else {
             return Err(invalid("text must be an object.", "text"));
         };
@@ -221,7 +248,7 @@ fn decode_options(top: &mut Map<String, Value>, ctx: &mut Context) -> Result<Opt
         }
     }
 
-    if let Some(reasoning) = top.remove("reasoning").filter(|v| !v.is_null()) {
+    if let Some(reasoning) = read.take("reasoning").filter(|v| !v.is_null()) {
         let Value::Object(mut fields) = reasoning else {
             return Err(invalid("reasoning must be an object.", "reasoning"));
         };

@@ -23,6 +23,7 @@ use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
 use crate::front::responses::{self, Context, Finished, Keep};
+use crate::front::{picked_object_and_tools, Take};
 use crate::store::{unix_now, Record, Store};
 
 /// A Responses request as a conversation, its `previous_response_id`
@@ -32,13 +33,14 @@ pub async fn decode(
     tenant: &str,
     body: &[u8],
 ) -> Result<(Conversation, Context, Option<Saving>), ApiError> {
-    let (mut top, tools) = crate::front::json_object_and_tools(body, responses::SCHEMA)?;
+    let (mut read, top, tools) =
+        picked_object_and_tools(body, responses::SCHEMA, &responses::READ)?;
     let Some(store) = &config.store else {
         // No store: the decoder refuses a previous id, nothing is kept.
-        let (conversation, context) = responses::decode_object(top, tools)?;
+        let (conversation, context) = responses::decode_object(read, top, tools)?;
         return Ok((conversation, context, None));
     };
-    let previous = match top.remove("previous_response_id") {
+    let previous = match read.take("previous_response_id") {
         None | Some(Value::Null) => None,
         Some(Value::String(id)) => Some(id),
         Some(_) => {
@@ -54,7 +56,7 @@ pub async fn decode(
             .as_bool()
             .ok_or_else(|| ApiError::bad_request("store must be a boolean.").with_param("store"))?,
     };
-    let input = responses::input_items(top.remove("input"));
+    let input = responses::input_items(read.take("input"));
     let mut items = match &previous {
         Some(id) => history(store, tenant, id, config.limits.max_body_bytes).await?,
         None => Vec::new(),
@@ -73,8 +75,8 @@ pub async fn decode(
         ))
         .with_param("previous_response_id"));
     }
-    top.insert("input".into(), Value::Array(items));
-    let (conversation, mut context) = responses::decode_object(top, tools)?;
+    read.put("input", Value::Array(items));
+    let (conversation, mut context) = responses::decode_object(read, top, tools)?;
     context.echo.store = keep;
     context.echo.previous_response_id.clone_from(&previous);
     let saving = own.map(|input| Saving {
