@@ -129,8 +129,15 @@ impl Take for Map<String, Value> {
 }
 
 impl<const N: usize> Picked<N> {
+    /// Where `key` goes, if it is picked.
+    fn position(&self, key: &str) -> Option<usize> {
+        self.names.iter().position(|name| *name == key)
+    }
+
+    /// [`position`](Self::position) of a key the decoder reads: one it
+    /// did not pick is a bug.
     fn slot(&self, key: &str) -> Option<usize> {
-        let slot = self.names.iter().position(|name| *name == key);
+        let slot = self.position(key);
         debug_assert!(slot.is_some(), "`{key}` is not among the picked members");
         slot
     }
@@ -247,7 +254,7 @@ impl<'de, const N: usize> Visitor<'de> for Top<'_, N> {
                     schema: self.schema,
                     tool: false,
                 })?;
-            } else if let Some(slot) = self.names.iter().position(|name| *name == key) {
+            } else if let Some(slot) = picked.position(&key) {
                 picked.values[slot] = Some(map.next_value()?);
             } else {
                 let value = map.next_value()?;
