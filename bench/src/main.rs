@@ -556,6 +556,10 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         (None, Some(_)) => Some(proxy_bin.to_owned()),
         (None, None) => None,
     };
+    let mut builds = format!("agent-proxy `{}`", shown(proxy_bin));
+    if let Some(bin) = &baseline_bin {
+        builds += &format!(", \"(B)\" `{}`", shown(bin));
+    }
     let proxy_b = match baseline_bin {
         Some(bin) => {
             let dir = work.join("b");
@@ -646,6 +650,7 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     Ok(Report {
         machine: procs::machine(),
         commit: git_commit(),
+        builds,
         smoke,
         seconds,
         rounds,
@@ -714,6 +719,14 @@ fn start_proxy((bin, work): &(PathBuf, PathBuf), listen: SocketAddr) -> anyhow::
         .arg(work.join("proxy.yaml"))
         .env("RUST_LOG", "warn");
     Process::start("agent-proxy", command, &work.join("proxy.log"), listen)
+}
+
+/// `path` from the working directory, when it is under it.
+fn shown(path: &Path) -> String {
+    let relative = std::env::current_dir()
+        .ok()
+        .and_then(|dir| path.strip_prefix(dir).ok().map(Path::to_owned));
+    relative.as_deref().unwrap_or(path).display().to_string()
 }
 
 fn git_commit() -> String {

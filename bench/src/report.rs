@@ -88,6 +88,8 @@ pub struct Memory {
 pub struct Report {
     pub machine: String,
     pub commit: String,
+    /// The binaries measured, as given.
+    pub builds: String,
     pub smoke: bool,
     pub seconds: f64,
     pub rounds: u32,
@@ -253,8 +255,8 @@ impl Report {
         let _ = writeln!(md, "# agent-proxy benchmark{mode}\n");
         let _ = writeln!(
             md,
-            "Machine: {}. Commit `{}`. Everything (load generator, fake upstream, nginx, agent-proxy) shares the machine; each figure is {} rounds of {:.1} s per target, the targets interleaved, so compare the ratios. Reproduce with `bash bench/run.sh`.\n",
-            self.machine, self.commit, self.rounds, self.seconds / self.rounds as f64
+            "Machine: {}. Commit `{}`: {}. Everything (load generator, fake upstream, nginx, agent-proxy) shares the machine; each figure is {} rounds of {:.1} s per target, the targets interleaved, so compare the ratios. Reproduce with `bash bench/run.sh` (`PGO=1 bash bench/run.sh` for the profile-guided build beside the plain one).\n",
+            self.machine, self.commit, self.builds, self.rounds, self.seconds / self.rounds as f64
         );
         let runs = self.plain.iter().chain(&self.streaming);
         let foreign = runs.map(Run::foreign_percent).fold(0.0, f64::max);
