@@ -1,34 +1,36 @@
 //! `x-request-id`: kept when the client sent a sane one, generated otherwise;
 //! passed to upstreams and HTTP tools and returned to the client.
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 
 /// A name, not a string: a lookup by a string parses it first.
-pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
+pub const HEADER: HeaderName = HeaderName::from_static(NAME);
+const NAME: &str = "x-request-id";
 
 /// Makes sure `req` carries a request id and returns it. The id is stored in
 /// the request header itself, so everything that forwards or answers the
 /// request finds it there.
 pub fn ensure(req: &mut RequestHeader) -> String {
-    let sent = req
+    if let Some(id) = req
         .headers
         .get(HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|id| is_sane(id))
-        .map(str::to_owned);
-    match sent {
-        Some(id) => id,
-        None => {
-            let mut hex = [0u8; 32];
-            // 16 bytes fill 32 hex digits exactly: it cannot fail.
-            let _ = hex::encode_to_slice(fastrand::u128(..).to_be_bytes(), &mut hex);
-            let id = std::str::from_utf8(&hex).unwrap_or_default().to_owned();
-            // A hex string is always a valid header value.
-            let _ = req.insert_header(HEADER, id.as_str());
-            id
-        }
+    {
+        return id.to_owned();
     }
+    let mut hex = [0u8; 32];
+    // 16 bytes fill 32 hex digits exactly: it cannot fail.
+    let _ = hex::encode_to_slice(fastrand::u128(..).to_be_bytes(), &mut hex);
+    let id = std::str::from_utf8(&hex).unwrap_or_default();
+    // A hex string is always a valid header value. Named by a static
+    // string: pingora copies a `HeaderName` it does not know into a
+    // title-cased name, then parses that back.
+    if let Ok(value) = HeaderValue::from_str(id) {
+        let _ = req.insert_header(NAME, value);
+    }
+    id.to_owned()
 }
 
 /// The id of a request that went through [`ensure`].

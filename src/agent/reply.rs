@@ -70,12 +70,18 @@ impl From<ApiError> for Failure {
 
 impl Reply {
     pub fn new(encoder: Box<dyn Encoder>, show_reasoning: bool) -> Self {
+        // A whole answer is written once, by the encoder's `finish`, which
+        // sizes it: room taken now would be reallocated, and copied, then.
+        let buf = match encoder.streams() {
+            true => Vec::with_capacity(512),
+            false => Vec::new(),
+        };
         Reply {
             encoder,
             show_reasoning,
             usage: Usage::default(),
             first_token_at: None,
-            buf: Vec::with_capacity(512),
+            buf,
             hold: false,
             opened: false,
             last_char: None,
