@@ -405,29 +405,54 @@ async fn a_binary_upgrade_hands_over_the_sockets_without_refusing_a_request() {
     );
 }
 
-/// CPU ticks (user + system) of each of the proxy's worker threads: pingora
-/// names them after the service, as the process is named; the main thread
-/// (whose id is the process's) only waits.
+/// The `/proc` directories of the proxy's worker threads: pingora names
+/// them after the service, as the process is named; the main thread (whose
+/// id is the process's) only waits.
+fn workers(pid: u32) -> Vec<std::path::PathBuf> {
+    let mut workers: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|task| task.unwrap().path())
+        .filter(|task| {
+            let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            name.trim() == "agent-proxy" && !task.ends_with(pid.to_string())
+        })
+        .collect();
+    workers.sort();
+    workers
+}
+
+/// CPU ticks (user + system) of each of the proxy's worker threads.
 fn worker_ticks(pid: u32) -> Vec<u64> {
-    let mut ticks = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let task = task.unwrap().path();
-        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if name.trim() != "agent-proxy" || task.ends_with(pid.to_string()) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
-        // Fields after the parenthesised name: utime and stime are the 12th
-        // and 13th.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        ticks.push(fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap());
-    }
-    ticks
+    workers(pid)
+        .iter()
+        .map(|task| {
+            let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+            // Fields after the parenthesised name: utime and stime are the
+            // 12th and 13th.
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .split_whitespace()
+                .collect();
+            fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+        })
+        .collect()
+}
+
+/// How many times each of the proxy's worker threads went to sleep.
+fn worker_sleeps(pid: u32) -> Vec<u64> {
+    workers(pid)
+        .iter()
+        .map(|task| {
+            let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|count| count.trim().parse().ok())
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// `runtime: { work_stealing: false }` runs one single-threaded runtime per
@@ -484,6 +509,56 @@ async fn without_work_stealing_every_thread_serves_connections() {
         assert!(
             ticks * 5 >= total,
             "a thread served under a fifth: {spent:?}"
+        );
+    }
+}
+
+/// Without work stealing a connection is served on a thread's runtime at
+/// random, and its socket must be that runtime's: registered with the
+/// accepting one, each request would wake the accepting thread too (a
+/// futex wake and a context switch per read, a fifth more CPU).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_work_stealing_a_connection_wakes_only_the_thread_serving_it() {
+    let proxy = Proxy::start(&one_upstream(
+        "http://127.0.0.1:9",
+        "runtime: { threads: 2, work_stealing: false }\nstore: { kind: none }",
+    ))
+    .await;
+    let (port, pid) = (proxy.port, proxy.pid());
+    for _ in 0..40 {
+        if workers(pid).len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(workers(pid).len(), 2, "two worker threads");
+    const REQUESTS: u64 = 200;
+    // One connection at a time, each on a thread at random: of six, one at
+    // least is on a thread other than the accepting one, but for one chance
+    // in 64.
+    for _ in 0..6 {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let mut connection = Connection::on(stream);
+        let before = worker_sleeps(pid);
+        for _ in 0..REQUESTS {
+            connection
+                .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            assert_eq!(connection.next_response().await.status, 200);
+        }
+        let woken: Vec<u64> = worker_sleeps(pid)
+            .iter()
+            .zip(&before)
+            .map(|(after, before)| after - before)
+            .collect();
+        // The serving thread sleeps between requests; the other, idle,
+        // hardly ever wakes.
+        assert!(
+            woken.iter().min().is_some_and(|idle| *idle < REQUESTS / 4),
+            "both threads woke for one connection's requests: {woken:?}"
         );
     }
 }

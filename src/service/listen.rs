@@ -33,6 +33,7 @@ use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::Service;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::runtime::Handle;
 use tracing::{debug, error, info};
 
 use super::write_buffer::{self, FlushDeferral, WriteBuffer};
@@ -104,19 +105,54 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
             debug!("TCP_NODELAY on an accepted connection failed: {e}");
             continue;
         }
-        let deferral = FlushDeferral::default();
-        let connection = Connection::new(socket, peer, deferral.clone());
         let edge = edge.clone();
         let shutdown = shutdown.clone();
         // As pingora's listener: without work stealing, each connection
         // goes to a thread's runtime at random, not all to this loop's.
-        pingora_runtime::current_handle().spawn(write_buffer::serving(deferral, async move {
-            let mut next = edge.process_new(Box::new(connection), &shutdown).await;
-            while let Some(stream) = next {
-                next = edge.process_new(stream, &shutdown).await;
-            }
-        }));
+        let runtime = pingora_runtime::current_handle();
+        // The socket is registered with this runtime's I/O driver: served
+        // on another, each of its wake-ups would cross threads (a futex
+        // wake and a switch per read). It moves there unregistered.
+        let socket = match runtime.id() == Handle::current().id() {
+            true => Accepted::Registered(socket),
+            false => match socket.into_std() {
+                Ok(socket) => Accepted::Moved(socket),
+                Err(e) => {
+                    debug!("moving an accepted connection failed: {e}");
+                    continue;
+                }
+            },
+        };
+        runtime.spawn(async move {
+            let socket = match socket {
+                Accepted::Registered(socket) => socket,
+                Accepted::Moved(socket) => match TcpStream::from_std(socket) {
+                    Ok(socket) => socket,
+                    Err(e) => {
+                        error!("registering an accepted connection failed: {e}");
+                        return;
+                    }
+                },
+            };
+            let deferral = FlushDeferral::default();
+            let connection = Connection::new(socket, peer, deferral.clone());
+            write_buffer::serving(deferral, async move {
+                let mut next = edge.process_new(Box::new(connection), &shutdown).await;
+                while let Some(stream) = next {
+                    next = edge.process_new(stream, &shutdown).await;
+                }
+            })
+            .await
+        });
     }
+}
+
+/// An accepted connection on its way to the runtime that serves it.
+enum Accepted {
+    /// With the accepting runtime's I/O driver, which serves it.
+    Registered(TcpStream),
+    /// For another runtime's driver.
+    Moved(std::net::TcpStream),
 }
 
 /// A listening socket on `addr` (`host:port`, a name resolved once).
