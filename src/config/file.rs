@@ -62,8 +62,8 @@ pub struct RuntimeFile {
     /// container's CPU limit included).
     pub threads: Option<usize>,
     /// `false`: one single-threaded runtime per thread, each connection
-    /// staying on the thread that accepted it (nginx's worker model), rather
-    /// than tokio's work-stealing scheduler.
+    /// served by one of them, picked as it is accepted (nginx's worker
+    /// model), rather than tokio's work-stealing scheduler.
     pub work_stealing: bool,
 }
 
