@@ -455,28 +455,34 @@ fn worker_sleeps(pid: u32) -> Vec<u64> {
         .collect()
 }
 
-/// `runtime: { work_stealing: false }` runs one single-threaded runtime per
-/// thread, as nginx runs one worker per core: the connections must go to
-/// every thread, not all to the one that accepts them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn without_work_stealing_every_thread_serves_connections() {
+/// A proxy with two worker threads, each its own runtime (no work
+/// stealing), once both are up.
+async fn two_runtimes() -> Proxy {
     let proxy = Proxy::start(&one_upstream(
         "http://127.0.0.1:9",
         "runtime: { threads: 2, work_stealing: false }\nstore: { kind: none }",
     ))
     .await;
-    let (port, pid) = (proxy.port, proxy.pid());
     // A thread just spawned carries its parent's name until it sets its own
     // (pingora's timer thread, started by the first connection's timeout).
-    let mut before = worker_ticks(pid);
     for _ in 0..40 {
-        if before.len() == 2 {
+        if workers(proxy.pid()).len() == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        before = worker_ticks(pid);
     }
-    assert_eq!(before.len(), 2, "two worker threads");
+    assert_eq!(workers(proxy.pid()).len(), 2, "two worker threads");
+    proxy
+}
+
+/// `runtime: { work_stealing: false }` runs one single-threaded runtime per
+/// thread, as nginx runs one worker per core: the connections must go to
+/// every thread, not all to the one that accepts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_work_stealing_every_thread_serves_connections() {
+    let proxy = two_runtimes().await;
+    let (port, pid) = (proxy.port, proxy.pid());
+    let before = worker_ticks(pid);
     // 64 connections: each thread's share is about half, and far from none.
     let clients: Vec<_> = (0..64)
         .map(|_| {
@@ -519,19 +525,8 @@ async fn without_work_stealing_every_thread_serves_connections() {
 /// futex wake and a context switch per read, a fifth more CPU).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_work_stealing_a_connection_wakes_only_the_thread_serving_it() {
-    let proxy = Proxy::start(&one_upstream(
-        "http://127.0.0.1:9",
-        "runtime: { threads: 2, work_stealing: false }\nstore: { kind: none }",
-    ))
-    .await;
+    let proxy = two_runtimes().await;
     let (port, pid) = (proxy.port, proxy.pid());
-    for _ in 0..40 {
-        if workers(pid).len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(workers(pid).len(), 2, "two worker threads");
     const REQUESTS: u64 = 200;
     // One connection at a time, each on a thread at random: of six, one at
     // least is on a thread other than the accepting one, but for one chance
