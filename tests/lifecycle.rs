@@ -445,12 +445,13 @@ fn worker_sleeps(pid: u32) -> Vec<u64> {
     workers(pid)
         .iter()
         .map(|task| {
-            let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+            // Unread, a count of 0 would pass for an idle thread.
+            let status = std::fs::read_to_string(task.join("status")).unwrap();
             status
                 .lines()
                 .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
                 .and_then(|count| count.trim().parse().ok())
-                .unwrap_or(0)
+                .expect("a thread's count of voluntary switches")
         })
         .collect()
 }
