@@ -81,17 +81,38 @@ pub trait Encoder: Send {
 /// a store's index of them append-only: a batch of stored responses dirties
 /// the index's last page or two, not one random page each.
 fn new_id(prefix: &str) -> String {
-    let mut time = [0u8; 12];
+    let mut suffix = [0u8; 32];
+    let (time, random) = suffix.split_at_mut(12);
     // Its low 6 bytes fill 12 hex digits exactly: it cannot fail.
-    let _ = hex::encode_to_slice(&crate::store::unix_now_ms().to_be_bytes()[2..], &mut time);
-    let mut id = String::with_capacity(prefix.len() + 32);
+    let _ = hex::encode_to_slice(&crate::store::unix_now_ms().to_be_bytes()[2..], time);
+    random.copy_from_slice(&random_alphanumerics());
+    let mut id = String::with_capacity(prefix.len() + suffix.len());
     id.push_str(prefix);
-    id.push_str(std::str::from_utf8(&time).unwrap_or_default());
-    // One generator for the 20: each of fastrand's own functions looks up
-    // its thread's generator anew.
-    let mut random = fastrand::Rng::new();
-    id.extend((0..20).map(|_| random.alphanumeric()));
+    // ASCII by construction: the one check is cheap.
+    id.push_str(std::str::from_utf8(&suffix).unwrap_or_default());
     id
+}
+
+/// 20 random alphanumerics, 7 from each of three random words: a word read
+/// as a fraction of 2^64, times 62, has its digit as the integer part and
+/// the rest of the word left for the next. Seven digits use 42 of its 64
+/// bits, so each digit is within 2^-16 of uniform. Six times fewer
+/// instructions than a bounded draw per character (fastrand's
+/// `alphanumeric`), three ids to a Responses answer.
+fn random_alphanumerics() -> [u8; 20] {
+    const DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut random = fastrand::Rng::new();
+    let mut out = [0u8; 20];
+    for chunk in out.chunks_mut(7) {
+        let mut fraction = random.u64(..);
+        for digit in chunk {
+            let scaled = u128::from(fraction) * 62;
+            // The high word is below 62: the index cannot go out of bounds.
+            *digit = DIGITS[(scaled >> 64) as usize];
+            fraction = scaled as u64;
+        }
+    }
+    out
 }
 
 /// A request body, which must be a JSON object, parsed in one pass: the
@@ -560,5 +581,26 @@ mod tests {
         assert!(first < second, "{first} then {second}");
         assert!(first[5..].chars().all(|c| c.is_ascii_alphanumeric()));
         assert_ne!(new_id("resp_")[17..], new_id("resp_")[17..]);
+    }
+
+    #[test]
+    fn random_alphanumerics_use_every_digit_about_evenly() {
+        let mut counts = std::collections::HashMap::new();
+        for _ in 0..6_200 {
+            for digit in super::random_alphanumerics() {
+                *counts.entry(digit).or_insert(0u32) += 1;
+            }
+        }
+        // 124,000 digits, 2,000 expected of each of the 62: a digit's
+        // count stays within ±300 (6.8 standard deviations).
+        assert_eq!(counts.len(), 62);
+        assert!(counts.keys().all(u8::is_ascii_alphanumeric));
+        for (digit, count) in counts {
+            assert!(
+                (1_700..=2_300).contains(&count),
+                "{} came {count} times",
+                digit as char
+            );
+        }
     }
 }

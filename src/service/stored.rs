@@ -61,8 +61,10 @@ pub async fn decode(
         Some(id) => history(store, tenant, id, config.limits.max_body_bytes).await?,
         None => Vec::new(),
     };
+    // Written as `json::write` writes (sonic-rs): serde_json escapes a
+    // string a byte at a time, and a history is mostly text.
     let own = keep
-        .then(|| serde_json::to_string(&input))
+        .then(|| String::from_utf8(crate::json::to_vec(&input)))
         .transpose()
         .map_err(|e| ApiError::internal(format!("input items: {e}")))?;
     items.extend(input);
