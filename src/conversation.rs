@@ -203,6 +203,21 @@ pub struct FunctionTool {
     pub extra: Map<String, Value>,
 }
 
+impl FunctionTool {
+    /// A function of ours (a configured tool, an MCP server's, another
+    /// agent, memory, knowledge): made once where the tool is, each
+    /// request's list gets a copy (its schema already JSON text).
+    pub fn function(name: &str, description: &str, parameters: &Value) -> FunctionTool {
+        FunctionTool {
+            name: name.to_owned(),
+            description: Some(description.to_owned()).filter(|d| !d.is_empty()),
+            parameters: Schema::from(parameters),
+            kind: CallKind::Function,
+            extra: Map::new(),
+        }
+    }
+}
+
 /// A JSON schema, kept as its JSON text. The proxy only passes it on, and a
 /// coding agent's tools hold tens of KiB of schemas for a whole stream: as a
 /// `Value`, every object in them would be a map of its own.

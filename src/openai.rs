@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 // ---------------------------------------------------------------- requests
 
@@ -27,47 +27,6 @@ pub struct FunctionCall {
     pub name: String,
     #[serde(default)]
     pub arguments: String,
-}
-
-/// A tool definition in a request's `tools`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-pub struct ToolDef {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub function: Option<FunctionDef>,
-    #[serde(flatten)]
-    pub rest: Map<String, Value>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-pub struct FunctionDef {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<Value>,
-    #[serde(flatten)]
-    pub rest: Map<String, Value>,
-}
-
-impl ToolDef {
-    pub fn function(name: &str, description: &str, parameters: Value) -> Self {
-        ToolDef {
-            kind: "function".into(),
-            function: Some(FunctionDef {
-                name: name.to_owned(),
-                description: Some(description.to_owned()).filter(|d| !d.is_empty()),
-                parameters: Some(parameters),
-                rest: Map::new(),
-            }),
-            rest: Map::new(),
-        }
-    }
-
-    pub fn function_name(&self) -> Option<&str> {
-        self.function.as_ref().map(|f| f.name.as_str())
-    }
 }
 
 /// Just enough of a request to route it: the model, and each message's

@@ -22,7 +22,7 @@ fn the_example_proxy_yaml_loads_without_any_environment() {
         "without AGENT_PROXY_KEY, auth is off"
     );
     let weather = config.agent("weather").unwrap();
-    let offered = ToolSet::of(weather, &config).definitions().count();
+    let offered = ToolSet::of(weather, &config).functions().count();
     assert_eq!(
         offered, 1,
         "get_weather from both the agent and its skill, offered once"

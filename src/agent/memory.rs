@@ -17,7 +17,7 @@ use tracing::warn;
 
 use crate::config::file::{MemoryFile, MemoryScope};
 use crate::conversation::Conversation;
-use crate::openai::ToolDef;
+use crate::conversation::FunctionTool;
 use crate::store::{unix_now_ms, Note, Store};
 use crate::tools::{parse_arguments, CallContext, Outcome, Run};
 
@@ -189,7 +189,7 @@ fn default_scope(scopes: &[MemoryScope]) -> Option<MemoryScope> {
 }
 
 /// The memory tools of `agent`: `remember`, `recall`, `forget`.
-pub fn tools(agent: &str, memory: &Arc<Memory>) -> Vec<(ToolDef, Arc<dyn Run>)> {
+pub fn tools(agent: &str, memory: &Arc<Memory>) -> Vec<(FunctionTool, Arc<dyn Run>)> {
     let scope_param = (memory.scopes.len() > 1).then(|| {
         let names: Vec<&str> = memory.scopes.iter().map(|s| scope_name(*s)).collect();
         let meanings: Vec<String> = memory
@@ -215,26 +215,26 @@ pub fn tools(agent: &str, memory: &Arc<Memory>) -> Vec<(ToolDef, Arc<dyn Run>)> 
     };
     vec![
         (
-            ToolDef::function(
+            FunctionTool::function(
                 "remember",
                 "Save a short note to remember in later conversations: a fact, a preference, a decision. One fact per call, written so it makes sense on its own.",
-                json!({"type": "object", "properties": with_scope(json!({"text": {"type": "string", "description": "The note"}})), "required": ["text"]}),
+                &json!({"type": "object", "properties": with_scope(json!({"text": {"type": "string", "description": "The note"}})), "required": ["text"]}),
             ),
             tool(Kind::Remember),
         ),
         (
-            ToolDef::function(
+            FunctionTool::function(
                 "recall",
                 "Search the notes saved with `remember`; returns the matching notes with their ids, best first.",
-                json!({"type": "object", "properties": with_scope(json!({"query": {"type": "string", "description": "Words to look for; empty for the newest notes"}})), "required": ["query"]}),
+                &json!({"type": "object", "properties": with_scope(json!({"query": {"type": "string", "description": "Words to look for; empty for the newest notes"}})), "required": ["query"]}),
             ),
             tool(Kind::Recall),
         ),
         (
-            ToolDef::function(
+            FunctionTool::function(
                 "forget",
                 "Delete a saved note that is wrong or no longer wanted, by its id.",
-                json!({"type": "object", "properties": {"id": {"type": "string", "description": "The note's id (mem_…)"}}, "required": ["id"]}),
+                &json!({"type": "object", "properties": {"id": {"type": "string", "description": "The note's id (mem_…)"}}, "required": ["id"]}),
             ),
             tool(Kind::Forget),
         ),

@@ -7,7 +7,7 @@ use tracing::warn;
 use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::PromptMode;
-use crate::conversation::{CallKind, Conversation, FunctionTool, Item, Role, Schema};
+use crate::conversation::{Conversation, FunctionTool, Item, Role};
 
 /// Rewrites `conversation` for `agent`. Everything the rewrite does not own
 /// is kept as the client sent it.
@@ -88,19 +88,7 @@ fn paragraphs(first: &str, then: &str) -> String {
 /// shadows a local one (the local tool wins).
 fn merge_tools(agent: &Agent, toolset: &ToolSet, tools: &mut Vec<FunctionTool>) {
     let client = std::mem::take(tools);
-    tools.extend(toolset.definitions().filter_map(|def| {
-        let function = def.function.as_ref()?;
-        Some(FunctionTool {
-            name: function.name.clone(),
-            description: function.description.clone(),
-            parameters: function
-                .parameters
-                .as_ref()
-                .map_or_else(Schema::empty, Schema::from),
-            kind: CallKind::Function,
-            extra: function.rest.clone(),
-        })
-    }));
+    tools.extend(toolset.functions().cloned());
     for tool in client {
         if toolset.is_local(&tool.name) {
             warn!(agent = %agent.id, tool = %tool.name, "client tool dropped: the agent has a local tool of that name");

@@ -301,10 +301,7 @@ impl Turn<'_> {
                     }
                 };
                 let took = started.elapsed();
-                let offered = self
-                    .toolset
-                    .definitions()
-                    .any(|d| d.function_name() == Some(&call.name));
+                let offered = self.toolset.offers(&call.name);
                 metrics().observe_tool(&call.name, offered, outcome.ok, took);
                 info!(agent = %agent.id, tool = %call.name, ok = outcome.ok, ms = took.as_millis() as u64, "tool call");
                 outcome

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 
 use super::{tool_loop, Agent, AgentTool};
 use crate::config::Config;
+use crate::conversation::FunctionTool;
 use crate::mcp::{self, function_name, McpServer};
-use crate::openai::ToolDef;
 use crate::tools::{parse_arguments, CallContext, Outcome, Run};
 
 /// Nested agent calls deeper than this are refused.
@@ -23,7 +23,10 @@ pub struct ToolSet {
 }
 
 struct Entry {
-    pub definition: ToolDef,
+    /// Made once with its tool (its schema written as JSON then), not per
+    /// request: an agent with 20 tools spent 570k instructions a request
+    /// copying, writing and dropping their definitions.
+    function: Arc<FunctionTool>,
     target: Arc<dyn Run>,
 }
 
@@ -45,7 +48,7 @@ impl ToolSet {
         };
         for tool in &agent.tools {
             match tool {
-                AgentTool::Local(tool) => set.add(tool.definition.clone(), tool.clone()),
+                AgentTool::Local(tool) => set.add(tool.offered.clone(), tool.clone()),
                 AgentTool::Mcp { server, tool } => {
                     set.servers.push(server.clone());
                     for listed in server.tools().iter() {
@@ -54,48 +57,48 @@ impl ToolSet {
                                 server: server.clone(),
                                 tool: listed.name.clone(),
                             };
-                            set.add(listed.definition.clone(), Arc::new(target));
+                            set.add(listed.offered.clone(), Arc::new(target));
                         }
                     }
                 }
                 AgentTool::Agent(id) => {
                     if let Some(callee) = config.agent(id) {
                         let target = Arc::new(AgentCall(callee.clone()));
-                        set.add(agent_definition(callee), target);
+                        set.add(Arc::new(agent_definition(callee)), target);
                     }
                 }
             }
         }
         if !agent.knowledge.is_empty() {
             let (definition, target) = crate::knowledge::SearchTool::definition(&agent.knowledge);
-            set.add(definition, target);
+            set.add(Arc::new(definition), target);
         }
         if let Some(memory) = &agent.memory {
             for (definition, target) in super::memory::tools(&agent.id, memory) {
-                set.add(definition, target);
+                set.add(Arc::new(definition), target);
             }
         }
         set
     }
 
-    fn add(&mut self, definition: ToolDef, target: Arc<dyn Run>) {
-        if self
-            .get(definition.function_name().unwrap_or_default())
-            .is_none()
-        {
-            self.entries.push(Entry { definition, target });
+    fn add(&mut self, function: Arc<FunctionTool>, target: Arc<dyn Run>) {
+        if !self.offers(&function.name) {
+            self.entries.push(Entry { function, target });
         }
     }
 
     fn get(&self, function: &str) -> Option<&Entry> {
-        self.entries
-            .iter()
-            .find(|e| e.definition.function_name() == Some(function))
+        self.entries.iter().find(|e| e.function.name == function)
+    }
+
+    /// Whether `function` is one of the functions offered.
+    pub fn offers(&self, function: &str) -> bool {
+        self.get(function).is_some()
     }
 
     /// Whether the proxy runs `function` (otherwise it is the client's).
     pub fn is_local(&self, function: &str) -> bool {
-        self.get(function).is_some() || self.unlisted_server(function).is_some()
+        self.offers(function) || self.unlisted_server(function).is_some()
     }
 
     fn unlisted_server(&self, function: &str) -> Option<&Arc<McpServer>> {
@@ -121,8 +124,9 @@ impl ToolSet {
         }
     }
 
-    pub fn definitions(&self) -> impl Iterator<Item = &ToolDef> {
-        self.entries.iter().map(|e| &e.definition)
+    /// The functions offered, as the conversation lists them.
+    pub fn functions(&self) -> impl Iterator<Item = &FunctionTool> {
+        self.entries.iter().map(|e| &*e.function)
     }
 }
 
@@ -182,7 +186,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// How another agent looks to a model: a function taking one `task`.
-fn agent_definition(callee: &Agent) -> ToolDef {
+fn agent_definition(callee: &Agent) -> FunctionTool {
     let description = if callee.description.is_empty() {
         format!(
             "Ask the {} agent to carry out a task and answer.",
@@ -194,10 +198,10 @@ fn agent_definition(callee: &Agent) -> ToolDef {
             callee.description, callee.name
         )
     };
-    ToolDef::function(
+    FunctionTool::function(
         &function_name("agent", &callee.id),
         &description,
-        json!({
+        &json!({
             "type": "object",
             "properties": { "task": { "type": "string", "description": "What the agent should do, with everything it needs to know" } },
             "required": ["task"]

@@ -35,8 +35,8 @@ use tracing::{info, warn};
 
 use crate::config::file::{IndexKind, KnowledgeBaseFile};
 use crate::config::Config;
+use crate::conversation::FunctionTool;
 use crate::conversation::{Conversation, Item, Part, Role};
-use crate::openai::ToolDef;
 use crate::tools::{capped_text, parse_arguments, CallContext, Outcome, Run};
 use crate::upstream::Upstream;
 use index::{Cache, Chunk, Index};
@@ -534,15 +534,15 @@ pub struct SearchTool {
 }
 
 impl SearchTool {
-    pub fn definition(bases: &[Arc<KnowledgeBase>]) -> (ToolDef, Arc<dyn Run>) {
+    pub fn definition(bases: &[Arc<KnowledgeBase>]) -> (FunctionTool, Arc<dyn Run>) {
         let names: Vec<&str> = bases.iter().map(|b| b.name.as_str()).collect();
-        let definition = ToolDef::function(
+        let definition = FunctionTool::function(
             "search_knowledge",
             &format!(
                 "Search the knowledge base ({}) for passages relevant to a question; returns the best passages with their source and score.",
                 names.join(", ")
             ),
-            json!({"type": "object", "properties": {
+            &json!({"type": "object", "properties": {
                 "query": {"type": "string", "description": "What to look for, as a question or keywords"},
                 "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "description": "How many passages"}
             }, "required": ["query"]}),

@@ -31,7 +31,7 @@ use tracing::{info, warn};
 pub use supervisor::McpSupervisor;
 
 use crate::config::file::McpServerFile;
-use crate::openai::ToolDef;
+use crate::conversation::FunctionTool;
 use crate::tools::{capped_text, CallContext, Injection, Outcome};
 
 /// Separates the server from the tool in the function names models see.
@@ -60,7 +60,8 @@ pub struct McpTool {
     pub name: String,
     /// The function name the model calls: `<server>__<tool>`.
     pub function: String,
-    pub definition: ToolDef,
+    /// As offered to the model.
+    pub offered: Arc<FunctionTool>,
     /// The server's injected parameters this tool declares.
     injection: Injection,
 }
@@ -336,7 +337,7 @@ impl Link {
                 let function = function_name(&self.name, &tool.name);
                 let description = tool.description.as_deref().unwrap_or_default();
                 McpTool {
-                    definition: ToolDef::function(&function, description, schema),
+                    offered: Arc::new(FunctionTool::function(&function, description, &schema)),
                     name: tool.name.into_owned(),
                     function,
                     injection,

@@ -7,13 +7,15 @@ mod context;
 mod http;
 mod inject;
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 pub use context::{CallContext, Progress};
 pub use inject::Injection;
 
 use crate::config::file::ToolFile;
-use crate::openai::ToolDef;
+use crate::conversation::FunctionTool;
 
 /// What runs when the model calls a function the proxy owns. Every tool
 /// kind implements it: an HTTP endpoint, a command, an MCP server's tool,
@@ -29,7 +31,8 @@ pub trait Run: Send + Sync {
 /// the proxy injects.
 pub struct Tool {
     pub name: String,
-    pub definition: ToolDef,
+    /// As offered to the model.
+    pub offered: Arc<FunctionTool>,
     executor: Box<dyn Run>,
     injection: Injection,
 }
@@ -75,7 +78,7 @@ impl Tool {
         };
         Ok(Tool {
             name: name.to_owned(),
-            definition: ToolDef::function(name, &file.description, parameters),
+            offered: Arc::new(FunctionTool::function(name, &file.description, &parameters)),
             executor,
             injection,
         })
