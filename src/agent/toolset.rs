@@ -23,9 +23,11 @@ pub struct ToolSet {
 }
 
 struct Entry {
-    /// Made once with its tool (its schema written as JSON then), not per
-    /// request: an agent with 20 tools spent 570k instructions a request
-    /// copying, writing and dropping their definitions.
+    /// A configured or an MCP tool's is made once, with the tool (its
+    /// schema written as JSON then), not per request: an agent with 20
+    /// tools spent 570k instructions a request copying, writing and
+    /// dropping their definitions. Another agent's, memory's and
+    /// knowledge's are small and made here.
     function: Arc<FunctionTool>,
     target: Arc<dyn Run>,
 }
