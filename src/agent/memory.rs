@@ -16,8 +16,7 @@ use serde_json::{json, Value};
 use tracing::warn;
 
 use crate::config::file::{MemoryFile, MemoryScope};
-use crate::conversation::Conversation;
-use crate::conversation::FunctionTool;
+use crate::conversation::{Conversation, FunctionTool};
 use crate::store::{unix_now_ms, Note, Store};
 use crate::tools::{parse_arguments, CallContext, Outcome, Run};
 

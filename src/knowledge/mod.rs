@@ -35,8 +35,7 @@ use tracing::{info, warn};
 
 use crate::config::file::{IndexKind, KnowledgeBaseFile};
 use crate::config::Config;
-use crate::conversation::FunctionTool;
-use crate::conversation::{Conversation, Item, Part, Role};
+use crate::conversation::{Conversation, FunctionTool, Item, Part, Role};
 use crate::tools::{capped_text, parse_arguments, CallContext, Outcome, Run};
 use crate::upstream::Upstream;
 use index::{Cache, Chunk, Index};
