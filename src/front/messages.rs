@@ -20,7 +20,7 @@ use super::chat::wire_arguments;
 use super::{
     function_tools, invalid, new_id, note_dropped, picked_object_and_tools, required_str,
     take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder, ErrorEnvelope, ErrorIn,
-    Picked, Take, ToolObject, Tools,
+    Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -78,15 +78,18 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 
 // ------------------------------------------------------------------ decode
 
-/// The member of a tool that is its schema.
-const SCHEMA: &str = "input_schema";
+/// A tool's schema, kept as the text it came as.
+const TOOL: ToolShape = ToolShape {
+    schema: "input_schema",
+    nested: None,
+};
 
 /// A `POST /v1/messages` body as a conversation (origin
 /// [`Dialect::Messages`]), with what the caller must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     // Tools are most of a coding agent's request: read as tools in the
     // body's one pass, their schemas kept as the text they came as.
-    let (mut read, mut top, tools) = picked_object_and_tools(body, SCHEMA, &READ)?;
+    let (mut read, mut top, tools) = picked_object_and_tools(body, TOOL, &READ)?;
     let mut ctx = Context::default();
     let mut conv = Conversation {
         origin: Dialect::Messages,
@@ -361,6 +364,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
             param,
             fields: mut tool,
             schema,
+            nested: _,
         } = tool;
         match take_str_at(&mut tool, "type", param.field("type"))? {
             None => {}

@@ -119,16 +119,30 @@ fn random_alphanumerics() -> [u8; 20] {
 /// A request body, which must be a JSON object, parsed in one pass: the
 /// root's members named in `names` set apart ([`Picked`]), the others in a
 /// map, and its `tools` (most of a coding agent's request) each parsed but
-/// for its member `schema`, kept as the text it came as (schemas go on as
-/// they came).
+/// for the members `shape` names, kept as the text they came as (schemas go
+/// on as they came).
 pub fn picked_object_and_tools<'a, const N: usize>(
     body: &'a [u8],
-    schema: &str,
+    shape: ToolShape,
     names: &'static [&'static str; N],
 ) -> Result<(Picked<N>, Map<String, Value>, Tools<'a>), ApiError> {
-    crate::json::from_bytes_seed(body, Top { schema, names }).map_err(|e| {
-        ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
-    })
+    crate::json::from_bytes_seed(body, Top { shape, names }).map_err(not_json)
+}
+
+fn not_json(e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
+}
+
+/// The members of a dialect's tool object kept as the text they came as.
+#[derive(Clone, Copy)]
+pub struct ToolShape {
+    /// A function's schema (`parameters`, `input_schema`).
+    pub schema: &'static str,
+    /// The tools a tool groups (a Responses `namespace`'s `tools`), read
+    /// as tools only by the decoder that knows the group: a namespace of
+    /// Codex's holds a fifth of its request in schemas, which would
+    /// otherwise be parsed into values and written out again.
+    pub nested: Option<&'static str>,
 }
 
 /// The root members a decoder reads, set apart as the body is parsed: each
@@ -192,62 +206,111 @@ pub enum Tools<'a> {
     None,
     /// A list: each entry read as a tool.
     List(Vec<Tools<'a>>),
-    /// A tool: its members parsed into values, but its schema, kept as the
-    /// text it came as.
-    Object(Map<String, Value>, Option<&'a RawValue>),
+    /// A tool: its members parsed into values, but those of its
+    /// [`ToolShape`], kept as the text they came as.
+    Object {
+        fields: Map<String, Value>,
+        schema: Option<&'a RawValue>,
+        nested: Option<&'a RawValue>,
+    },
     /// Anything else.
     Other,
 }
 
-/// One of a request's `tools`, parsed but for its schema.
-struct ToolObject<'a> {
+/// One of a request's `tools`, parsed but for its [`ToolShape`].
+struct ToolObject<'a, 'b> {
     /// Its place (`tools[i]`), for errors.
-    param: At<'a>,
+    param: At<'b>,
     fields: Map<String, Value>,
     /// Kept as the text it came as; `null` is none.
     schema: Option<Schema>,
+    /// The tools it groups, as the text they came as.
+    nested: Option<&'a RawValue>,
 }
 
 /// A request's function tools: `read` takes each tool, an object, and adds
 /// what it makes of it to the list (none for a tool the upstream cannot
 /// run, several for a namespace).
-fn function_tools(
-    tools: Tools,
-    mut read: impl FnMut(ToolObject<'_>, &mut Vec<FunctionTool>) -> Result<(), ApiError>,
+fn function_tools<'a>(
+    tools: Tools<'a>,
+    mut read: impl FnMut(ToolObject<'a, '_>, &mut Vec<FunctionTool>) -> Result<(), ApiError>,
 ) -> Result<Vec<FunctionTool>, ApiError> {
+    let all = At::Root("tools");
     let list = match tools {
         Tools::None => Vec::new(),
-        Tools::List(list) => list,
-        _ => return Err(invalid("tools must be an array.", "tools")),
+        tools => tool_list(tools, all)?,
     };
     let mut out = Vec::with_capacity(list.len());
-    let all = At::Root("tools");
+    each_tool(list, all, |tool| read(tool, &mut out))?;
+    Ok(out)
+}
+
+/// A list of tools (`at`), or a 400 saying it must be one.
+fn tool_list<'a>(tools: Tools<'a>, at: At) -> Result<Vec<Tools<'a>>, ApiError> {
+    match tools {
+        Tools::List(list) => Ok(list),
+        _ => Err(at.invalid("must be an array.")),
+    }
+}
+
+/// `read` of each tool of `list` (`at`), each of which must be an object.
+fn each_tool<'a>(
+    list: Vec<Tools<'a>>,
+    at: At,
+    mut read: impl FnMut(ToolObject<'a, '_>) -> Result<(), ApiError>,
+) -> Result<(), ApiError> {
     for (i, tool) in list.into_iter().enumerate() {
-        let param = all.index(i);
-        let Tools::Object(fields, kept) = tool else {
+        let param = at.index(i);
+        let Tools::Object {
+            fields,
+            schema,
+            nested,
+        } = tool
+        else {
             return Err(param.invalid("must be an object."));
         };
-        let schema = kept.filter(|text| text.get() != "null").map(Schema::from);
-        read(
-            ToolObject {
-                param,
-                fields,
-                schema,
-            },
-            &mut out,
-        )?;
+        let schema = schema.filter(|text| text.get() != "null").map(Schema::from);
+        read(ToolObject {
+            param,
+            fields,
+            schema,
+            nested,
+        })?;
     }
-    Ok(out)
+    Ok(())
+}
+
+/// A member kept as text, as a value after all.
+fn text_value(text: &RawValue) -> Result<Value, ApiError> {
+    serde_json::from_str(text.get()).map_err(not_json)
+}
+
+/// The tools a tool groups (`at`), each read as a request's `tools` are.
+fn nested_tools<'a>(
+    nested: Option<&'a RawValue>,
+    shape: ToolShape,
+    at: At,
+) -> Result<Vec<Tools<'a>>, ApiError> {
+    let tools = match nested {
+        Some(text) => {
+            let json = &mut serde_json::Deserializer::from_str(text.get());
+            Lenient { shape, tool: false }
+                .deserialize(json)
+                .map_err(not_json)?
+        }
+        None => Tools::None,
+    };
+    tool_list(tools, at)
 }
 
 /// The body's root object: its members parsed into values, those `names`
 /// set apart, and `tools` read as tools.
-struct Top<'s, const N: usize> {
-    schema: &'s str,
+struct Top<const N: usize> {
+    shape: ToolShape,
     names: &'static [&'static str; N],
 }
 
-impl<'de, const N: usize> DeserializeSeed<'de> for Top<'_, N> {
+impl<'de, const N: usize> DeserializeSeed<'de> for Top<N> {
     type Value = (Picked<N>, Map<String, Value>, Tools<'de>);
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -255,7 +318,7 @@ impl<'de, const N: usize> DeserializeSeed<'de> for Top<'_, N> {
     }
 }
 
-impl<'de, const N: usize> Visitor<'de> for Top<'_, N> {
+impl<'de, const N: usize> Visitor<'de> for Top<N> {
     type Value = (Picked<N>, Map<String, Value>, Tools<'de>);
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -273,7 +336,7 @@ impl<'de, const N: usize> Visitor<'de> for Top<'_, N> {
         while let Some(Key(key)) = map.next_key()? {
             if key == "tools" {
                 tools = map.next_value_seed(Lenient {
-                    schema: self.schema,
+                    shape: self.shape,
                     tool: false,
                 })?;
             } else if let Some(slot) = picked.position(&key) {
@@ -316,12 +379,12 @@ impl<'de> Deserialize<'de> for Key<'de> {
 /// shape is skipped (still checked to be JSON) as [`Tools::Other`], for the
 /// decoder to name.
 #[derive(Clone, Copy)]
-struct Lenient<'s> {
-    schema: &'s str,
+struct Lenient {
+    shape: ToolShape,
     tool: bool,
 }
 
-impl<'de> DeserializeSeed<'de> for Lenient<'_> {
+impl<'de> DeserializeSeed<'de> for Lenient {
     type Value = Tools<'de>;
 
     fn deserialize<D: Deserializer<'de>>(self, json: D) -> Result<Tools<'de>, D::Error> {
@@ -329,7 +392,7 @@ impl<'de> DeserializeSeed<'de> for Lenient<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Lenient<'_> {
+impl<'de> Visitor<'de> for Lenient {
     type Value = Tools<'de>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -355,16 +418,22 @@ impl<'de> Visitor<'de> for Lenient<'_> {
             return Ok(Tools::Other);
         }
         let mut fields = Map::new();
-        let mut kept = None;
+        let (mut schema, mut nested) = (None, None);
         while let Some(key) = map.next_key::<String>()? {
-            if key == self.schema {
-                kept = Some(map.next_value()?);
+            if key == self.shape.schema {
+                schema = Some(map.next_value()?);
+            } else if Some(key.as_str()) == self.shape.nested {
+                nested = Some(map.next_value()?);
             } else {
                 let value = map.next_value()?;
                 fields.insert(key, value);
             }
         }
-        Ok(Tools::Object(fields, kept))
+        Ok(Tools::Object {
+            fields,
+            schema,
+            nested,
+        })
     }
 
     fn visit_unit<E>(self) -> Result<Tools<'de>, E> {

@@ -17,9 +17,9 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    function_tools, invalid, new_id, note_dropped, picked_object_and_tools, required_str,
-    take_bool, take_f64, take_str, take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, Picked, Take,
-    ToolObject, Tools,
+    each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
+    picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
+    text_value, At, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -92,13 +92,17 @@ impl Default for Echo {
 
 // ------------------------------------------------------------------ decode
 
-/// The member of a function tool that is its schema.
-pub const SCHEMA: &str = "parameters";
+/// A function tool's schema and a namespace's tools, kept as the text they
+/// came as.
+pub const TOOL: ToolShape = ToolShape {
+    schema: "parameters",
+    nested: Some("tools"),
+};
 
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
-    let (read, top, tools) = picked_object_and_tools(body, SCHEMA, &READ)?;
+    let (read, top, tools) = picked_object_and_tools(body, TOOL, &READ)?;
     decode_object(read, top, tools)
 }
 
@@ -313,42 +317,23 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
 }
 
 fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
-    function_tools(tools, |tool, out| {
-        let ToolObject {
-            param,
-            fields: mut tool,
-            schema: parameters,
-        } = tool;
-        let kind = required_str(&mut tool, "type", param)?;
+    function_tools(tools, |mut tool, out| {
+        let kind = required_str(&mut tool.fields, "type", tool.param)?;
         match kind.as_str() {
-            "function" | "custom" => {
-                out.push(function_tool(tool, parameters, &kind, None, param, ctx)?)
-            }
+            "function" | "custom" => out.push(function_tool(tool, &kind, None, ctx)?),
             "namespace" => {
-                let namespace = required_str(&mut tool, "name", param)?;
-                let list = param.field("tools");
-                let Some(Value::Array(nested)) = tool.remove("tools") else {
-                    return Err(invalid(format!("{list} must be an array."), list));
-                };
-                for (j, inner) in nested.into_iter().enumerate() {
-                    let param = list.index(j);
-                    let Value::Object(mut inner) = inner else {
-                        return Err(param.invalid("must be an object."));
-                    };
-                    let kind = required_str(&mut inner, "type", param)?;
+                let namespace = required_str(&mut tool.fields, "name", tool.param)?;
+                let list = tool.param.field("tools");
+                let namespace = Some(namespace.as_str());
+                each_tool(nested_tools(tool.nested, TOOL, list)?, list, |mut inner| {
+                    let kind = required_str(&mut inner.fields, "type", inner.param)?;
                     if kind == "function" || kind == "custom" {
-                        let parameters = inner
-                            .remove("parameters")
-                            .filter(|v| !v.is_null())
-                            .map(|schema| Schema::from(&schema));
-                        let namespace = Some(namespace.as_str());
-                        out.push(function_tool(
-                            inner, parameters, &kind, namespace, param, ctx,
-                        )?);
+                        out.push(function_tool(inner, &kind, namespace, ctx)?);
                     } else {
                         note_dropped(&mut ctx.dropped_tools, kind);
                     }
-                }
+                    Ok(())
+                })?;
             }
             _ => note_dropped(&mut ctx.dropped_tools, kind),
         }
@@ -360,13 +345,21 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
 /// whatever else it carries (`strict`, a custom tool's `format`, …) goes
 /// to `extra`.
 fn function_tool(
-    mut tool: Map<String, Value>,
-    parameters: Option<Schema>,
+    tool: ToolObject,
     kind: &str,
     namespace: Option<&str>,
-    param: At<'_>,
     ctx: &mut Context,
 ) -> Result<FunctionTool, ApiError> {
+    let ToolObject {
+        param,
+        fields: mut tool,
+        schema: parameters,
+        nested,
+    } = tool;
+    // Only a namespace's `tools` are tools: here it goes on as sent.
+    if let Some(text) = nested {
+        tool.insert("tools".into(), text_value(text)?);
+    }
     let name = required_str(&mut tool, "name", param)?;
     let description = take_str_at(&mut tool, "description", param.field("description"))?;
     let (kind, parameters) = if kind == "custom" {
@@ -1981,6 +1974,27 @@ mod tests {
             ctx.namespaced.get("agents__note"),
             Some(&("agents".to_owned(), "note".to_owned()))
         );
+    }
+
+    #[test]
+    fn a_namespace_s_schemas_go_on_as_sent_and_only_it_has_tools() {
+        // As the client wrote them (spacing, key order), as top-level ones.
+        let body = br#"{"input": "hi", "tools": [
+            {"type": "namespace", "name": "n", "tools": [
+                {"type": "function", "name": "f", "parameters": {"type":"object", "properties": {"z": {}, "a": {}}}}
+            ]},
+            {"type": "function", "name": "g", "tools": [1, {"x": null}]}
+        ]}"#;
+        let (conv, _) = decode(body).unwrap();
+        let sent = r#"{"type":"object", "properties": {"z": {}, "a": {}}}"#;
+        let kept = &conv.tools[0].parameters;
+        assert_eq!(kept.json_len(), sent.len());
+        assert_eq!(
+            kept.to_value(),
+            serde_json::from_str::<Value>(sent).unwrap()
+        );
+        // Not a namespace: its `tools` is just another member, kept.
+        assert_eq!(conv.tools[1].extra["tools"], json!([1, {"x": null}]));
     }
 
     #[test]
