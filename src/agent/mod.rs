@@ -16,8 +16,9 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use crate::config::file::{PromptMode, ReasoningField, ReasoningMode, ToolEvents};
+use crate::conversation::FunctionTool;
 use crate::mcp::McpServer;
-use crate::tools::Tool;
+use crate::tools::{Run, Tool};
 use crate::upstream::Upstream;
 
 pub struct Agent {
@@ -47,7 +48,8 @@ pub struct Agent {
 }
 
 /// A tool an agent lists: resolved into functions per request, because an
-/// MCP server's tools are what it lists at the time.
+/// MCP server's tools are what it lists at the time. Each function offered
+/// is made once, with the config.
 #[derive(Clone)]
 pub enum AgentTool {
     Local(Arc<Tool>),
@@ -56,6 +58,15 @@ pub enum AgentTool {
         server: Arc<McpServer>,
         tool: Option<String>,
     },
-    /// `agent:<id>`: another agent, called with a task.
-    Agent(String),
+    /// `agent:<id>`: another agent, called with a task, as the config of
+    /// the request has it.
+    Agent {
+        id: String,
+        offered: Arc<FunctionTool>,
+    },
+    /// Memory's and knowledge's, which run in the proxy.
+    Builtin {
+        offered: Arc<FunctionTool>,
+        run: Arc<dyn Run>,
+    },
 }

@@ -23,11 +23,9 @@ pub struct ToolSet {
 }
 
 struct Entry {
-    /// A configured or an MCP tool's is made once, with the tool (its
-    /// schema written as JSON then), not per request: an agent with 20
-    /// tools spent 570k instructions a request copying, writing and
-    /// dropping their definitions. Another agent's, memory's and
-    /// knowledge's are small and made here.
+    /// Made once, with the tool (its schema written as JSON then), not per
+    /// request: an agent with 20 tools spent 570k instructions a request
+    /// copying, writing and dropping their definitions.
     function: Arc<FunctionTool>,
     target: Arc<dyn Run>,
 }
@@ -63,21 +61,12 @@ impl ToolSet {
                         }
                     }
                 }
-                AgentTool::Agent(id) => {
+                AgentTool::Agent { id, offered } => {
                     if let Some(callee) = config.agent(id) {
-                        let target = Arc::new(AgentCall(callee.clone()));
-                        set.add(Arc::new(agent_definition(callee)), target);
+                        set.add(offered.clone(), Arc::new(AgentCall(callee.clone())));
                     }
                 }
-            }
-        }
-        if !agent.knowledge.is_empty() {
-            let (definition, target) = crate::knowledge::SearchTool::definition(&agent.knowledge);
-            set.add(Arc::new(definition), target);
-        }
-        if let Some(memory) = &agent.memory {
-            for (definition, target) in super::memory::tools(&agent.id, memory) {
-                set.add(Arc::new(definition), target);
+                AgentTool::Builtin { offered, run } => set.add(offered.clone(), run.clone()),
             }
         }
         set
@@ -187,21 +176,15 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// How another agent looks to a model: a function taking one `task`.
-fn agent_definition(callee: &Agent) -> FunctionTool {
-    let description = if callee.description.is_empty() {
-        format!(
-            "Ask the {} agent to carry out a task and answer.",
-            callee.name
-        )
+/// How the agent `id` looks to a model: a function taking one `task`.
+pub fn agent_function(id: &str, name: &str, description: &str) -> FunctionTool {
+    let description = if description.is_empty() {
+        format!("Ask the {name} agent to carry out a task and answer.")
     } else {
-        format!(
-            "{} (the {} agent; give it a task)",
-            callee.description, callee.name
-        )
+        format!("{description} (the {name} agent; give it a task)")
     };
     FunctionTool::function(
-        &function_name("agent", &callee.id),
+        &function_name("agent", id),
         &description,
         &json!({
             "type": "object",

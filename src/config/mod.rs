@@ -24,6 +24,7 @@ use serde_yaml_ng::Value as Yaml;
 
 use crate::agent::router::Router;
 use crate::agent::{Agent, AgentTool};
+use crate::conversation::FunctionTool;
 use crate::knowledge::KnowledgeBase;
 use crate::mcp::{self, McpServer};
 use crate::store::Store;
@@ -469,13 +470,26 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             .map_err(|m| error(key("index"), m))?;
         knowledge_bases.insert(name, Arc::new(base));
     }
-    let agent_ids: Vec<String> = file.agents.keys().cloned().collect();
+    // Each agent as a function another agent may call.
+    let agent_functions: BTreeMap<String, Arc<FunctionTool>> = file
+        .agents
+        .iter()
+        .map(|(id, agent)| {
+            let name = agent.name.as_deref().unwrap_or(id);
+            let description = agent.description.as_deref().unwrap_or_default();
+            let offered = crate::agent::toolset::agent_function(id, name, description);
+            (id.clone(), Arc::new(offered))
+        })
+        .collect();
     // `tool`, `server/*`, `server/tool` or `agent:<id>`.
     let find_tool = |key: KeyPath, name: &str| -> Result<AgentTool, Invalid> {
         if let Some(id) = name.strip_prefix("agent:") {
-            return match agent_ids.iter().any(|a| a == id) {
-                true => Ok(AgentTool::Agent(id.to_owned())),
-                false => Err(error(key, no_such("agent", id, &agent_ids))),
+            return match agent_functions.get(id) {
+                Some(offered) => Ok(AgentTool::Agent {
+                    id: id.to_owned(),
+                    offered: offered.clone(),
+                }),
+                None => Err(error(key, no_such("agent", id, agent_functions.keys()))),
             };
         }
         if let Some((server, tool)) = name.split_once('/') {
@@ -575,6 +589,25 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
                     .map_err(|m| error(key("memory"), m))?,
             )),
         };
+        // Offered after the tools it lists, as made now.
+        if !knowledge.is_empty() {
+            let (offered, run) = crate::knowledge::SearchTool::definition(&knowledge);
+            agent_tools.push(AgentTool::Builtin {
+                offered: Arc::new(offered),
+                run,
+            });
+        }
+        if let Some(memory) = &memory {
+            let builtin = crate::agent::memory::tools(&id, memory);
+            agent_tools.extend(
+                builtin
+                    .into_iter()
+                    .map(|(offered, run)| AgentTool::Builtin {
+                        offered: Arc::new(offered),
+                        run,
+                    }),
+            );
+        }
         let series = crate::metrics::metrics().agent_series(&id);
         agents.insert(
             id.clone(),
