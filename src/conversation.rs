@@ -4,6 +4,7 @@
 //! at the edges; nothing here knows their wire shapes.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -31,8 +32,9 @@ pub struct Conversation {
     /// rewrite) combined with the agent's.
     pub system: Option<String>,
     pub items: Vec<Item>,
-    /// Functions the model may call: the client's, then the agent's.
-    pub tools: Vec<FunctionTool>,
+    /// Functions the model may call: the agent's, then the client's. Shared:
+    /// an agent's are made once, with the config or the tool.
+    pub tools: Vec<Arc<FunctionTool>>,
     pub options: Options,
     /// Upstream request fields whatever the upstream's dialect (the agent's
     /// `params`, such as `top_k` or `chat_template_kwargs`): set when absent.
@@ -127,6 +129,21 @@ impl Message {
             content: vec![Part::Text(text.into())],
             extra: Map::new(),
         }
+    }
+
+    /// The text parts, joined by newlines; one part is moved, not copied
+    /// (a coding agent's instructions are many KiB).
+    pub fn into_text(self) -> String {
+        let mut texts = self.content.into_iter().filter_map(|p| match p {
+            Part::Text(t) => Some(t),
+            _ => None,
+        });
+        let first = texts.next().unwrap_or_default();
+        texts.fold(first, |mut all, t| {
+            all.push('\n');
+            all.push_str(&t);
+            all
+        })
     }
 
     /// The text parts, joined by newlines.

@@ -1,6 +1,8 @@
 //! The agent rewrite: from the conversation a client sent to the one the
 //! agent's upstream gets, whatever the dialects on either side.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use tracing::warn;
 
@@ -86,7 +88,7 @@ fn paragraphs(first: &str, then: &str) -> String {
 
 /// The agent's tools first, then the client's, minus any client tool that
 /// shadows a local one (the local tool wins).
-fn merge_tools(agent: &Agent, toolset: &ToolSet, tools: &mut Vec<FunctionTool>) {
+fn merge_tools(agent: &Agent, toolset: &ToolSet, tools: &mut Vec<Arc<FunctionTool>>) {
     let client = std::mem::take(tools);
     tools.extend(toolset.functions().cloned());
     for tool in client {

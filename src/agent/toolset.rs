@@ -116,8 +116,8 @@ impl ToolSet {
     }
 
     /// The functions offered, as the conversation lists them.
-    pub fn functions(&self) -> impl Iterator<Item = &FunctionTool> {
-        self.entries.iter().map(|e| &*e.function)
+    pub fn functions(&self) -> impl Iterator<Item = &Arc<FunctionTool>> {
+        self.entries.iter().map(|e| &e.function)
     }
 }
 

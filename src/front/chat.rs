@@ -5,13 +5,14 @@
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{invalid, At, Encoder, Key};
+use super::{invalid, system_prompt, At, Encoder, Key};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -64,7 +65,7 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
         }
         decode_message(message, i, &mut conversation.items)?;
     }
-    conversation.system = (!system.is_empty()).then(|| system.join("\n\n"));
+    conversation.system = system_prompt(system);
     for (i, tool) in tools.into_iter().flatten().enumerate() {
         let Some(function) = tool.function else {
             continue;
@@ -77,14 +78,14 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
                 .field("name")
                 .invalid("is required."));
         };
-        conversation.tools.push(FunctionTool {
+        conversation.tools.push(Arc::new(FunctionTool {
             name,
             description: function.description,
             parameters: function.parameters.map_or_else(Schema::empty, Schema::from),
             kind: CallKind::Function,
             // `strict`, …
             extra: function.rest,
-        });
+        }));
     }
     let mut options = Options {
         stream: stream.unwrap_or(false),

@@ -9,6 +9,7 @@
 //! comes back as that reasoning's encrypted content.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::ser::{SerializeMap, Serializer};
@@ -19,8 +20,8 @@ use serde_json::{json, Map, Value};
 use super::chat::wire_arguments;
 use super::{
     function_tools, invalid, new_id, note_dropped, picked_object_and_tools, required_str,
-    take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder, ErrorEnvelope, ErrorIn,
-    Picked, Take, ToolObject, ToolShape, Tools,
+    system_prompt, take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder,
+    ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -98,7 +99,7 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     };
     let mut system = decode_system(read.take("system"))?;
     decode_messages(read.take("messages"), &mut conv.items, &mut system)?;
-    conv.system = (!system.is_empty()).then(|| system.join("\n\n"));
+    conv.system = system_prompt(system);
     conv.tools = decode_tools(tools, &mut ctx)?;
     conv.options = decode_options(&mut read, &mut top, &mut conv.params)?;
     // Claude Code's carries its session id; an app's, its user.
@@ -358,7 +359,7 @@ fn decode_image(block: Map<String, Value>) -> Part {
 }
 
 /// Custom tools become functions; server tools (any other `type`) are dropped.
-fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
+fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>>, ApiError> {
     function_tools(tools, |tool, out| {
         let ToolObject {
             param,
@@ -377,13 +378,13 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
         let name = required_str(&mut tool, "name", param)?;
         let description = take_str_at(&mut tool, "description", param.field("description"))?;
         // `cache_control`, `defer_loading`, `strict`, …
-        out.push(FunctionTool {
+        out.push(Arc::new(FunctionTool {
             name,
             description,
             parameters: schema.unwrap_or_else(Schema::empty),
             kind: CallKind::Function,
             extra: tool,
-        });
+        }));
         Ok(())
     })
 }

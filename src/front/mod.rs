@@ -11,6 +11,7 @@ pub mod messages;
 pub mod responses;
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -233,8 +234,8 @@ struct ToolObject<'a, 'b> {
 /// run, several for a namespace).
 fn function_tools<'a>(
     tools: Tools<'a>,
-    mut read: impl FnMut(ToolObject<'a, '_>, &mut Vec<FunctionTool>) -> Result<(), ApiError>,
-) -> Result<Vec<FunctionTool>, ApiError> {
+    mut read: impl FnMut(ToolObject<'a, '_>, &mut Vec<Arc<FunctionTool>>) -> Result<(), ApiError>,
+) -> Result<Vec<Arc<FunctionTool>>, ApiError> {
     let all = At::Root("tools");
     let list = match tools {
         Tools::None => Vec::new(),
@@ -458,6 +459,16 @@ impl<'de> Visitor<'de> for Lenient {
 
     fn visit_str<E>(self, _: &str) -> Result<Tools<'de>, E> {
         Ok(Tools::Other)
+    }
+}
+
+/// The system prompt of its parts (instructions, system messages), a blank
+/// line between them; one part is moved, not copied.
+fn system_prompt(mut parts: Vec<String>) -> Option<String> {
+    match parts.len() {
+        0 => None,
+        1 => parts.pop(),
+        _ => Some(parts.join("\n\n")),
     }
 }
 

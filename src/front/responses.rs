@@ -11,6 +11,7 @@
 //! `<namespace>__<name>` functions and restored on the calls handed back.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
@@ -18,8 +19,9 @@ use serde_json::{json, Map, Value};
 
 use super::{
     each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
-    picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
-    text_value, At, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
+    picked_object_and_tools, required_str, system_prompt, take_bool, take_f64, take_str,
+    take_str_at, take_u64, text_value, At, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject,
+    ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -156,7 +158,7 @@ pub fn decode_object(
         .cloned()
         .collect();
     decode_input(read.take("input"), &mut conv.items, &mut system, &mut ctx)?;
-    conv.system = (!system.is_empty()).then(|| system.join("\n\n"));
+    conv.system = system_prompt(system);
 
     // Echoed as sent; also forwarded (in `extra`) to a Responses upstream.
     let echo = &mut ctx.echo;
@@ -316,11 +318,11 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
     })
 }
 
-fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, ApiError> {
+fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>>, ApiError> {
     function_tools(tools, |mut tool, out| {
         let kind = required_str(&mut tool.fields, "type", tool.param)?;
         match kind.as_str() {
-            "function" | "custom" => out.push(function_tool(tool, &kind, None, ctx)?),
+            "function" | "custom" => out.push(Arc::new(function_tool(tool, &kind, None, ctx)?)),
             "namespace" => {
                 let namespace = required_str(&mut tool.fields, "name", tool.param)?;
                 let list = tool.param.field("tools");
@@ -328,7 +330,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<FunctionTool>, Ap
                 each_tool(nested_tools(tool.nested, TOOL, list)?, list, |mut inner| {
                     let kind = required_str(&mut inner.fields, "type", inner.param)?;
                     if kind == "function" || kind == "custom" {
-                        out.push(function_tool(inner, &kind, namespace, ctx)?);
+                        out.push(Arc::new(function_tool(inner, &kind, namespace, ctx)?));
                     } else {
                         note_dropped(&mut ctx.dropped_tools, kind);
                     }
@@ -433,7 +435,7 @@ fn decode_input(
         match item {
             // Instructions before anything else are the system prompt.
             Item::Message(m) if m.role == Role::System && items.is_empty() => {
-                system.push(m.text_content())
+                system.push(m.into_text())
             }
             item => items.push(item),
         }

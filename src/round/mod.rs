@@ -140,13 +140,13 @@ mod tests {
                 Item::Message(Message::text(Role::User, "fix the build")),
                 Item::Message(Message::text(Role::Assistant, "done.\n".repeat(300))),
             ],
-            tools: vec![FunctionTool {
+            tools: vec![std::sync::Arc::new(FunctionTool {
                 name: "shell".into(),
                 description: Some("Runs a command.".into()),
                 parameters: Schema::empty(),
                 kind: CallKind::Function,
                 extra: Default::default(),
-            }],
+            })],
             ..Default::default()
         };
         for api in [UpstreamApi::Chat, UpstreamApi::Responses] {

@@ -7,6 +7,7 @@
 //! `encrypted_content`, so that they can go back unchanged in the next round.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Serialize, Serializer};
@@ -49,7 +50,7 @@ struct Request<'a> {
     instructions: Option<&'a str>,
     input: Input<'a>,
     #[serde(skip_serializing_if = "<[_]>::is_empty", serialize_with = "tools")]
-    tools: &'a [FunctionTool],
+    tools: &'a [Arc<FunctionTool>],
     #[serde(skip_serializing_if = "Option::is_none")]
     max_output_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -376,7 +377,7 @@ enum ToolOut<'a> {
     },
 }
 
-fn tools<S: Serializer>(tools: &&[FunctionTool], serializer: S) -> Result<S::Ok, S::Error> {
+fn tools<S: Serializer>(tools: &&[Arc<FunctionTool>], serializer: S) -> Result<S::Ok, S::Error> {
     let mut seq = serializer.serialize_seq(Some(tools.len()))?;
     for tool in *tools {
         let name = &tool.name;
@@ -929,14 +930,14 @@ mod tests {
         serde_json::from_slice(&encode(conversation, true)).unwrap()
     }
 
-    fn tool(name: &str, kind: CallKind, extra: Value) -> FunctionTool {
-        FunctionTool {
+    fn tool(name: &str, kind: CallKind, extra: Value) -> Arc<FunctionTool> {
+        Arc::new(FunctionTool {
             name: name.into(),
             description: Some(format!("{name} tool")),
             parameters: Schema::empty(),
             kind,
             extra: extra.as_object().cloned().unwrap_or_default(),
-        }
+        })
     }
 
     #[test]
