@@ -31,7 +31,8 @@ pub struct Agent {
     /// The system prompt followed by its skills' fragments.
     pub instructions: Option<String>,
     pub prompt_mode: PromptMode,
-    /// Its own tools and its skills' tools, each once.
+    /// Its own tools and its skills' tools, each once, then knowledge's
+    /// search and memory's tools.
     pub tools: Vec<AgentTool>,
     pub params: Map<String, Value>,
     pub max_tool_rounds: u32,
@@ -49,7 +50,7 @@ pub struct Agent {
 
 /// A tool an agent lists: resolved into functions per request, because an
 /// MCP server's tools are what it lists at the time. Each function offered
-/// is made once, with the config.
+/// is made once: with the config, or when the MCP server lists it.
 #[derive(Clone)]
 pub enum AgentTool {
     Local(Arc<Tool>),
