@@ -57,14 +57,14 @@ pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     let _ = sonic_rs::to_writer(out, value);
 }
 
-/// [`write`] into a new buffer.
+/// [`write`](fn@write) into a new buffer.
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     let mut out = Vec::new();
     write(&mut out, value);
     out
 }
 
-/// JSON text that [`write`] writes as it is (a tool's schema, a call's
+/// JSON text that [`write`](fn@write) writes as it is (a tool's schema, a call's
 /// arguments, a Response object written before): checked once, where it was
 /// read or written, and not parsed again on the way out.
 #[derive(Clone, Copy)]
@@ -76,7 +76,7 @@ impl<'a> Raw<'a> {
         Raw(raw.get())
     }
 
-    /// What [`write`] wrote: one JSON value.
+    /// What [`write`](fn@write) wrote: one JSON value.
     pub fn written(json: &'a [u8]) -> Option<Raw<'a>> {
         std::str::from_utf8(json).ok().map(Raw)
     }

@@ -199,7 +199,7 @@ impl<const N: usize> Take for Picked<N> {
 }
 
 /// A request's `tools` as the body's one pass read them, whatever their
-/// shape: [`tool_objects`] says what is wrong with them.
+/// shape: `function_tools` says what is wrong with them.
 #[derive(Default)]
 pub enum Tools<'a> {
     /// Absent or null.

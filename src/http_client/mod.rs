@@ -1,6 +1,6 @@
 //! The outbound HTTP client. pingora's connector connects (TCP, rustls,
-//! ALPN); an HTTP/1 exchange is written and read here ([`h1`]) and its idle
-//! connection waits in our own [`pool`]; HTTP/2 is pingora's session and pool.
+//! ALPN); an HTTP/1 exchange is written and read here (`h1`) and its idle
+//! connection waits in our own `pool`; HTTP/2 is pingora's session and pool.
 //! Model upstreams and HTTP tools both call out through an [`Endpoint`]; the
 //! upstream layer (`upstream/`) decides which endpoint and how often, and
 //! pingora's proxy path connects to the same endpoints' [`Peers`].
@@ -259,7 +259,7 @@ impl Endpoint {
     }
 
     /// The peers to connect to, built once per DNS answer and shared by
-    /// every exchange until [`DNS_TTL`] passes. Names are resolved
+    /// every exchange until `DNS_TTL` passes. Names are resolved
     /// asynchronously (pingora's `HttpPeer::new` would block the runtime).
     pub async fn peers(&self) -> Result<Arc<Peers>> {
         let cached = self.lock_peers().clone();
