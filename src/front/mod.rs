@@ -14,7 +14,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -140,9 +141,9 @@ pub struct ToolShape {
     /// A function's schema (`parameters`, `input_schema`).
     pub schema: &'static str,
     /// The tools a tool groups (a Responses `namespace`'s `tools`), read
-    /// as tools only by the decoder that knows the group: a namespace of
-    /// Codex's holds a fifth of its request in schemas, which would
-    /// otherwise be parsed into values and written out again.
+    /// as tools too: a namespace of Codex's holds a fifth of its request in
+    /// schemas, which would otherwise be parsed into values and written out
+    /// again.
     pub nested: Option<&'static str>,
 }
 
@@ -207,15 +208,44 @@ pub enum Tools<'a> {
     None,
     /// A list: each entry read as a tool.
     List(Vec<Tools<'a>>),
-    /// A tool: its members parsed into values, but those of its
-    /// [`ToolShape`], kept as the text they came as.
+    /// A tool: its members parsed into values, but its schema, kept as the
+    /// text it came as, and the tools it groups, read as tools.
     Object {
         fields: Map<String, Value>,
         schema: Option<&'a RawValue>,
-        nested: Option<&'a RawValue>,
+        nested: Option<Box<Tools<'a>>>,
     },
-    /// Anything else.
-    Other,
+    /// Anything else, as it came.
+    Other(Value),
+}
+
+impl Tools<'_> {
+    /// The JSON it was read from (but for the order of an object's members).
+    fn into_value(self, shape: ToolShape) -> Result<Value, ApiError> {
+        Ok(match self {
+            Tools::None => Value::Null,
+            Tools::List(list) => Value::Array(
+                list.into_iter()
+                    .map(|tools| tools.into_value(shape))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Tools::Object {
+                mut fields,
+                schema,
+                nested,
+            } => {
+                if let Some(text) = schema {
+                    let value = serde_json::from_str(text.get()).map_err(not_json)?;
+                    fields.insert(shape.schema.into(), value);
+                }
+                if let (Some(key), Some(nested)) = (shape.nested, nested) {
+                    fields.insert(key.into(), nested.into_value(shape)?);
+                }
+                Value::Object(fields)
+            }
+            Tools::Other(value) => value,
+        })
+    }
 }
 
 /// One of a request's `tools`, parsed but for its [`ToolShape`].
@@ -225,8 +255,8 @@ struct ToolObject<'a, 'b> {
     fields: Map<String, Value>,
     /// Kept as the text it came as; `null` is none.
     schema: Option<Schema>,
-    /// The tools it groups, as the text they came as.
-    nested: Option<&'a RawValue>,
+    /// The tools it groups.
+    nested: Option<Box<Tools<'a>>>,
 }
 
 /// A request's function tools: `read` takes each tool, an object, and adds
@@ -281,27 +311,9 @@ fn each_tool<'a>(
     Ok(())
 }
 
-/// A member kept as text, as a value after all.
-fn text_value(text: &RawValue) -> Result<Value, ApiError> {
-    serde_json::from_str(text.get()).map_err(not_json)
-}
-
-/// The tools a tool groups (`at`), each read as a request's `tools` are.
-fn nested_tools<'a>(
-    nested: Option<&'a RawValue>,
-    shape: ToolShape,
-    at: At,
-) -> Result<Vec<Tools<'a>>, ApiError> {
-    let tools = match nested {
-        Some(text) => {
-            let json = &mut serde_json::Deserializer::from_str(text.get());
-            Lenient { shape, tool: false }
-                .deserialize(json)
-                .map_err(not_json)?
-        }
-        None => Tools::None,
-    };
-    tool_list(tools, at)
+/// The tools a tool groups (`at`): a list, as a request's `tools`.
+fn nested_tools<'a>(nested: Option<Box<Tools<'a>>>, at: At) -> Result<Vec<Tools<'a>>, ApiError> {
+    tool_list(nested.map_or(Tools::None, |tools| *tools), at)
 }
 
 /// The body's root object: its members parsed into values, those `names`
@@ -377,8 +389,8 @@ impl<'de> Deserialize<'de> for Key<'de> {
 }
 
 /// `tools` (or, `tool`, one of them) read whatever its shape: the wrong
-/// shape is skipped (still checked to be JSON) as [`Tools::Other`], for the
-/// decoder to name.
+/// shape is kept as [`Tools::Other`], for the decoder to name (or, where it
+/// is no tool's list, to pass on).
 #[derive(Clone, Copy)]
 struct Lenient {
     shape: ToolShape,
@@ -402,8 +414,7 @@ impl<'de> Visitor<'de> for Lenient {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tools<'de>, A::Error> {
         if self.tool {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            return Ok(Tools::Other);
+            return Value::deserialize(SeqAccessDeserializer::new(seq)).map(Tools::Other);
         }
         let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0));
         let tool = Lenient { tool: true, ..self };
@@ -415,8 +426,7 @@ impl<'de> Visitor<'de> for Lenient {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tools<'de>, A::Error> {
         if !self.tool {
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            return Ok(Tools::Other);
+            return Value::deserialize(MapAccessDeserializer::new(map)).map(Tools::Other);
         }
         let mut fields = Map::new();
         let (mut schema, mut nested) = (None, None);
@@ -424,7 +434,11 @@ impl<'de> Visitor<'de> for Lenient {
             if key == self.shape.schema {
                 schema = Some(map.next_value()?);
             } else if Some(key.as_str()) == self.shape.nested {
-                nested = Some(map.next_value()?);
+                let list = Lenient {
+                    tool: false,
+                    ..self
+                };
+                nested = Some(Box::new(map.next_value_seed(list)?));
             } else {
                 let value = map.next_value()?;
                 fields.insert(key, value);
@@ -438,27 +452,30 @@ impl<'de> Visitor<'de> for Lenient {
     }
 
     fn visit_unit<E>(self) -> Result<Tools<'de>, E> {
-        Ok(if self.tool { Tools::Other } else { Tools::None })
+        Ok(match self.tool {
+            true => Tools::Other(Value::Null),
+            false => Tools::None,
+        })
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other)
+    fn visit_bool<E>(self, v: bool) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other(v.into()))
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other)
+    fn visit_i64<E>(self, v: i64) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other(v.into()))
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other)
+    fn visit_u64<E>(self, v: u64) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other(v.into()))
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other)
+    fn visit_f64<E>(self, v: f64) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other(v.into()))
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other)
+    fn visit_str<E>(self, v: &str) -> Result<Tools<'de>, E> {
+        Ok(Tools::Other(v.into()))
     }
 }
 

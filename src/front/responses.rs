@@ -20,8 +20,7 @@ use serde_json::{json, Map, Value};
 use super::{
     each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
     picked_object_and_tools, required_str, system_prompt, take_bool, take_f64, take_str,
-    take_str_at, take_u64, text_value, At, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject,
-    ToolShape, Tools,
+    take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -327,7 +326,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>
                 let namespace = required_str(&mut tool.fields, "name", tool.param)?;
                 let list = tool.param.field("tools");
                 let namespace = Some(namespace.as_str());
-                each_tool(nested_tools(tool.nested, TOOL, list)?, list, |mut inner| {
+                each_tool(nested_tools(tool.nested, list)?, list, |mut inner| {
                     let kind = required_str(&mut inner.fields, "type", inner.param)?;
                     if kind == "function" || kind == "custom" {
                         out.push(Arc::new(function_tool(inner, &kind, namespace, ctx)?));
@@ -359,8 +358,8 @@ fn function_tool(
         nested,
     } = tool;
     // Only a namespace's `tools` are tools: here it goes on as sent.
-    if let Some(text) = nested {
-        tool.insert("tools".into(), text_value(text)?);
+    if let Some(nested) = nested {
+        tool.insert("tools".into(), nested.into_value(TOOL)?);
     }
     let name = required_str(&mut tool, "name", param)?;
     let description = take_str_at(&mut tool, "description", param.field("description"))?;
@@ -1920,6 +1919,18 @@ mod tests {
                 json!([{"type": "function", "name": "T"}, []]),
                 "tools[1] must be an object.",
             ),
+            (
+                json!([{"type": "namespace", "name": "n"}]),
+                "tools[0].tools must be an array.",
+            ),
+            (
+                json!([{"type": "namespace", "name": "n", "tools": {"type": "function"}}]),
+                "tools[0].tools must be an array.",
+            ),
+            (
+                json!([{"type": "namespace", "name": "n", "tools": [3]}]),
+                "tools[0].tools[0] must be an object.",
+            ),
         ] {
             let error = decode_json(json!({"input": "hi", "tools": tools})).unwrap_err();
             assert_eq!(error.message, message);
@@ -1985,7 +1996,8 @@ mod tests {
             {"type": "namespace", "name": "n", "tools": [
                 {"type": "function", "name": "f", "parameters": {"type":"object", "properties": {"z": {}, "a": {}}}}
             ]},
-            {"type": "function", "name": "g", "tools": [1, {"x": null}]}
+            {"type": "function", "name": "g", "tools": [1, {"x": null, "parameters": {"a": [true]}}]},
+            {"type": "function", "name": "h", "tools": "none"}
         ]}"#;
         let (conv, _) = decode(body).unwrap();
         let sent = r#"{"type":"object", "properties": {"z": {}, "a": {}}}"#;
@@ -1996,7 +2008,11 @@ mod tests {
             serde_json::from_str::<Value>(sent).unwrap()
         );
         // Not a namespace: its `tools` is just another member, kept.
-        assert_eq!(conv.tools[1].extra["tools"], json!([1, {"x": null}]));
+        assert_eq!(
+            conv.tools[1].extra["tools"],
+            json!([1, {"x": null, "parameters": {"a": [true]}}])
+        );
+        assert_eq!(conv.tools[2].extra["tools"], "none");
     }
 
     #[test]
