@@ -134,31 +134,29 @@ impl Message {
     /// The text parts, joined by newlines; one part is moved, not copied
     /// (a coding agent's instructions are many KiB).
     pub fn into_text(self) -> String {
-        let mut texts = self.content.into_iter().filter_map(|p| match p {
-            Part::Text(t) => Some(t),
+        lines(self.content.into_iter().filter_map(|p| match p {
+            Part::Text(t) => Some(Cow::Owned(t)),
             _ => None,
-        });
-        let first = texts.next().unwrap_or_default();
-        texts.fold(first, |mut all, t| {
-            all.push('\n');
-            all.push_str(&t);
-            all
-        })
+        }))
     }
 
     /// The text parts, joined by newlines.
     pub fn text_content(&self) -> String {
-        let mut texts = self.content.iter().filter_map(|p| match p {
-            Part::Text(t) => Some(t.as_str()),
+        lines(self.content.iter().filter_map(|p| match p {
+            Part::Text(t) => Some(Cow::Borrowed(t.as_str())),
             _ => None,
-        });
-        let first = texts.next().unwrap_or_default().to_owned();
-        texts.fold(first, |mut all, t| {
-            all.push('\n');
-            all.push_str(t);
-            all
-        })
+        }))
     }
+}
+
+/// `texts` joined by newlines, the first one's buffer reused if it is owned.
+fn lines<'a>(mut texts: impl Iterator<Item = Cow<'a, str>>) -> String {
+    let first = texts.next().unwrap_or_default().into_owned();
+    texts.fold(first, |mut all, t| {
+        all.push('\n');
+        all.push_str(&t);
+        all
+    })
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -222,8 +220,8 @@ pub struct FunctionTool {
 
 impl FunctionTool {
     /// A function of ours (a configured tool, an MCP server's, another
-    /// agent, memory, knowledge): made once where the tool is, each
-    /// request's list gets a copy (its schema already JSON text).
+    /// agent, memory, knowledge): made once where the tool is (its schema
+    /// written as JSON text then), and shared by each request's list.
     pub fn function(name: &str, description: &str, parameters: &Value) -> FunctionTool {
         FunctionTool {
             name: name.to_owned(),

@@ -121,8 +121,8 @@ fn random_alphanumerics() -> [u8; 20] {
 /// A request body, which must be a JSON object, parsed in one pass: the
 /// root's members named in `names` set apart ([`Picked`]), the others in a
 /// map, and its `tools` (most of a coding agent's request) each parsed but
-/// for the members `shape` names, kept as the text they came as (schemas go
-/// on as they came).
+/// for its schema, kept as the text it came as (schemas go on as they came),
+/// and the tools it groups, read as tools: as `shape` names them.
 pub fn picked_object_and_tools<'a, const N: usize>(
     body: &'a [u8],
     shape: ToolShape,
@@ -135,10 +135,10 @@ fn not_json(e: serde_json::Error) -> ApiError {
     ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
 }
 
-/// The members of a dialect's tool object kept as the text they came as.
+/// The members of a dialect's tool object read apart from the others.
 #[derive(Clone, Copy)]
 pub struct ToolShape {
-    /// A function's schema (`parameters`, `input_schema`).
+    /// A function's schema (`parameters`, `input_schema`): kept as text.
     pub schema: &'static str,
     /// The tools a tool groups (a Responses `namespace`'s `tools`), read
     /// as tools too: a namespace of Codex's holds a fifth of its request in

@@ -93,8 +93,8 @@ impl Default for Echo {
 
 // ------------------------------------------------------------------ decode
 
-/// A function tool's schema and a namespace's tools, kept as the text they
-/// came as.
+/// A function tool's schema, kept as the text it came as, and a
+/// namespace's tools, read as tools.
 pub const TOOL: ToolShape = ToolShape {
     schema: "parameters",
     nested: Some("tools"),
