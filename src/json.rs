@@ -76,6 +76,11 @@ impl<'a> Raw<'a> {
         Raw(raw.get())
     }
 
+    /// JSON text written in our source (a default), which a test reads.
+    pub const fn constant(text: &'static str) -> Raw<'static> {
+        Raw(text)
+    }
+
     /// What [`write`](fn@write) wrote: one JSON value.
     pub fn written(json: &'a [u8]) -> Option<Raw<'a>> {
         std::str::from_utf8(json).ok().map(Raw)

@@ -46,21 +46,29 @@ pub struct Context {
     pub echo: Echo,
 }
 
-/// The request fields a Response object echoes back.
+/// The request fields a Response object echoes back. A member the request
+/// left out is `None` and echoed as OpenAI's default ([`Echoed`]), written
+/// from a constant: building and writing a `Value` for each default was a
+/// tenth of a small request's instructions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Echo {
     pub instructions: Option<String>,
-    pub metadata: Value,
+    /// `{}` by default.
+    pub metadata: Option<Value>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
-    pub tool_choice: Value,
+    /// `"auto"` by default.
+    pub tool_choice: Option<Value>,
     pub parallel_tool_calls: bool,
     pub max_output_tokens: Option<u64>,
     pub store: bool,
     pub user: Option<String>,
-    pub text: Value,
-    pub reasoning: Value,
-    pub truncation: Value,
+    /// `{"format":{"type":"text"}}` by default.
+    pub text: Option<Value>,
+    /// `{"effort":null,"summary":null}` by default.
+    pub reasoning: Option<Value>,
+    /// `"disabled"` by default.
+    pub truncation: Option<Value>,
     pub prompt_cache_key: Option<String>,
     pub safety_identifier: Option<String>,
     /// The response this one continues (resolved by the front door).
@@ -73,17 +81,17 @@ impl Default for Echo {
     fn default() -> Self {
         Echo {
             instructions: None,
-            metadata: json!({}),
+            metadata: None,
             temperature: None,
             top_p: None,
-            tool_choice: json!("auto"),
+            tool_choice: None,
             parallel_tool_calls: true,
             max_output_tokens: None,
             store: false,
             user: None,
-            text: json!({"format": {"type": "text"}}),
-            reasoning: json!({"effort": null, "summary": null}),
-            truncation: json!("disabled"),
+            text: None,
+            reasoning: None,
+            truncation: None,
             prompt_cache_key: None,
             safety_identifier: None,
             previous_response_id: None,
@@ -163,13 +171,13 @@ pub fn decode_object(
     let echo = &mut ctx.echo;
     echo.instructions = instructions;
     if let Some(metadata) = top.get("metadata").filter(|v| v.is_object()) {
-        echo.metadata = metadata.clone();
+        echo.metadata = Some(metadata.clone());
     }
     if let Some(store) = top.get("store").and_then(Value::as_bool) {
         echo.store = store;
     }
     if let Some(truncation) = top.get("truncation").filter(|v| v.is_string()) {
-        echo.truncation = truncation.clone();
+        echo.truncation = Some(truncation.clone());
     }
     let text_of = |key| top.get(key).and_then(Value::as_str).map(str::to_owned);
     echo.prompt_cache_key = text_of("prompt_cache_key");
@@ -237,14 +245,14 @@ fn decode_options(
 
     if let Some(choice) = read.take("tool_choice").filter(|v| !v.is_null()) {
         options.tool_choice = decode_tool_choice(&choice)?;
-        echo.tool_choice = choice;
+        echo.tool_choice = Some(choice);
     }
 
     if let Some(text) = read.take("text").filter(|v| !v.is_null()) {
         let Value::Object(mut fields) = text else {
             return Err(invalid("text must be an object.", "text"));
         };
-        echo.text = Value::Object(fields.clone());
+        echo.text = Some(Value::Object(fields.clone()));
         if let Some(format) = fields.remove("format").filter(|v| !v.is_null()) {
             options.format = decode_format(format)?;
         }
@@ -257,7 +265,7 @@ fn decode_options(
         let Value::Object(mut fields) = reasoning else {
             return Err(invalid("reasoning must be an object.", "reasoning"));
         };
-        echo.reasoning = Value::Object(fields.clone());
+        echo.reasoning = Some(Value::Object(fields.clone()));
         options.reasoning_effort =
             take_str_at(&mut fields, "effort", At::Root("reasoning.effort"))?;
         let summary = take_str_at(&mut fields, "summary", At::Root("reasoning.summary"))?;
@@ -1074,18 +1082,18 @@ impl ResponsesEncoder {
             parallel_tool_calls: echo.parallel_tool_calls,
             previous_response_id: echo.previous_response_id.as_deref(),
             prompt_cache_key: echo.prompt_cache_key.as_deref(),
-            reasoning: &echo.reasoning,
+            reasoning: Echoed(echo.reasoning.as_ref(), r#"{"effort":null,"summary":null}"#),
             safety_identifier: echo.safety_identifier.as_deref(),
             store: echo.store,
             temperature: echo.temperature,
-            text: &echo.text,
-            tool_choice: &echo.tool_choice,
+            text: Echoed(echo.text.as_ref(), r#"{"format":{"type":"text"}}"#),
+            tool_choice: Echoed(echo.tool_choice.as_ref(), r#""auto""#),
             tools: Empty,
             top_p: echo.top_p,
-            truncation: &echo.truncation,
+            truncation: Echoed(echo.truncation.as_ref(), r#""disabled""#),
             usage: usage.map(UsageOut::from),
             user: echo.user.as_deref(),
-            metadata: &echo.metadata,
+            metadata: Echoed(echo.metadata.as_ref(), "{}"),
         }
     }
 }
@@ -1434,6 +1442,19 @@ impl Serialize for Empty {
     }
 }
 
+/// A request member echoed as sent, or its default (JSON text) when the
+/// request left it out.
+struct Echoed<'a>(Option<&'a Value>, &'static str);
+
+impl Serialize for Echoed<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Some(sent) => sent.serialize(serializer),
+            None => json::Raw::constant(self.1).serialize(serializer),
+        }
+    }
+}
+
 /// A list of no or one element.
 struct ZeroOrOne<T>(Option<T>);
 
@@ -1659,20 +1680,20 @@ struct ResponseOut<'a> {
     parallel_tool_calls: bool,
     previous_response_id: Option<&'a str>,
     prompt_cache_key: Option<&'a str>,
-    reasoning: &'a Value,
+    reasoning: Echoed<'a>,
     safety_identifier: Option<&'a str>,
     store: bool,
     temperature: Option<f64>,
-    text: &'a Value,
-    tool_choice: &'a Value,
+    text: Echoed<'a>,
+    tool_choice: Echoed<'a>,
     /// The client's tools are not repeated: no SDK reads them back, and
     /// Codex's are tens of kilobytes, thrice per response.
     tools: Empty,
     top_p: Option<f64>,
-    truncation: &'a Value,
+    truncation: Echoed<'a>,
     usage: Option<UsageOut>,
     user: Option<&'a str>,
-    metadata: &'a Value,
+    metadata: Echoed<'a>,
 }
 
 #[derive(Serialize)]
@@ -2067,16 +2088,16 @@ mod tests {
         assert_eq!(conv.extra["reasoning"], json!({"context": "all_turns"}));
 
         let echo = &ctx.echo;
-        assert_eq!(echo.metadata, json!({"k": "v"}));
+        assert_eq!(echo.metadata, Some(json!({"k": "v"})));
         assert_eq!(
             echo.tool_choice,
-            json!({"type": "function", "name": "exec"})
+            Some(json!({"type": "function", "name": "exec"}))
         );
         assert!(!echo.parallel_tool_calls && !echo.store);
         assert_eq!(echo.max_output_tokens, Some(100));
-        assert_eq!(echo.text["verbosity"], "low");
-        assert_eq!(echo.reasoning["effort"], "high");
-        assert_eq!(echo.truncation, "auto");
+        assert_eq!(echo.text.as_ref().unwrap()["verbosity"], "low");
+        assert_eq!(echo.reasoning.as_ref().unwrap()["effort"], "high");
+        assert_eq!(echo.truncation, Some(json!("auto")));
         assert_eq!(echo.prompt_cache_key.as_deref(), Some("pk"));
         assert_eq!(echo.user.as_deref(), Some("u1"));
     }
@@ -2389,6 +2410,7 @@ mod tests {
             ("previous_response_id", json!(null)),
             ("truncation", json!("disabled")),
             ("text", json!({"format": {"type": "text"}})),
+            ("reasoning", json!({"effort": null, "summary": null})),
             ("store", json!(false)),
         ] {
             assert_eq!(done[key], value, "{key}");
