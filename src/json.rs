@@ -76,7 +76,8 @@ impl<'a> Raw<'a> {
         Raw(raw.get())
     }
 
-    /// JSON text written in our source (a default), which a test reads.
+    /// JSON text in our source (a default): the tests that read what it is
+    /// written into check it.
     pub const fn constant(text: &'static str) -> Raw<'static> {
         Raw(text)
     }

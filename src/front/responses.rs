@@ -47,9 +47,9 @@ pub struct Context {
 }
 
 /// The request fields a Response object echoes back. A member the request
-/// left out is `None` and echoed as OpenAI's default ([`Echoed`]), written
+/// left out is `None` and echoed as OpenAI's default (see `Echoed`), written
 /// from a constant: building and writing a `Value` for each default was a
-/// tenth of a small request's instructions.
+/// twentieth of a small request's instructions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Echo {
     pub instructions: Option<String>,
