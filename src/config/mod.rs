@@ -589,25 +589,19 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
                     .map_err(|m| error(key("memory"), m))?,
             )),
         };
-        // Offered after the tools it lists, as made now.
-        if !knowledge.is_empty() {
-            let (offered, run) = crate::knowledge::SearchTool::definition(&knowledge);
-            agent_tools.push(AgentTool::Builtin {
+        // Knowledge's search and memory's tools, after the tools it lists,
+        // as made now.
+        let search =
+            (!knowledge.is_empty()).then(|| crate::knowledge::SearchTool::definition(&knowledge));
+        let remember = memory
+            .iter()
+            .flat_map(|memory| crate::agent::memory::tools(&id, memory));
+        agent_tools.extend(search.into_iter().chain(remember).map(|(offered, run)| {
+            AgentTool::Builtin {
                 offered: Arc::new(offered),
                 run,
-            });
-        }
-        if let Some(memory) = &memory {
-            let builtin = crate::agent::memory::tools(&id, memory);
-            agent_tools.extend(
-                builtin
-                    .into_iter()
-                    .map(|(offered, run)| AgentTool::Builtin {
-                        offered: Arc::new(offered),
-                        run,
-                    }),
-            );
-        }
+            }
+        }));
         let series = crate::metrics::metrics().agent_series(&id);
         agents.insert(
             id.clone(),

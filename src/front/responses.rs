@@ -47,32 +47,41 @@ pub struct Context {
 }
 
 /// The request fields a Response object echoes back. A member the request
-/// left out is `None` and echoed as OpenAI's default (see `Echoed`), written
-/// from a constant: building and writing a `Value` for each default was a
-/// twentieth of a small request's instructions.
+/// left out is `None` and echoed as OpenAI's default, written from a
+/// constant (`Echo::METADATA`, …): building and writing a `Value` for each
+/// default was a twentieth of a small request's instructions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Echo {
     pub instructions: Option<String>,
-    /// `{}` by default.
+    /// [`Echo::METADATA`] when `None`.
     pub metadata: Option<Value>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
-    /// `"auto"` by default.
+    /// [`Echo::TOOL_CHOICE`] when `None`.
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: bool,
     pub max_output_tokens: Option<u64>,
     pub store: bool,
     pub user: Option<String>,
-    /// `{"format":{"type":"text"}}` by default.
+    /// [`Echo::TEXT`] when `None`.
     pub text: Option<Value>,
-    /// `{"effort":null,"summary":null}` by default.
+    /// [`Echo::REASONING`] when `None`.
     pub reasoning: Option<Value>,
-    /// `"disabled"` by default.
+    /// [`Echo::TRUNCATION`] when `None`.
     pub truncation: Option<Value>,
     pub prompt_cache_key: Option<String>,
     pub safety_identifier: Option<String>,
     /// The response this one continues (resolved by the front door).
     pub previous_response_id: Option<String>,
+}
+
+/// OpenAI's defaults, as JSON text, for the members a request left out.
+impl Echo {
+    pub const METADATA: &'static str = "{}";
+    pub const TOOL_CHOICE: &'static str = r#""auto""#;
+    pub const TEXT: &'static str = r#"{"format":{"type":"text"}}"#;
+    pub const REASONING: &'static str = r#"{"effort":null,"summary":null}"#;
+    pub const TRUNCATION: &'static str = r#""disabled""#;
 }
 
 impl Default for Echo {
@@ -1082,18 +1091,18 @@ impl ResponsesEncoder {
             parallel_tool_calls: echo.parallel_tool_calls,
             previous_response_id: echo.previous_response_id.as_deref(),
             prompt_cache_key: echo.prompt_cache_key.as_deref(),
-            reasoning: Echoed(echo.reasoning.as_ref(), r#"{"effort":null,"summary":null}"#),
+            reasoning: Echoed(echo.reasoning.as_ref(), Echo::REASONING),
             safety_identifier: echo.safety_identifier.as_deref(),
             store: echo.store,
             temperature: echo.temperature,
-            text: Echoed(echo.text.as_ref(), r#"{"format":{"type":"text"}}"#),
-            tool_choice: Echoed(echo.tool_choice.as_ref(), r#""auto""#),
+            text: Echoed(echo.text.as_ref(), Echo::TEXT),
+            tool_choice: Echoed(echo.tool_choice.as_ref(), Echo::TOOL_CHOICE),
             tools: Empty,
             top_p: echo.top_p,
-            truncation: Echoed(echo.truncation.as_ref(), r#""disabled""#),
+            truncation: Echoed(echo.truncation.as_ref(), Echo::TRUNCATION),
             usage: usage.map(UsageOut::from),
             user: echo.user.as_deref(),
-            metadata: Echoed(echo.metadata.as_ref(), "{}"),
+            metadata: Echoed(echo.metadata.as_ref(), Echo::METADATA),
         }
     }
 }
