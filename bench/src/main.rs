@@ -336,6 +336,11 @@ impl Bench {
             + procs::own_cpu()
     }
 
+    /// The fake model's CPU time and the load generator's (this process's).
+    fn rig_cpu(&self) -> Duration {
+        self.upstream.cpu() + procs::own_cpu()
+    }
+
     fn process(&self, host: Host) -> &Process {
         match host {
             Host::Upstream => &self.upstream,
@@ -426,14 +431,16 @@ impl Bench {
                 let mut load = self.load(*target, shape, connections);
                 tune(&mut load);
                 let process = self.process(target.host);
-                let (cpu, ours, busy, started) = (
+                let (cpu, rig, ours, busy, started) = (
                     process.cpu(),
+                    self.rig_cpu(),
                     self.own_cpu(),
                     procs::machine_busy(),
                     Instant::now(),
                 );
                 let stats = load::run(&load).await;
                 run.cpu += process.cpu() - cpu;
+                run.rig_cpu += self.rig_cpu() - rig;
                 let ours = self.own_cpu() - ours;
                 run.foreign_cpu += (procs::machine_busy() - busy).saturating_sub(ours);
                 run.wall += started.elapsed();

@@ -16,6 +16,9 @@ pub struct Run {
     pub stats: Stats,
     /// CPU time the target's process spent over the runs, warm-up included.
     pub cpu: Duration,
+    /// CPU time the fake model and the load generator spent meanwhile: what
+    /// serving through this target cost its neighbours on the machine.
+    pub rig_cpu: Duration,
     /// CPU time of processes other than the benchmark's own (load
     /// generator, fake model, nginx, agent-proxy) over the same runs, and
     /// the runs' wall time: what else ran on the machine meanwhile.
@@ -30,6 +33,7 @@ impl Run {
             connections,
             stats: Stats::new(),
             cpu: Duration::ZERO,
+            rig_cpu: Duration::ZERO,
             foreign_cpu: Duration::ZERO,
             wall: Duration::ZERO,
         }
@@ -48,13 +52,22 @@ impl Run {
     }
 
     fn cpu_ms_per_1k(&self) -> f64 {
-        self.cpu.as_secs_f64() * 1e6 / self.stats.completed.max(1) as f64
+        per_1k(self.cpu, &self.stats)
+    }
+
+    fn rig_cpu_ms_per_1k(&self) -> f64 {
+        per_1k(self.rig_cpu, &self.stats)
     }
 
     /// Other processes' CPU over the runs, in % of one core.
     fn foreign_percent(&self) -> f64 {
         100.0 * self.foreign_cpu.as_secs_f64() / self.wall.as_secs_f64().max(1e-9)
     }
+}
+
+/// CPU milliseconds per thousand requests (µs per request).
+fn per_1k(cpu: Duration, stats: &Stats) -> f64 {
+    cpu.as_secs_f64() * 1e6 / stats.completed.max(1) as f64
 }
 
 fn micros(nanos: u64) -> f64 {
@@ -281,7 +294,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers); foreign CPU is what every other process on the machine used meanwhile, in % of one core (the benchmark's own processes excluded): high values mean the figures of that row are disturbed.\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req | foreign CPU % |\n|---|---|---|---|---|---|---|---|---|---|"
+            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers); rig CPU is what the fake model and the load generator spent per request meanwhile (they share the cores: the fewer requests a target lets through, the fewer each of their wake-ups finds, and the more each request costs them; a target that made them work harder per request than its throughput explains would show there); foreign CPU is what every other process on the machine used meanwhile, in % of one core (the benchmark's own processes excluded): high values mean the figures of that row are disturbed.\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req | rig CPU ms per 1k req | foreign CPU % |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.plain {
             let c = run.connections;
@@ -298,7 +311,7 @@ impl Report {
             };
             let _ = writeln!(
                 md,
-                "| {} | {c} | {:.0} | {:.2} | {:.0} | {:.0} | {:+.0} | {:+.0} | {cpu} | {:.1} |",
+                "| {} | {c} | {:.0} | {:.2} | {:.0} | {:.0} | {:+.0} | {:+.0} | {cpu} | {:.1} | {:.1} |",
                 run.target,
                 run.stats.throughput(),
                 run.stats.throughput() / nginx.stats.throughput(),
@@ -306,6 +319,7 @@ impl Report {
                 run.p(0.99),
                 run.p(0.5) - direct.p(0.5),
                 run.p(0.99) - direct.p(0.99),
+                run.rig_cpu_ms_per_1k(),
                 run.foreign_percent(),
             );
         }
