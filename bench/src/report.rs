@@ -16,8 +16,9 @@ pub struct Run {
     pub stats: Stats,
     /// CPU time the target's process spent over the runs, warm-up included.
     pub cpu: Duration,
-    /// CPU time the fake model and the load generator spent meanwhile: what
-    /// serving through this target cost its neighbours on the machine.
+    /// CPU time the fake model and the load generator spent meanwhile. Per
+    /// request it follows the target's throughput (the fewer requests, the
+    /// fewer each of their wake-ups finds): compare targets of like throughput.
     pub rig_cpu: Duration,
     /// CPU time of processes other than the benchmark's own (load
     /// generator, fake model, nginx, agent-proxy) over the same runs, and
