@@ -326,14 +326,15 @@ struct Bench {
 }
 
 impl Bench {
-    /// CPU time of every process of the benchmark's so far.
+    /// CPU time of every process of the benchmark's so far: the rig's and
+    /// the proxies'.
     fn own_cpu(&self) -> Duration {
-        [Host::Upstream, Host::Nginx, Host::Proxy]
+        [Host::Nginx, Host::Proxy]
             .into_iter()
             .map(|host| self.process(host).cpu())
             .chain(self.proxy_b.iter().map(Process::cpu))
             .sum::<Duration>()
-            + procs::own_cpu()
+            + self.rig_cpu()
     }
 
     /// The fake model's CPU time and the load generator's (this process's).
