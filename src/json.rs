@@ -57,9 +57,16 @@ pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     let _ = sonic_rs::to_writer(out, value);
 }
 
+/// What [`to_vec`] starts with: a Response object, or a request's input
+/// items, fits.
+const TO_VEC_START: usize = 4096;
+
 /// [`write`](fn@write) into a new buffer.
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
-    let mut out = Vec::new();
+    // sonic-rs reserves room for each string escaped at worst (six bytes
+    // a byte): grown from empty, a Response object was reallocated, and
+    // copied, about seven times.
+    let mut out = Vec::with_capacity(TO_VEC_START);
     write(&mut out, value);
     out
 }

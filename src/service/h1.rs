@@ -135,11 +135,15 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
     let raw = Bytes::copy_from_slice(&buf[..len]);
     // Room for the one field a request gains (`x-request-id`).
     let mut fields = HeaderMap::with_capacity(request.headers.len() + 1);
+    // The fields that frame the body are read as they go by: three
+    // lookups in the map afterwards each hashed a name.
+    let mut framing = Framing::new();
     for field in request.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| MALFORMED)?;
         let value = same_bytes(&raw, buf, field.value)
             .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
             .ok_or(MALFORMED)?;
+        framing.read(&name, field.value);
         fields.try_append(name, value).map_err(|_| MALFORMED)?;
     }
     // Built from `http`'s parts: without pingora's case map, which our
@@ -158,7 +162,7 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
         .set_raw_path(request.path.unwrap_or_default().as_bytes())
         .map_err(|_| MALFORMED)?;
     bytes::Buf::advance(buf, len);
-    let (body, keep_alive) = framing(&mut header)?;
+    let (body, keep_alive) = framing.decide(&mut header)?;
     Ok(Head {
         header,
         raw,
@@ -167,60 +171,95 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
     })
 }
 
-/// How the request's body is delimited, and whether the connection may
-/// serve another request after it.
-fn framing(header: &mut RequestHeader) -> Result<(Body, bool), Malformed> {
-    validate_request_authority(header)
-        .map_err(|_| Malformed("the request's authority is ambiguous or names another host"))?;
-    let http10 = header.version == Version::HTTP_10;
-    let connection = header.headers.get_all(CONNECTION);
-    let close = connection.iter().any(|v| has_token(v.as_bytes(), b"close"));
-    let asked = connection
-        .iter()
-        .any(|v| has_token(v.as_bytes(), b"keep-alive"));
-    let mut keep_alive = !close && (!http10 || asked);
-    let coding = header.headers.get_all(TRANSFER_ENCODING).iter().next_back();
-    let body = match coding {
-        Some(coding) => {
-            if http10 {
-                return Err(Malformed(
-                    "an HTTP/1.0 request cannot have a Transfer-Encoding",
-                ));
-            }
-            if !is_chunked(coding.as_bytes()) {
-                return Err(Malformed("the final Transfer-Encoding must be chunked"));
-            }
-            // The coding wins (RFC 9112 §6.3); the connection is not
-            // trusted with another request (§6.1).
-            if header.remove_header(&CONTENT_LENGTH).is_some() {
-                keep_alive = false;
-            }
-            Body::Chunked(Chunk::Size)
-        }
-        None => Body::Length(content_length(header)?.unwrap_or(0)),
-    };
-    Ok((body, keep_alive))
+/// What a request's fields say of its framing, read field by field.
+struct Framing {
+    /// `Connection: close`.
+    close: bool,
+    /// `Connection: keep-alive` (HTTP/1.0).
+    keep_alive: bool,
+    /// Whether the final `Transfer-Encoding` is `chunked`, if there is one:
+    /// only the final coding frames the body (RFC 9112 §6.3).
+    chunked: Option<bool>,
+    /// Whether a `Content-Length` was given.
+    length_given: bool,
+    /// The `Content-Length`: identical values, repeated or listed, are one
+    /// (RFC 9110 §8.6); values that differ or are not numbers are refused
+    /// (when no coding makes the length moot).
+    length: Result<Option<u64>, Malformed>,
 }
 
-/// The request's `Content-Length`: identical values, repeated or listed,
-/// are one (RFC 9110 §8.6); values that differ or are not numbers are
-/// refused.
-fn content_length(header: &RequestHeader) -> Result<Option<u64>, Malformed> {
-    let mut length = None;
-    for value in header.headers.get_all(CONTENT_LENGTH) {
-        for token in value.as_bytes().split(|b| *b == b',') {
-            let token = token.trim_ascii();
-            let parsed = (!token.is_empty() && token.iter().all(u8::is_ascii_digit))
-                .then(|| std::str::from_utf8(token).ok()?.parse::<u64>().ok())
-                .flatten()
-                .ok_or(Malformed("the Content-Length is not a number"))?;
-            if length.is_some_and(|l| l != parsed) {
-                return Err(Malformed("the request has differing Content-Lengths"));
-            }
-            length = Some(parsed);
+impl Framing {
+    fn new() -> Self {
+        Framing {
+            close: false,
+            keep_alive: false,
+            chunked: None,
+            length_given: false,
+            length: Ok(None),
         }
     }
-    Ok(length)
+
+    fn read(&mut self, name: &HeaderName, value: &[u8]) {
+        if *name == CONNECTION {
+            self.close |= has_token(value, b"close");
+            self.keep_alive |= has_token(value, b"keep-alive");
+        } else if *name == TRANSFER_ENCODING {
+            self.chunked = Some(is_chunked(value));
+        } else if *name == CONTENT_LENGTH {
+            self.length_given = true;
+            if let Ok(length) = &mut self.length {
+                if let Err(e) = more_length(length, value) {
+                    self.length = Err(e);
+                }
+            }
+        }
+    }
+
+    /// How the request's body is delimited, and whether the connection
+    /// may serve another request after it.
+    fn decide(self, header: &mut RequestHeader) -> Result<(Body, bool), Malformed> {
+        validate_request_authority(header)
+            .map_err(|_| Malformed("the request's authority is ambiguous or names another host"))?;
+        let http10 = header.version == Version::HTTP_10;
+        let mut keep_alive = !self.close && (!http10 || self.keep_alive);
+        let body = match self.chunked {
+            Some(chunked) => {
+                if http10 {
+                    return Err(Malformed(
+                        "an HTTP/1.0 request cannot have a Transfer-Encoding",
+                    ));
+                }
+                if !chunked {
+                    return Err(Malformed("the final Transfer-Encoding must be chunked"));
+                }
+                // The coding wins (RFC 9112 §6.3); the connection is not
+                // trusted with another request (§6.1).
+                if self.length_given {
+                    header.remove_header(&CONTENT_LENGTH);
+                    keep_alive = false;
+                }
+                Body::Chunked(Chunk::Size)
+            }
+            None => Body::Length(self.length?.unwrap_or(0)),
+        };
+        Ok((body, keep_alive))
+    }
+}
+
+/// `length` with a `Content-Length` value's tokens.
+fn more_length(length: &mut Option<u64>, value: &[u8]) -> Result<(), Malformed> {
+    for token in value.split(|b| *b == b',') {
+        let token = token.trim_ascii();
+        let parsed = (!token.is_empty() && token.iter().all(u8::is_ascii_digit))
+            .then(|| std::str::from_utf8(token).ok()?.parse::<u64>().ok())
+            .flatten()
+            .ok_or(Malformed("the Content-Length is not a number"))?;
+        if length.is_some_and(|l| l != parsed) {
+            return Err(Malformed("the request has differing Content-Lengths"));
+        }
+        *length = Some(parsed);
+    }
+    Ok(())
 }
 
 /// `buf` with its request target percent-encoded where httparse refuses
