@@ -55,10 +55,7 @@ impl Conversation {
     /// buffer by.
     pub fn text_size(&self) -> TextSize {
         let mut size = TextSize::default();
-        let mut add = |len: usize| {
-            size.total += len;
-            size.longest = size.longest.max(len);
-        };
+        let mut add = |len: usize| size.add(len);
         add(self.system.as_ref().map_or(0, String::len));
         for item in &self.items {
             match item {
@@ -89,11 +86,36 @@ impl Conversation {
     }
 }
 
-/// [`Conversation::text_size`].
+/// The bytes of some texts, and of the longest of them
+/// ([`Conversation::text_size`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TextSize {
     pub total: usize,
     pub longest: usize,
+}
+
+impl TextSize {
+    /// Of `texts`' lengths.
+    pub fn of(texts: impl IntoIterator<Item = usize>) -> TextSize {
+        let mut size = TextSize::default();
+        texts.into_iter().for_each(|len| size.add(len));
+        size
+    }
+
+    pub fn add(&mut self, len: usize) {
+        self.total += len;
+        self.longest = self.longest.max(len);
+    }
+
+    /// The room a buffer needs for [`json::write`](crate::json::write) to
+    /// write these texts without growing it: the texts, and what it asks
+    /// to have free before it writes a string (six bytes per byte, the
+    /// escapes' worst case). Grown instead, the buffer is reallocated, and
+    /// what it holds copied, at the longest text. Room left untouched
+    /// costs no memory (its pages are never written).
+    pub fn room(&self) -> usize {
+        self.total + 6 * self.longest
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

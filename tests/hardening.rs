@@ -524,6 +524,51 @@ async fn with_auth_streams_count_per_configured_key() {
     upstream.wait_requests(2).await;
 }
 
+#[tokio::test]
+async fn a_passed_through_stream_takes_a_slot_too() {
+    // `gpt-4` is no agent's: the request is forwarded. Spelled with an
+    // escape, only a parse reads its name; plainly, the body's shape does.
+    for model in [r#""gpt-4""#, r#""gpt\u002d4""#] {
+        let upstream = FakeServer::start(|_, _| Reply::Hold).await;
+        let proxy = Proxy::start(&one_upstream(
+            &upstream.url(),
+            "limits: { max_streams_per_client: 1 }",
+        ))
+        .await;
+        let body = format!(
+            r#"{{"model":{model},"stream":true,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        let _held = Connection::open(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.as_bytes(),
+        )
+        .await;
+        upstream.wait_requests(1).await;
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(res.status, 429, "{model}: {}", res.text());
+        let unstreamed = body.replace(r#""stream":true"#, r#""stream":false"#);
+        let _second = Connection::open(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            unstreamed.as_bytes(),
+        )
+        .await;
+        upstream.wait_requests(2).await;
+    }
+}
+
 async fn healthz_on(conn: &mut Connection) -> Response {
     conn.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await

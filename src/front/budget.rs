@@ -27,6 +27,8 @@ pub struct Shape<'a> {
     pub messages: Entries,
     /// The root object's `input` (Responses).
     pub input: Entries,
+    /// Whether the root object's `stream` is `true` (the last given).
+    pub stream: bool,
 }
 
 /// A list member of the root object.
@@ -58,6 +60,7 @@ enum Member {
     Model,
     Messages,
     Input,
+    Stream,
     Other,
 }
 
@@ -69,6 +72,7 @@ impl<'a> Shape<'a> {
                 model: None,
                 messages: Entries::Absent,
                 input: Entries::Absent,
+                stream: false,
             },
             models: 0,
             depth: 0,
@@ -204,6 +208,7 @@ impl<'a> Scan<'a> {
                 (b"model", false) => Member::Model,
                 (b"messages", false) => Member::Messages,
                 (b"input", false) => Member::Input,
+                (b"stream", false) => Member::Stream,
                 _ => Member::Other,
             };
             return;
@@ -230,6 +235,8 @@ impl<'a> Scan<'a> {
                 Member::Model if byte != b'"' => self.models += 1,
                 Member::Messages => self.shape.messages.met(entries),
                 Member::Input => self.shape.input.met(entries),
+                // `true` is the one value beginning with `t`.
+                Member::Stream => self.shape.stream = byte == b't',
                 _ => {}
             }
         } else if self.depth == 2 && self.entry_next {
@@ -342,7 +349,7 @@ mod tests {
     }
 
     /// The shape a parse sees in `root`, for the members [`Shape`] reads.
-    fn parsed_shape(root: &Value) -> (Option<String>, Entries, Entries) {
+    fn parsed_shape(root: &Value) -> (Option<String>, Entries, Entries, bool) {
         let entries = |member: Option<&Value>| match member {
             None => Entries::Absent,
             Some(Value::String(_)) => Entries::Text,
@@ -360,6 +367,7 @@ mod tests {
             model,
             entries(root.get("messages")),
             entries(root.get("input")),
+            root.get("stream") == Some(&Value::Bool(true)),
         )
     }
 
@@ -379,6 +387,7 @@ mod tests {
                     Just("model".to_owned()),
                     Just("messages".to_owned()),
                     Just("input".to_owned()),
+                    Just("stream".to_owned()),
                     "[a-z:,\\[]{0,6}",
                 ],
                 member(),
@@ -392,10 +401,11 @@ mod tests {
                 serde_json::to_string(&root).unwrap()
             };
             let shape = Shape::of(text.as_bytes());
-            let (model, messages, input) = parsed_shape(&root);
+            let (model, messages, input, stream) = parsed_shape(&root);
             prop_assert_eq!(shape.model.map(str::to_owned), model, "{}", text);
             prop_assert_eq!(shape.messages, messages, "{}", text);
             prop_assert_eq!(shape.input, input, "{}", text);
+            prop_assert_eq!(shape.stream, stream, "{}", text);
         }
     }
 

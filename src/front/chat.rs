@@ -16,7 +16,7 @@ use super::{invalid, system_prompt, At, Encoder, Key};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
+    Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::json;
@@ -745,7 +745,7 @@ impl Encoder for ChatEncoder {
             usage,
         };
         // Sized for the text and the envelope: one allocation, no regrowth.
-        out.reserve(512 + self.content.len() + self.reasoning.len());
+        out.reserve(512 + TextSize::of([self.content.len(), self.reasoning.len()]).room());
         json::write(out, &body);
     }
 

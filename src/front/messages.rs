@@ -25,7 +25,7 @@ use super::{
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
+    Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::json;
@@ -873,7 +873,7 @@ impl Encoder for MessagesEncoder {
             return;
         }
         // Sized for the blocks and the envelope: one allocation, no regrowth.
-        out.reserve(256 + self.content.iter().map(Block::size_hint).sum::<usize>());
+        out.reserve(256 + TextSize::of(self.content.iter().map(Block::size_hint)).room());
         json::write(out, &self.message(Some(stop_reason), usage));
     }
 

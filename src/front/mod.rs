@@ -428,7 +428,9 @@ impl<'de> Visitor<'de> for Lenient {
         if !self.tool {
             return Value::deserialize(MapAccessDeserializer::new(map)).map(Tools::Other);
         }
-        let mut fields = Map::new();
+        // Room for a function's members (`type`, `name`, `description`,
+        // `strict`): grown from empty, the map was rehashed on the way.
+        let mut fields = Map::with_capacity(4);
         let (mut schema, mut nested) = (None, None);
         while let Some(key) = map.next_key::<String>()? {
             if key == self.shape.schema {

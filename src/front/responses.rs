@@ -24,7 +24,7 @@ use super::{
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, Schema, ToolCall, ToolChoice, ToolResult, Usage,
+    Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::front::Encoder;
@@ -1344,8 +1344,8 @@ impl Encoder for ResponsesEncoder {
         };
         if !self.sink.stream {
             // Sized for the texts and the envelope: one allocation, no regrowth.
-            let texts: usize = self.output.iter().map(OutputItem::size_hint).sum();
-            out.reserve(1024 + texts);
+            let texts = TextSize::of(self.output.iter().map(OutputItem::size_hint));
+            out.reserve(1024 + texts.room());
         }
         let mut sink = self.sink;
         let keep = self.keep.take();

@@ -74,15 +74,13 @@ pub fn encode(api: UpstreamApi, conversation: &Conversation, stream: bool) -> Ve
 }
 
 /// The buffer `conversation`'s request body is written into, allocated
-/// once: its text, room for the envelope and the escapes, and what
-/// [`json::write`](crate::json::write) asks to have free before it writes a
-/// string (six bytes per byte, the escapes' worst case). Without that room
-/// the buffer is reallocated at the longest string, and what it holds
-/// copied: a coding agent's instructions are a third of its request. Room
-/// left untouched costs no memory (its pages are never written).
+/// once: the room its text needs ([`TextSize::room`]; a coding agent's
+/// instructions are a third of its request), the envelope, and the escapes.
+///
+/// [`TextSize::room`]: crate::conversation::TextSize::room
 fn body_buffer(conversation: &Conversation) -> Vec<u8> {
     let text = conversation.text_size();
-    Vec::with_capacity(4096 + text.total + text.total / 8 + 6 * text.longest)
+    Vec::with_capacity(4096 + text.room() + text.total / 8)
 }
 
 /// A decoder for one round of `api`'s answer to `conversation`.

@@ -49,21 +49,40 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     let serves =
         |model: &str| config.agent(model).is_some() || (model == AUTO && config.router.is_some());
     // An agent's request is parsed once, by its front's decoder: the body's
-    // shape tells where it goes. Any other is peeked at (so validated)
-    // before it is forwarded.
-    let asked = match shape.model.filter(|model| serves(model)) {
-        Some(model) => model.to_owned(),
+    // shape tells where it goes. Any other is checked to be JSON before it
+    // is forwarded as it came: where the shape names its model, without
+    // building what the routing peek holds (one entry per message).
+    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON body: {e}"));
+    let asked = match shape.model {
+        Some(model) if serves(model) => model.to_owned(),
+        Some(model) => {
+            if let Err(e) = crate::json::from_bytes::<serde::de::IgnoredAny>(&body) {
+                return reject(session, dialect, &invalid(e)).await;
+            }
+            let other = Other {
+                model,
+                stream: shape.stream,
+                entries,
+                peek: None,
+            };
+            return pass_on(session, ctx, dialect, other, &body).await;
+        }
         None => {
             let peek: RoutingPeek = match crate::json::from_bytes(&body) {
                 Ok(peek) => peek,
-                Err(e) => {
-                    let error = ApiError::bad_request(format!("invalid JSON body: {e}"));
-                    return reject(session, dialect, &error).await;
-                }
+                Err(e) => return reject(session, dialect, &invalid(e)).await,
             };
-            match peek.model {
-                Some(model) if serves(&model) => model.into_owned(),
-                _ => return pass_on(session, ctx, dialect, entries, &peek, body.clone()).await,
+            match peek.model.as_deref() {
+                Some(model) if serves(model) => model.to_owned(),
+                model => {
+                    let other = Other {
+                        model: model.unwrap_or_default(),
+                        stream: peek.stream == Some(true),
+                        entries,
+                        peek: Some(&peek),
+                    };
+                    return pass_on(session, ctx, dialect, other, &body).await;
+                }
             }
         }
     };
@@ -174,44 +193,59 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     handled(cut)
 }
 
+/// A request for a model that is no agent, as its body was read.
+struct Other<'a> {
+    model: &'a str,
+    stream: bool,
+    entries: Entries,
+    /// The routing peek, where the body was parsed for it.
+    peek: Option<&'a RoutingPeek<'a>>,
+}
+
 /// A request for a model that is no agent: forwarded untouched to
 /// `default_upstream` with `passthrough` on, else a 404.
 async fn pass_on(
     session: &mut Session,
     ctx: &RequestCtx,
     dialect: Dialect,
-    entries: Entries,
-    peek: &RoutingPeek<'_>,
-    body: Bytes,
+    other: Other<'_>,
+    body: &Bytes,
 ) -> Result<bool> {
     let config = &ctx.config;
-    if let Err(error) = listed(dialect, entries, config.limits.max_messages) {
+    if let Err(error) = listed(dialect, other.entries, config.limits.max_messages) {
         return reject(session, dialect, &error).await;
     }
     if !config.passthrough {
-        let model = peek.model.as_deref().unwrap_or_default();
+        let model = other.model;
         let error = ApiError::not_found(format!("The model `{model}` does not exist"))
             .with_param("model")
             .with_code("model_not_found");
         return reject(session, dialect, &error).await;
     }
     // Streams hold connections for long: each client gets a bounded share.
-    let _slot = match peek.stream == Some(true) {
+    let _slot = match other.stream {
         true => match stream_slot(session, config) {
             Ok(slot) => Some(slot),
             Err(error) => return reject(session, dialect, &error).await,
         },
         false => None,
     };
+    // How the conversation begins, read only for a pool that ranks by it.
     let affinity = config
         .default_upstream
         .pool
         .conversation_key(ctx.session.as_deref(), || {
-            let (system, first_user) = peek.prefix();
-            affinity_key(system, first_user)
+            let key = |peek: &RoutingPeek| {
+                let (system, first_user) = peek.prefix();
+                affinity_key(system, first_user)
+            };
+            match other.peek {
+                Some(peek) => key(peek),
+                None => crate::json::from_bytes(body).map_or(0, |peek| key(&peek)),
+            }
         });
     let mut client = Client::new(session, config.limits.heartbeat);
-    let cut = forward::forward(&mut client, config, dialect, Some(body), affinity).await;
+    let cut = forward::forward(&mut client, config, dialect, Some(body.clone()), affinity).await;
     handled(cut)
 }
 
