@@ -526,6 +526,10 @@ async fn with_auth_streams_count_per_configured_key() {
 
 #[tokio::test]
 async fn a_passed_through_stream_takes_a_slot_too() {
+    /// A chat request for `body`, held open by the upstream.
+    async fn open(port: u16, body: &str) -> Connection {
+        Connection::open(port, "POST", "/v1/chat/completions", &[], body.as_bytes()).await
+    }
     // `gpt-4` is no agent's: the request is forwarded. Spelled with an
     // escape, only a parse reads its name; plainly, the body's shape does.
     for model in [r#""gpt-4""#, r#""gpt\u002d4""#] {
@@ -538,14 +542,7 @@ async fn a_passed_through_stream_takes_a_slot_too() {
         let body = format!(
             r#"{{"model":{model},"stream":true,"messages":[{{"role":"user","content":"hi"}}]}}"#
         );
-        let _held = Connection::open(
-            proxy.port,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            body.as_bytes(),
-        )
-        .await;
+        let _held = open(proxy.port, &body).await;
         upstream.wait_requests(1).await;
         let res = request(
             proxy.port,
@@ -556,13 +553,10 @@ async fn a_passed_through_stream_takes_a_slot_too() {
         )
         .await;
         assert_eq!(res.status, 429, "{model}: {}", res.text());
-        let unstreamed = body.replace(r#""stream":true"#, r#""stream":false"#);
-        let _second = Connection::open(
+        // Not a stream: no slot needed.
+        let _second = open(
             proxy.port,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            unstreamed.as_bytes(),
+            &body.replace(r#""stream":true"#, r#""stream":false"#),
         )
         .await;
         upstream.wait_requests(2).await;

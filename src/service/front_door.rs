@@ -239,9 +239,12 @@ async fn pass_on(
                 let (system, first_user) = peek.prefix();
                 affinity_key(system, first_user)
             };
+            // A body the peek cannot type (JSON, but a list that is none)
+            // ranks as a conversation without a beginning.
             match other.peek {
                 Some(peek) => key(peek),
-                None => crate::json::from_bytes(body).map_or(0, |peek| key(&peek)),
+                None => crate::json::from_bytes(body)
+                    .map_or_else(|_| affinity_key(None, None), |peek| key(&peek)),
             }
         });
     let mut client = Client::new(session, config.limits.heartbeat);
