@@ -326,15 +326,13 @@ struct Bench {
 }
 
 impl Bench {
-    /// CPU time of every process of the benchmark's so far: the rig's and
-    /// the proxies'.
-    fn own_cpu(&self) -> Duration {
+    /// CPU time of the targets' processes so far: nginx and the proxies.
+    fn targets_cpu(&self) -> Duration {
         [Host::Nginx, Host::Proxy]
             .into_iter()
             .map(|host| self.process(host).cpu())
             .chain(self.proxy_b.iter().map(Process::cpu))
             .sum::<Duration>()
-            + self.rig_cpu()
     }
 
     /// The fake model's CPU time and the load generator's (this process's).
@@ -432,17 +430,19 @@ impl Bench {
                 let mut load = self.load(*target, shape, connections);
                 tune(&mut load);
                 let process = self.process(target.host);
-                let (cpu, rig, ours, busy, started) = (
+                let (cpu, rig, targets, busy, started) = (
                     process.cpu(),
                     self.rig_cpu(),
-                    self.own_cpu(),
+                    self.targets_cpu(),
                     procs::machine_busy(),
                     Instant::now(),
                 );
                 let stats = load::run(&load).await;
                 run.cpu += process.cpu() - cpu;
-                run.rig_cpu += self.rig_cpu() - rig;
-                let ours = self.own_cpu() - ours;
+                let rig = self.rig_cpu() - rig;
+                run.rig_cpu += rig;
+                // The benchmark's own processes: the rig and the targets.
+                let ours = rig + (self.targets_cpu() - targets);
                 run.foreign_cpu += (procs::machine_busy() - busy).saturating_sub(ours);
                 run.wall += started.elapsed();
                 run.stats.merge(&stats);

@@ -180,11 +180,9 @@ struct Framing {
     /// Whether the final `Transfer-Encoding` is `chunked`, if there is one:
     /// only the final coding frames the body (RFC 9112 §6.3).
     chunked: Option<bool>,
-    /// Whether a `Content-Length` was given.
-    length_given: bool,
-    /// The `Content-Length`: identical values, repeated or listed, are one
-    /// (RFC 9110 §8.6); values that differ or are not numbers are refused
-    /// (when no coding makes the length moot).
+    /// The `Content-Length` (`Ok(None)`: none given): identical values,
+    /// repeated or listed, are one (RFC 9110 §8.6); values that differ or
+    /// are not numbers are refused (when no coding makes the length moot).
     length: Result<Option<u64>, Malformed>,
 }
 
@@ -194,7 +192,6 @@ impl Framing {
             close: false,
             keep_alive: false,
             chunked: None,
-            length_given: false,
             length: Ok(None),
         }
     }
@@ -206,12 +203,7 @@ impl Framing {
         } else if *name == TRANSFER_ENCODING {
             self.chunked = Some(is_chunked(value));
         } else if *name == CONTENT_LENGTH {
-            self.length_given = true;
-            if let Ok(length) = &mut self.length {
-                if let Err(e) = more_length(length, value) {
-                    self.length = Err(e);
-                }
-            }
+            self.length = self.length.and_then(|length| more_length(length, value));
         }
     }
 
@@ -234,7 +226,7 @@ impl Framing {
                 }
                 // The coding wins (RFC 9112 §6.3); the connection is not
                 // trusted with another request (§6.1).
-                if self.length_given {
+                if self.length != Ok(None) {
                     header.remove_header(&CONTENT_LENGTH);
                     keep_alive = false;
                 }
@@ -247,7 +239,7 @@ impl Framing {
 }
 
 /// `length` with a `Content-Length` value's tokens.
-fn more_length(length: &mut Option<u64>, value: &[u8]) -> Result<(), Malformed> {
+fn more_length(mut length: Option<u64>, value: &[u8]) -> Result<Option<u64>, Malformed> {
     for token in value.split(|b| *b == b',') {
         let token = token.trim_ascii();
         let parsed = (!token.is_empty() && token.iter().all(u8::is_ascii_digit))
@@ -257,9 +249,9 @@ fn more_length(length: &mut Option<u64>, value: &[u8]) -> Result<(), Malformed> 
         if length.is_some_and(|l| l != parsed) {
             return Err(Malformed("the request has differing Content-Lengths"));
         }
-        *length = Some(parsed);
+        length = Some(parsed);
     }
-    Ok(())
+    Ok(length)
 }
 
 /// `buf` with its request target percent-encoded where httparse refuses
