@@ -11,6 +11,7 @@
 //! a coding agent's request (its prompts and histories are mostly text).
 //! sonic-rs writes the same bytes, its strings escaped 16 bytes at a time.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use serde::de::DeserializeSeed;
@@ -57,18 +58,39 @@ pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     let _ = sonic_rs::to_writer(out, value);
 }
 
-/// What [`to_vec`] starts with: a Response object, or a request's input
-/// items, fits.
-const TO_VEC_START: usize = 4096;
+/// The most of its scratch buffer [`to_vec`] keeps on a thread between
+/// calls; a larger value's is freed with it.
+const SCRATCH_KEPT: usize = 64 * 1024;
 
-/// [`write`](fn@write) into a new buffer.
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`write`](fn@write) into a new buffer of the JSON's own size. What it
+/// returns is kept (a store's record) and freed on another thread, so it
+/// is written into a buffer the thread keeps, then copied once. Grown from
+/// empty, a Response object was reallocated, and copied, about seven times
+/// (sonic-rs reserves room for each string escaped at worst, six bytes a
+/// byte); started at 4 KiB, each came from the allocator's slow path, the
+/// last one freed on the store's thread.
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
-    // sonic-rs reserves room for each string escaped at worst (six bytes
-    // a byte): grown from empty, a Response object was reallocated, and
-    // copied, about seven times.
-    let mut out = Vec::with_capacity(TO_VEC_START);
-    write(&mut out, value);
-    out
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            write(&mut buf, value);
+            let out = buf.to_vec();
+            if buf.capacity() > SCRATCH_KEPT {
+                *buf = Vec::new();
+            }
+            out
+        }
+        // Only if a value's `Serialize` called it again.
+        Err(_) => {
+            let mut out = Vec::new();
+            write(&mut out, value);
+            out
+        }
+    })
 }
 
 /// JSON text that [`write`](fn@write) writes as it is (a tool's schema, a call's

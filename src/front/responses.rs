@@ -5,7 +5,7 @@
 //!
 //! State lives outside the codec: the front door resolves
 //! `previous_response_id` from the response store into earlier input items
-//! (see [`input_items`]) and keeps the finished Response object through the
+//! (see [`Input`]) and keeps the finished Response object through the
 //! encoder's [`Keep`] hook. `conversation` and `background` are refused, as
 //! is `previous_response_id` when it reaches the decoder (no store). Hosted tools are dropped; `namespace` tools are flattened to
 //! `<namespace>__<name>` functions and restored on the calls handed back.
@@ -459,39 +459,108 @@ fn decode_input(
     Ok(())
 }
 
-/// The request's `input` as a list of items, as a store keeps them and a
-/// later turn replays them: a string is one user message, and every item
-/// gets an id if it has none (`input_items` lists and pages by id).
-/// Anything else is left for [`decode`] to judge.
-pub fn input_items(input: Option<Value>) -> Vec<Value> {
-    let mut items = match input {
-        Some(Value::String(text)) => vec![json!({
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": text}],
-        })],
-        Some(Value::Array(items)) => items,
-        Some(other) => vec![other],
-        None => Vec::new(),
-    };
-    for item in &mut items {
-        let Value::Object(fields) = item else {
-            continue;
+/// The request's `input` as a store keeps it and a later turn replays it: a
+/// list of items, each with an id (`input_items` lists and pages by id).
+/// A string stays a string until a chain needs it as an item: the decoder
+/// reads it as one user message, and the kept list is written from it
+/// directly, without a map built per item and member.
+pub enum Input {
+    Text(String),
+    /// Anything but a string (a list, else what [`decode`] is left to
+    /// judge), its objects given ids where they have none.
+    Items(Vec<Value>),
+}
+
+impl Input {
+    pub fn new(input: Option<Value>) -> Input {
+        let mut items = match input {
+            Some(Value::String(text)) => return Input::Text(text),
+            Some(Value::Array(items)) => items,
+            Some(other) => vec![other],
+            None => Vec::new(),
         };
-        if fields.get("id").is_some_and(Value::is_string) {
-            continue;
+        for item in &mut items {
+            let Value::Object(fields) = item else {
+                continue;
+            };
+            if fields.get("id").is_some_and(Value::is_string) {
+                continue;
+            }
+            let prefix = match fields.get("type").and_then(Value::as_str) {
+                Some("message") | None => "msg_",
+                Some("function_call_output") => "fco_",
+                Some("custom_tool_call_output") => "ctco_",
+                Some("function_call") => "fc_",
+                Some("reasoning") => "rs_",
+                Some(_) => "item_",
+            };
+            fields.insert("id".into(), Value::String(new_id(prefix)));
         }
-        let prefix = match fields.get("type").and_then(Value::as_str) {
-            Some("message") | None => "msg_",
-            Some("function_call_output") => "fco_",
-            Some("custom_tool_call_output") => "ctco_",
-            Some("function_call") => "fc_",
-            Some("reasoning") => "rs_",
-            Some(_) => "item_",
-        };
-        fields.insert("id".into(), Value::String(new_id(prefix)));
+        Input::Items(items)
     }
-    items
+
+    /// How many items it is.
+    pub fn count(&self) -> usize {
+        match self {
+            Input::Text(_) => 1,
+            Input::Items(items) => items.len(),
+        }
+    }
+
+    /// The list a store keeps, as JSON.
+    pub fn kept(&self) -> Vec<u8> {
+        match self {
+            Input::Text(text) => json::to_vec(&[TextInput::new(text, &new_id("msg_"))]),
+            Input::Items(items) => json::to_vec(items),
+        }
+    }
+
+    /// As items, to follow those of earlier responses.
+    pub fn into_items(self) -> Vec<Value> {
+        match self {
+            Input::Text(text) => vec![json!(TextInput::new(&text, &new_id("msg_")))],
+            Input::Items(items) => items,
+        }
+    }
+
+    /// As the request's `input`, for [`decode`].
+    pub fn into_value(self) -> Value {
+        match self {
+            Input::Text(text) => Value::String(text),
+            Input::Items(items) => Value::Array(items),
+        }
+    }
+}
+
+/// A string `input` as the one item it stands for.
+#[derive(Serialize)]
+struct TextInput<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    content: [InputText<'a>; 1],
+    id: &'a str,
+}
+
+#[derive(Serialize)]
+struct InputText<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+impl<'a> TextInput<'a> {
+    fn new(text: &'a str, id: &'a str) -> Self {
+        TextInput {
+            kind: "message",
+            role: "user",
+            content: [InputText {
+                kind: "input_text",
+                text,
+            }],
+            id,
+        }
+    }
 }
 
 /// One input item; `None` for item types the proxy does not model (such as
@@ -2017,6 +2086,32 @@ mod tests {
             ctx.namespaced.get("agents__note"),
             Some(&("agents".to_owned(), "note".to_owned()))
         );
+    }
+
+    #[test]
+    fn a_string_input_is_kept_as_the_one_message_it_stands_for() {
+        let kept = Input::new(Some(json!("Hi\n\"there\""))).kept();
+        let kept: Value = serde_json::from_slice(&kept).unwrap();
+        let id = kept[0]["id"].as_str().unwrap();
+        assert!(id.starts_with("msg_") && id.len() == 36, "{id}");
+        assert_eq!(
+            kept,
+            json!([{"type": "message", "role": "user", "id": id,
+                    "content": [{"type": "input_text", "text": "Hi\n\"there\""}]}])
+        );
+        // A later turn replays the kept item: it reads as the string did.
+        let (as_sent, _) = decode_json(json!({"model": "m", "input": "Hi\n\"there\""})).unwrap();
+        let (replayed, _) = decode_json(json!({"model": "m", "input": kept})).unwrap();
+        assert_eq!(as_sent.items, replayed.items);
+        // Items keep theirs, and get one where they have none.
+        let items = Input::new(Some(json!([
+            {"role": "user", "content": "a", "id": "msg_mine"},
+            {"type": "function_call_output", "call_id": "c", "output": "x"},
+        ])));
+        assert_eq!(items.count(), 2);
+        let items = items.into_items();
+        assert_eq!(items[0]["id"], "msg_mine");
+        assert!(items[1]["id"].as_str().unwrap().starts_with("fco_"));
     }
 
     #[test]

@@ -55,28 +55,33 @@ pub async fn decode(
             .as_bool()
             .ok_or_else(|| ApiError::bad_request("store must be a boolean.").with_param("store"))?,
     };
-    let input = responses::input_items(read.take("input"));
-    let mut items = match &previous {
+    let input = responses::Input::new(read.take("input"));
+    let history = match &previous {
         Some(id) => history(store, tenant, id, config.limits.max_body_bytes).await?,
         None => Vec::new(),
     };
-    // Written as `json::write` writes (sonic-rs): serde_json escapes a
-    // string a byte at a time, and a history is mostly text.
     let own = keep
-        .then(|| String::from_utf8(crate::json::to_vec(&input)))
+        .then(|| String::from_utf8(input.kept()))
         .transpose()
         .map_err(|e| ApiError::internal(format!("input items: {e}")))?;
-    items.extend(input);
-    if items.len() > config.limits.max_messages {
+    let count = history.len() + input.count();
+    if count > config.limits.max_messages {
         return Err(ApiError::bad_request(format!(
-            "the conversation has {} input items with its previous responses; the limit is {}: \
-             start a new one",
-            items.len(),
+            "the conversation has {count} input items with its previous responses; the limit \
+             is {}: start a new one",
             config.limits.max_messages
         ))
         .with_param("previous_response_id"));
     }
-    read.put("input", Value::Array(items));
+    let input = match previous {
+        Some(_) => {
+            let mut items = history;
+            items.extend(input.into_items());
+            Value::Array(items)
+        }
+        None => input.into_value(),
+    };
+    read.put("input", input);
     let (conversation, mut context) = responses::decode_object(read, top, tools)?;
     context.echo.store = keep;
     context.echo.previous_response_id.clone_from(&previous);
