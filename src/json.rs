@@ -66,13 +66,13 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// [`write`](fn@write) into a new buffer of the JSON's own size. What it
-/// returns is kept (a store's record) and freed on another thread, so it
-/// is written into a buffer the thread keeps, then copied once. Grown from
+/// [`write`](fn@write) into a new buffer of the JSON's own size, for JSON
+/// that is kept (a store's record, freed on the store's thread). It is
+/// written into a buffer each thread keeps, then copied once: grown from
 /// empty, a Response object was reallocated, and copied, about seven times
 /// (sonic-rs reserves room for each string escaped at worst, six bytes a
-/// byte); started at 4 KiB, each came from the allocator's slow path, the
-/// last one freed on the store's thread.
+/// byte), and a buffer started at 4 KiB, freed on another thread, came from
+/// the allocator's slow path every time.
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buf) => {

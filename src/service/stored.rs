@@ -73,13 +73,12 @@ pub async fn decode(
         ))
         .with_param("previous_response_id"));
     }
-    let input = match previous {
-        Some(_) => {
-            let mut items = history;
-            items.extend(input.into_items());
-            Value::Array(items)
-        }
-        None => input.into_value(),
+    let input = if previous.is_some() {
+        let mut items = history;
+        items.extend(input.into_items());
+        Value::Array(items)
+    } else {
+        input.into_value()
     };
     read.put("input", input);
     let (conversation, mut context) = responses::decode_object(read, top, tools)?;
