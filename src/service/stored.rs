@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pingora::Result;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::h1::Session;
@@ -128,13 +129,19 @@ async fn history(
     let mut items = Vec::new();
     for record in chain.iter().rev() {
         let input: Vec<Value> = serde_json::from_str(&record.input).unwrap_or_default();
-        let response: Value = serde_json::from_str(&record.response).unwrap_or_default();
+        let answer: Answer = serde_json::from_str(&record.response).unwrap_or_default();
         items.extend(input);
-        if let Some(Value::Array(output)) = response.get("output") {
-            items.extend(output.iter().cloned());
-        }
+        items.extend(answer.output);
     }
     Ok(items)
+}
+
+/// What a kept Response object adds to the conversation: its output items.
+/// Its other members (usage, tools, text format, …) are skipped, not built.
+#[derive(Default, Deserialize)]
+struct Answer {
+    #[serde(default)]
+    output: Vec<Value>,
 }
 
 fn unavailable() -> ApiError {
