@@ -5,6 +5,8 @@
 //! pays one commit per batch rather than per answer.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -24,6 +26,10 @@ const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 pub struct Sqlite {
     calls: mpsc::Sender<Call>,
+    /// Set with a read handed over: it ends a write's linger (see [`linger`]).
+    read_waiting: Arc<AtomicBool>,
+    /// The store's thread, unparked by a read.
+    thread: Option<std::thread::Thread>,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -44,20 +50,38 @@ impl Sqlite {
     /// failure to open). The thread ends when the store is dropped.
     pub fn new(path: PathBuf) -> Self {
         let (calls, queue) = mpsc::channel(QUEUE);
+        let read_waiting = Arc::new(AtomicBool::new(false));
+        let reads = read_waiting.clone();
         let spawned = std::thread::Builder::new()
             .name("sqlite-store".into())
-            .spawn(move || serve(path, queue));
-        if let Err(e) = spawned {
-            // Every call then fails as a store outage (the channel is closed).
-            tracing::error!("cannot start the SQLite store's thread: {e}");
+            .spawn(move || serve(path, queue, &reads));
+        let thread = match spawned {
+            Ok(handle) => Some(handle.thread().clone()),
+            Err(e) => {
+                // Every call then fails as a store outage (the channel is closed).
+                tracing::error!("cannot start the SQLite store's thread: {e}");
+                None
+            }
+        };
+        Sqlite {
+            calls,
+            read_waiting,
+            thread,
         }
-        Sqlite { calls }
     }
 
     async fn call<T>(&self, call: impl FnOnce(Reply<T>) -> Call) -> Result<T, StoreError> {
         let gone = || StoreError("sqlite: the store's thread is gone".into());
         let (reply, answer) = oneshot::channel();
-        self.calls.send(call(reply)).await.map_err(|_| gone())?;
+        let call = call(reply);
+        let read = !call.is_write();
+        self.calls.send(call).await.map_err(|_| gone())?;
+        if read {
+            self.read_waiting.store(true, Ordering::Release);
+            if let Some(thread) = &self.thread {
+                thread.unpark();
+            }
+        }
         answer.await.map_err(|_| gone())?
     }
 
@@ -74,7 +98,7 @@ impl Sqlite {
 
 /// The store's thread: each wake-up serves every call waiting (up to
 /// [`BATCH`]) in one transaction.
-fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>) {
+fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>, read_waiting: &AtomicBool) {
     let mut connection: Option<Connection> = None;
     let mut last_purge = 0;
     let mut batch = Vec::with_capacity(BATCH);
@@ -83,7 +107,7 @@ fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>) {
         // answers even one connection at a time (what is being written is
         // served from the pending set meanwhile). A read does not wait.
         if first.is_write() {
-            std::thread::sleep(LINGER);
+            linger(read_waiting);
         }
         batch.push(first);
         while batch.len() < BATCH {
@@ -104,6 +128,21 @@ fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>) {
             },
         };
         serve_batch(db, &mut batch, &mut last_purge);
+    }
+}
+
+/// A write's wait for company: [`LINGER`], unless a read is handed over
+/// meanwhile. A read is not kept waiting for the writes' commit: a turn that
+/// continues a stored conversation reads its earlier answers, and a client
+/// sending tool results by `previous_response_id` does so at once.
+fn linger(read_waiting: &AtomicBool) {
+    let until = Instant::now() + LINGER;
+    while !read_waiting.swap(false, Ordering::Acquire) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::park_timeout(left);
     }
 }
 
