@@ -510,15 +510,25 @@ impl Input {
     /// The list a store keeps, as JSON.
     pub fn kept(&self) -> Vec<u8> {
         match self {
-            Input::Text(text) => json::to_vec(&[TextInput::new(text, &new_id("msg_"))]),
+            Input::Text(text) => json::to_vec(&[TextInput {
+                kind: "message",
+                role: "user",
+                content: [InputText {
+                    kind: "input_text",
+                    text,
+                }],
+                id: &new_id("msg_"),
+            }]),
             Input::Items(items) => json::to_vec(items),
         }
     }
 
-    /// As items, to follow those of earlier responses.
+    /// As items, to follow those of earlier responses. A string becomes
+    /// the "easy" message it stands for: the decoder drops ids, so none is
+    /// made for it.
     pub fn into_items(self) -> Vec<Value> {
         match self {
-            Input::Text(text) => vec![json!(TextInput::new(&text, &new_id("msg_")))],
+            Input::Text(text) => vec![json!({"role": "user", "content": text})],
             Input::Items(items) => items,
         }
     }
@@ -532,7 +542,7 @@ impl Input {
     }
 }
 
-/// A string `input` as the one item it stands for.
+/// A string `input` as a store keeps it: the one item it stands for.
 #[derive(Serialize)]
 struct TextInput<'a> {
     #[serde(rename = "type")]
@@ -547,20 +557,6 @@ struct InputText<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     text: &'a str,
-}
-
-impl<'a> TextInput<'a> {
-    fn new(text: &'a str, id: &'a str) -> Self {
-        TextInput {
-            kind: "message",
-            role: "user",
-            content: [InputText {
-                kind: "input_text",
-                text,
-            }],
-            id,
-        }
-    }
 }
 
 /// One input item; `None` for item types the proxy does not model (such as
@@ -2112,6 +2108,10 @@ mod tests {
         let items = items.into_items();
         assert_eq!(items[0]["id"], "msg_mine");
         assert!(items[1]["id"].as_str().unwrap().starts_with("fco_"));
+        // Behind earlier items, a string reads as it does alone.
+        let behind = Input::new(Some(json!("Hi\n\"there\""))).into_items();
+        let (chained, _) = decode_json(json!({"model": "m", "input": behind})).unwrap();
+        assert_eq!(as_sent.items, chained.items);
     }
 
     #[test]
