@@ -383,7 +383,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>
             description,
             parameters: schema.unwrap_or_else(Schema::empty),
             kind: CallKind::Function,
-            extra: tool,
+            extra: tool.into_map(),
         }));
         Ok(())
     })

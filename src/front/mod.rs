@@ -199,6 +199,69 @@ impl<const N: usize> Take for Picked<N> {
     }
 }
 
+/// The members of a tool object every front reads.
+const TOOL_MEMBERS: [&str; 3] = ["type", "name", "description"];
+
+/// A tool object's members but its [`ToolShape`]'s: those every front
+/// reads ([`TOOL_MEMBERS`]) set apart as strings as it is parsed, the others
+/// in a map. A coding agent sends a dozen tools or more: in the map, each of
+/// their names was hashed in and out again.
+pub struct ToolFields {
+    named: [Option<String>; TOOL_MEMBERS.len()],
+    /// The others, and one of [`TOOL_MEMBERS`] that is not a string: the
+    /// decoder names what is wrong with it.
+    rest: Map<String, Value>,
+}
+
+impl ToolFields {
+    fn new() -> Self {
+        ToolFields {
+            named: Default::default(),
+            rest: Map::new(),
+        }
+    }
+
+    /// A member as parsed; one given twice is the last.
+    fn insert(&mut self, key: String, value: Value) {
+        let slot = TOOL_MEMBERS.iter().position(|name| *name == key);
+        match (slot, value) {
+            (Some(slot), Value::String(text)) => {
+                self.named[slot] = Some(text);
+                if !self.rest.is_empty() {
+                    self.rest.remove(&key);
+                }
+            }
+            (slot, value) => {
+                if let Some(slot) = slot {
+                    self.named[slot] = None;
+                }
+                self.rest.insert(key, value);
+            }
+        }
+    }
+
+    /// Every member not taken, as a map (the tool's `extra`).
+    fn into_map(self) -> Map<String, Value> {
+        let mut map = self.rest;
+        for (name, text) in TOOL_MEMBERS.iter().zip(self.named) {
+            if let Some(text) = text {
+                map.insert((*name).to_owned(), Value::String(text));
+            }
+        }
+        map
+    }
+}
+
+impl Take for ToolFields {
+    fn take(&mut self, key: &str) -> Option<Value> {
+        let named = TOOL_MEMBERS.iter().position(|name| *name == key);
+        match named.and_then(|slot| self.named[slot].take()) {
+            Some(text) => Some(Value::String(text)),
+            None => self.rest.remove(key),
+        }
+    }
+}
+
 /// A request's `tools` as the body's one pass read them, whatever their
 /// shape: `function_tools` says what is wrong with them.
 #[derive(Default)]
@@ -211,7 +274,7 @@ pub enum Tools<'a> {
     /// A tool: its members parsed into values, but its schema, kept as the
     /// text it came as, and the tools it groups, read as tools.
     Object {
-        fields: Map<String, Value>,
+        fields: ToolFields,
         schema: Option<&'a RawValue>,
         nested: Option<Box<Tools<'a>>>,
     },
@@ -230,10 +293,11 @@ impl Tools<'_> {
                     .collect::<Result<_, _>>()?,
             ),
             Tools::Object {
-                mut fields,
+                fields,
                 schema,
                 nested,
             } => {
+                let mut fields = fields.into_map();
                 if let Some(text) = schema {
                     let value = serde_json::from_str(text.get()).map_err(not_json)?;
                     fields.insert(shape.schema.into(), value);
@@ -252,7 +316,7 @@ impl Tools<'_> {
 struct ToolObject<'a, 'b> {
     /// Its place (`tools[i]`), for errors.
     param: At<'b>,
-    fields: Map<String, Value>,
+    fields: ToolFields,
     /// Kept as the text it came as; `null` is none.
     schema: Option<Schema>,
     /// The tools it groups.
@@ -428,9 +492,7 @@ impl<'de> Visitor<'de> for Lenient {
         if !self.tool {
             return Value::deserialize(MapAccessDeserializer::new(map)).map(Tools::Other);
         }
-        // Room for a function's members (`type`, `name`, `description`,
-        // `strict`): grown from empty, the map was rehashed on the way.
-        let mut fields = Map::with_capacity(4);
+        let mut fields = ToolFields::new();
         let (mut schema, mut nested) = (None, None);
         while let Some(key) = map.next_key::<String>()? {
             if key == self.shape.schema {
@@ -649,9 +711,41 @@ pub fn error_event(dialect: crate::conversation::Dialect, error: &ApiError) -> B
 
 #[cfg(test)]
 mod tests {
-    use super::{error_event, new_id};
+    use super::{error_event, new_id, Take, ToolFields};
     use crate::conversation::Dialect;
     use crate::error::ApiError;
+    use serde_json::{json, Value};
+
+    #[test]
+    fn a_tools_members_are_read_as_given_the_last_of_a_repeated_one_winning() {
+        let mut fields = ToolFields::new();
+        let given = [
+            ("type", json!("function")),
+            ("name", json!(7)),
+            ("strict", json!(true)),
+            ("name", json!("lookup")),
+            ("description", json!("weather")),
+            ("description", json!(["not", "text"])),
+            ("cache_control", json!({"type": "ephemeral"})),
+        ];
+        for (key, value) in given {
+            fields.insert(key.to_owned(), value);
+        }
+        assert_eq!(fields.take("name"), Some(json!("lookup")));
+        assert_eq!(fields.take("name"), None);
+        // Not a string: left for the decoder to name.
+        assert_eq!(fields.take("description"), Some(json!(["not", "text"])));
+        let extra = fields.into_map();
+        let extra: Vec<(&str, &Value)> = extra.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        assert_eq!(
+            extra,
+            [
+                ("strict", &json!(true)),
+                ("cache_control", &json!({"type": "ephemeral"})),
+                ("type", &json!("function")),
+            ]
+        );
+    }
 
     #[test]
     fn a_broken_stream_ends_with_an_error_in_the_clients_dialect() {

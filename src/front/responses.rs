@@ -404,7 +404,7 @@ fn function_tool(
         description,
         parameters,
         kind,
-        extra: tool,
+        extra: tool.into_map(),
     })
 }
 
