@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde::ser::{SerializeSeq, Serializer};
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -467,36 +467,18 @@ fn decode_input(
 pub enum Input {
     Text(String),
     /// Anything but a string (a list, else what [`decode`] is left to
-    /// judge), its objects given ids where they have none.
+    /// judge).
     Items(Vec<Value>),
 }
 
 impl Input {
     pub fn new(input: Option<Value>) -> Input {
-        let mut items = match input {
-            Some(Value::String(text)) => return Input::Text(text),
-            Some(Value::Array(items)) => items,
-            Some(other) => vec![other],
-            None => Vec::new(),
-        };
-        for item in &mut items {
-            let Value::Object(fields) = item else {
-                continue;
-            };
-            if fields.get("id").is_some_and(Value::is_string) {
-                continue;
-            }
-            let prefix = match fields.get("type").and_then(Value::as_str) {
-                Some("message") | None => "msg_",
-                Some("function_call_output") => "fco_",
-                Some("custom_tool_call_output") => "ctco_",
-                Some("function_call") => "fc_",
-                Some("reasoning") => "rs_",
-                Some(_) => "item_",
-            };
-            fields.insert("id".into(), Value::String(new_id(prefix)));
+        match input {
+            Some(Value::String(text)) => Input::Text(text),
+            Some(Value::Array(items)) => Input::Items(items),
+            Some(other) => Input::Items(vec![other]),
+            None => Input::Items(Vec::new()),
         }
-        Input::Items(items)
     }
 
     /// How many items it is.
@@ -507,7 +489,8 @@ impl Input {
         }
     }
 
-    /// The list a store keeps, as JSON.
+    /// The list a store keeps, as JSON: an object item without an id is
+    /// given one here, where it is kept (the decoder drops ids).
     pub fn kept(&self) -> Vec<u8> {
         match self {
             Input::Text(text) => json::to_vec(&[TextInput {
@@ -519,13 +502,12 @@ impl Input {
                 }],
                 id: &new_id("msg_"),
             }]),
-            Input::Items(items) => json::to_vec(items),
+            Input::Items(items) => json::to_vec(&KeptItems(items)),
         }
     }
 
     /// As items, to follow those of earlier responses. A string becomes
-    /// the "easy" message it stands for: the decoder drops ids, so none is
-    /// made for it.
+    /// the "easy" message it stands for.
     pub fn into_items(self) -> Vec<Value> {
         match self {
             Input::Text(text) => vec![json!({"role": "user", "content": text})],
@@ -539,6 +521,43 @@ impl Input {
             Input::Text(text) => Value::String(text),
             Input::Items(items) => Value::Array(items),
         }
+    }
+}
+
+/// Input items as a store keeps them: each object with a string `id`, one
+/// made where it has none.
+struct KeptItems<'a>(&'a [Value]);
+
+impl Serialize for KeptItems<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(KeptItem))
+    }
+}
+
+struct KeptItem<'a>(&'a Value);
+
+impl Serialize for KeptItem<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let Value::Object(fields) = self.0 else {
+            return self.0.serialize(serializer);
+        };
+        if fields.get("id").is_some_and(Value::is_string) {
+            return self.0.serialize(serializer);
+        }
+        let prefix = match fields.get("type").and_then(Value::as_str) {
+            Some("message") | None => "msg_",
+            Some("function_call_output") => "fco_",
+            Some("custom_tool_call_output") => "ctco_",
+            Some("function_call") => "fc_",
+            Some("reasoning") => "rs_",
+            Some(_) => "item_",
+        };
+        let mut map = serializer.serialize_map(Some(fields.len() + 1))?;
+        for (key, value) in fields.iter().filter(|(key, _)| *key != "id") {
+            map.serialize_entry(key, value)?;
+        }
+        map.serialize_entry("id", &new_id(prefix))?;
+        map.end()
     }
 }
 
@@ -2099,15 +2118,22 @@ mod tests {
         let (as_sent, _) = decode_json(json!({"model": "m", "input": "Hi\n\"there\""})).unwrap();
         let (replayed, _) = decode_json(json!({"model": "m", "input": kept})).unwrap();
         assert_eq!(as_sent.items, replayed.items);
-        // Items keep theirs, and get one where they have none.
-        let items = Input::new(Some(json!([
+        // Kept items keep theirs, and get one where they have none.
+        let given = json!([
             {"role": "user", "content": "a", "id": "msg_mine"},
-            {"type": "function_call_output", "call_id": "c", "output": "x"},
-        ])));
+            {"type": "function_call_output", "call_id": "c", "output": "x", "id": null},
+        ]);
+        let items = Input::new(Some(given.clone()));
         assert_eq!(items.count(), 2);
-        let items = items.into_items();
-        assert_eq!(items[0]["id"], "msg_mine");
-        assert!(items[1]["id"].as_str().unwrap().starts_with("fco_"));
+        let kept: Value = serde_json::from_slice(&items.kept()).unwrap();
+        assert_eq!(kept[0], given[0]);
+        let id = kept[1]["id"].as_str().unwrap();
+        assert!(id.starts_with("fco_") && id.len() == 36, "{id}");
+        let mut with_id = given[1].clone();
+        with_id["id"] = id.into();
+        assert_eq!(kept[1], with_id);
+        // Not kept, they go on as sent.
+        assert_eq!(Value::Array(items.into_items()), given);
         // Behind earlier items, a string reads as it does alone.
         let behind = Input::new(Some(json!("Hi\n\"there\""))).into_items();
         let (chained, _) = decode_json(json!({"model": "m", "input": behind})).unwrap();
