@@ -1265,14 +1265,20 @@ impl Encoder for ResponsesEncoder {
         }
         let mut sink = self.sink;
         let response = self.response("in_progress", None, None, None);
+        // The same object in both events: serialized once.
+        let written = json::to_vec(&response);
+        let raw = json::Raw::written(&written);
         for kind in ["response.created", "response.in_progress"] {
-            sink.emit(
-                out,
-                kind,
-                ResponseEvent {
-                    response: &response,
-                },
-            );
+            match raw {
+                Some(response) => sink.emit(out, kind, ResponseEvent { response }),
+                None => sink.emit(
+                    out,
+                    kind,
+                    ResponseEvent {
+                        response: &response,
+                    },
+                ),
+            }
         }
         self.sink = sink;
     }
