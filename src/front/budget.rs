@@ -166,12 +166,11 @@ fn deep(body: &[u8], mut at: usize, values: &mut usize) -> Option<usize> {
     None
 }
 
-/// The end of a string from just past its opening quote: just past its
-/// closing quote, and whether it has escapes (`None`: the body ends first).
-/// Just past the closing quote of the string whose text begins at `start`.
-/// Only quotes are searched for: one is escaped when an odd run of
-/// backslashes comes right before it. Prose has an escape (`\n`, `\"`)
-/// every line or so, and a search for either byte stopped at each.
+/// Just past the closing quote of the string whose text begins at `start`
+/// (`None`: the body ends first). Only quotes are searched for: one is
+/// escaped when an odd run of backslashes comes right before it. Prose has
+/// an escape (`\n`, `\"`) every line or so, and a search for either byte
+/// stopped at each.
 #[inline]
 fn skip_string(body: &[u8], start: usize) -> Option<usize> {
     let mut at = start;
@@ -189,6 +188,7 @@ fn skip_string(body: &[u8], start: usize) -> Option<usize> {
     }
 }
 
+/// The state of [`Shape::of`] between bytes.
 struct Scan<'a> {
     shape: Shape<'a>,
     models: usize,

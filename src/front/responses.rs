@@ -552,7 +552,7 @@ impl Serialize for KeptItem<'_> {
             Some("reasoning") => "rs_",
             Some(_) => "item_",
         };
-        let mut map = serializer.serialize_map(Some(fields.len() + 1))?;
+        let mut map = serializer.serialize_map(None)?;
         for (key, value) in fields.iter().filter(|(key, _)| *key != "id") {
             map.serialize_entry(key, value)?;
         }
