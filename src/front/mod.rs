@@ -203,12 +203,12 @@ impl<const N: usize> Take for Picked<N> {
 const TOOL_MEMBERS: [&str; 3] = ["type", "name", "description"];
 
 /// A tool object's members but its [`ToolShape`]'s: those every front
-/// reads ([`TOOL_MEMBERS`]) set apart as strings as it is parsed, the others
-/// in a map. A coding agent sends a dozen tools or more: in the map, each of
+/// reads (`type`, `name`, `description`) set apart as strings as it is
+/// parsed, the others in a map. A coding agent sends a dozen tools or more: in the map, each of
 /// their names was hashed in and out again.
 pub struct ToolFields {
     named: [Option<String>; TOOL_MEMBERS.len()],
-    /// The others, and one of [`TOOL_MEMBERS`] that is not a string: the
+    /// The others, and one of those three that is not a string: the
     /// decoder names what is wrong with it.
     rest: Map<String, Value>,
 }
