@@ -224,6 +224,25 @@ async fn limits_on_messages_and_open_streams() {
     let res = post_json(proxy.port, "/v1/chat/completions", &many).await;
     assert_eq!(res.status, 400);
     assert_eq!(res.json()["error"]["param"], "messages");
+    // A body cut short is not JSON, whatever its lists looked like so far:
+    // said in the client's dialect.
+    let json = [("content-type", "application/json")];
+    for (path, cut) in [
+        ("/v1/chat/completions", &br#"{"model":"a","messages":["#[..]),
+        (
+            "/v1/messages",
+            br#"{"model":"a","max_tokens":5,"messages":[{"role":"user""#,
+        ),
+    ] {
+        let res = request(proxy.port, "POST", path, &json, cut).await;
+        assert_eq!(res.status, 400, "{path}");
+        let error = res.json();
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("EOF while parsing"), "{path}: {message}");
+        if path == "/v1/messages" {
+            assert_eq!(error["type"], "error");
+        }
+    }
 
     let port = proxy.port;
     let slow =

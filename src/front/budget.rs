@@ -89,7 +89,7 @@ impl<'a> Shape<'a> {
                 b'"' => {
                     let start = at;
                     let Some(end) = skip_string(body, at) else {
-                        return scan.end();
+                        return scan.end(false);
                     };
                     at = end;
                     scan.string(&body[start..at - 1]);
@@ -111,7 +111,7 @@ impl<'a> Shape<'a> {
                                 at = end;
                                 scan.depth -= 1;
                             }
-                            None => return scan.end(),
+                            None => return scan.end(false),
                         },
                     }
                 }
@@ -135,7 +135,8 @@ impl<'a> Shape<'a> {
                 _ => scan.begins(byte),
             }
         }
-        scan.end()
+        let closed = scan.depth == 0;
+        scan.end(closed)
     }
 }
 
@@ -261,9 +262,16 @@ impl<'a> Scan<'a> {
         }
     }
 
-    fn end(mut self) -> Shape<'a> {
+    /// The shape read; of a body cut short (`closed` false), its lists are
+    /// left to the parse, whose error says what is wrong: a truncated
+    /// `"messages": [` is not an empty list.
+    fn end(mut self, closed: bool) -> Shape<'a> {
         if self.models != 1 {
             self.shape.model = None;
+        }
+        if !closed {
+            self.shape.messages = Entries::Other;
+            self.shape.input = Entries::Other;
         }
         self.shape
     }
@@ -416,6 +424,29 @@ mod tests {
             prop_assert_eq!(shape.input, input, "{}", text);
             prop_assert_eq!(shape.stream, stream, "{}", text);
         }
+    }
+
+    #[test]
+    fn a_body_cut_short_leaves_its_lists_to_the_parse() {
+        for body in [
+            &br#"{"model":"m","messages":["#[..],
+            br#"{"model":"m","messages":[{"role":"user"}"#,
+            br#"{"model":"m","mess"#,
+            br#"{"model":"m","input":"unterminated"#,
+            br#"{"model":"m","input":[{"a":{"b":1}"#,
+        ] {
+            let shape = Shape::of(body);
+            assert_eq!(shape.model, Some("m"), "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                (shape.messages, shape.input),
+                (Entries::Other, Entries::Other)
+            );
+        }
+        let whole = Shape::of(br#"{"model":"m","messages":[]}"#);
+        assert_eq!(
+            (whole.messages, whole.input),
+            (Entries::List(0), Entries::Absent)
+        );
     }
 
     #[test]
