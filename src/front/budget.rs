@@ -40,7 +40,8 @@ pub enum Entries {
     Text,
     /// An array of this many entries.
     List(usize),
-    /// Anything else, or given twice: the parse tells what is wrong.
+    /// Anything else, given twice, or in a body cut short: the parse tells
+    /// what is wrong.
     Other,
 }
 
