@@ -204,8 +204,9 @@ const TOOL_MEMBERS: [&str; 3] = ["type", "name", "description"];
 
 /// A tool object's members but its [`ToolShape`]'s: those every front
 /// reads (`type`, `name`, `description`) set apart as strings as it is
-/// parsed, the others in a map. A coding agent sends a dozen tools or more: in the map, each of
-/// their names was hashed in and out again.
+/// parsed, the others in a map. A coding agent sends a dozen tools or more:
+/// in the map, each of their names was hashed in and out again.
+#[derive(Default)]
 pub struct ToolFields {
     named: [Option<String>; TOOL_MEMBERS.len()],
     /// The others, and one of those three that is not a string: the
@@ -214,17 +215,14 @@ pub struct ToolFields {
 }
 
 impl ToolFields {
-    fn new() -> Self {
-        ToolFields {
-            named: Default::default(),
-            rest: Map::new(),
-        }
+    /// Where `key` is kept, if it is one of [`TOOL_MEMBERS`].
+    fn slot(key: &str) -> Option<usize> {
+        TOOL_MEMBERS.iter().position(|name| *name == key)
     }
 
     /// A member as parsed; one given twice is the last.
     fn insert(&mut self, key: String, value: Value) {
-        let slot = TOOL_MEMBERS.iter().position(|name| *name == key);
-        match (slot, value) {
+        match (Self::slot(&key), value) {
             (Some(slot), Value::String(text)) => {
                 self.named[slot] = Some(text);
                 if !self.rest.is_empty() {
@@ -254,8 +252,7 @@ impl ToolFields {
 
 impl Take for ToolFields {
     fn take(&mut self, key: &str) -> Option<Value> {
-        let named = TOOL_MEMBERS.iter().position(|name| *name == key);
-        match named.and_then(|slot| self.named[slot].take()) {
+        match Self::slot(key).and_then(|slot| self.named[slot].take()) {
             Some(text) => Some(Value::String(text)),
             None => self.rest.remove(key),
         }
@@ -492,7 +489,7 @@ impl<'de> Visitor<'de> for Lenient {
         if !self.tool {
             return Value::deserialize(MapAccessDeserializer::new(map)).map(Tools::Other);
         }
-        let mut fields = ToolFields::new();
+        let mut fields = ToolFields::default();
         let (mut schema, mut nested) = (None, None);
         while let Some(key) = map.next_key::<String>()? {
             if key == self.shape.schema {
@@ -718,7 +715,7 @@ mod tests {
 
     #[test]
     fn a_tools_members_are_read_as_given_the_last_of_a_repeated_one_winning() {
-        let mut fields = ToolFields::new();
+        let mut fields = ToolFields::default();
         let given = [
             ("type", json!("function")),
             ("name", json!(7)),
