@@ -70,7 +70,7 @@ impl Conversation {
             }
         }
         for tool in &self.tools {
-            add(tool.description.as_ref().map_or(0, String::len));
+            add(tool.description.as_deref().map_or(0, JsonText::json_len));
             add(tool.parameters.json_len());
         }
         size
@@ -232,7 +232,7 @@ pub struct ToolResult {
 #[derive(Debug, Clone, PartialEq)]
 pub struct FunctionTool {
     pub name: String,
-    pub description: Option<String>,
+    pub description: Option<Description>,
     /// JSON schema of the arguments.
     pub parameters: Schema,
     pub kind: CallKind,
@@ -247,7 +247,7 @@ impl FunctionTool {
     pub fn function(name: &str, description: &str, parameters: &Value) -> FunctionTool {
         FunctionTool {
             name: name.to_owned(),
-            description: Some(description.to_owned()).filter(|d| !d.is_empty()),
+            description: Description::new(description),
             parameters: Schema::from(parameters),
             kind: CallKind::Function,
             extra: Map::new(),
@@ -255,51 +255,108 @@ impl FunctionTool {
     }
 }
 
-/// A JSON schema, kept as its JSON text. The proxy only passes it on, and a
-/// coding agent's tools hold tens of KiB of schemas for a whole stream: as a
-/// `Value`, every object in them would be a map of its own.
+/// JSON text kept as it came (or as we wrote it): what the proxy only passes
+/// on is not parsed into values and written out again.
 #[derive(Debug, Clone)]
-pub struct Schema(Box<RawValue>);
+pub struct JsonText(Box<RawValue>);
 
-impl Schema {
-    /// The schema of a function without arguments.
-    pub fn empty() -> Schema {
-        let empty = RawValue::from_string(r#"{"type":"object","properties":{}}"#.to_owned());
-        Schema(empty.unwrap_or_default())
-    }
-
+impl JsonText {
     /// The length of its JSON text.
     pub fn json_len(&self) -> usize {
         self.0.get().len()
     }
 
-    /// The schema as [`json::write`](crate::json::write) writes it.
+    /// The text as [`json::write`](crate::json::write) writes it.
     pub fn raw(&self) -> crate::json::Raw<'_> {
         crate::json::Raw::checked(&self.0)
     }
 
-    /// The schema as JSON (for a test or a look inside).
-    pub fn to_value(&self) -> Value {
+    /// What it reads as (for a test or a look inside).
+    fn parse<T: serde::de::DeserializeOwned + Default>(&self) -> T {
         serde_json::from_str(self.0.get()).unwrap_or_default()
+    }
+}
+
+impl PartialEq for JsonText {
+    fn eq(&self, other: &JsonText) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+/// A tool's description, kept as the JSON string it came as (quotes and
+/// escapes included). Claude Code's are 18 KB of prose: read into a
+/// `String` and escaped again on the way out, they cost twice this copy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Description(JsonText);
+
+impl Description {
+    /// Ours, from its text: none when empty.
+    pub fn new(text: &str) -> Option<Description> {
+        // A string always serializes.
+        let json = serde_json::value::to_raw_value(text).ok()?;
+        (!text.is_empty()).then_some(Description(JsonText(json)))
+    }
+
+    /// A client's, as sent: none unless it is a JSON string.
+    pub fn from_json(json: &RawValue) -> Option<Description> {
+        json.get()
+            .starts_with('"')
+            .then(|| Description(JsonText(json.to_owned())))
+    }
+
+    /// Its text.
+    pub fn text(&self) -> String {
+        self.0.parse()
+    }
+}
+
+impl std::ops::Deref for Description {
+    type Target = JsonText;
+
+    fn deref(&self) -> &JsonText {
+        &self.0
+    }
+}
+
+/// A JSON schema, kept as its JSON text. A coding agent's tools hold tens
+/// of KiB of schemas for a whole stream: as a `Value`, every object in them
+/// would be a map of its own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schema(JsonText);
+
+impl Schema {
+    /// The schema of a function without arguments.
+    pub fn empty() -> Schema {
+        let empty = RawValue::from_string(r#"{"type":"object","properties":{}}"#.to_owned());
+        Schema(JsonText(empty.unwrap_or_default()))
+    }
+
+    /// The schema as JSON.
+    pub fn to_value(&self) -> Value {
+        self.0.parse()
+    }
+}
+
+impl std::ops::Deref for Schema {
+    type Target = JsonText;
+
+    fn deref(&self) -> &JsonText {
+        &self.0
     }
 }
 
 impl From<&Value> for Schema {
     fn from(schema: &Value) -> Schema {
         // A `Value` always serializes: its keys are strings.
-        Schema(serde_json::value::to_raw_value(schema).unwrap_or_default())
+        Schema(JsonText(
+            serde_json::value::to_raw_value(schema).unwrap_or_default(),
+        ))
     }
 }
 
 impl From<&RawValue> for Schema {
     fn from(schema: &RawValue) -> Schema {
-        Schema(schema.to_owned())
-    }
-}
-
-impl PartialEq for Schema {
-    fn eq(&self, other: &Schema) -> bool {
-        self.0.get() == other.0.get()
+        Schema(JsonText(schema.to_owned()))
     }
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{invalid, system_prompt, At, Encoder, Key};
+use super::{description, invalid, system_prompt, At, Encoder, Key};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -70,17 +70,15 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
         let Some(function) = tool.function else {
             continue;
         };
+        let list = At::Root("tools");
+        let tool = list.index(i);
+        let at = tool.field("function");
         let Some(name) = function.name else {
-            let at = At::Root("tools");
-            return Err(at
-                .index(i)
-                .field("function")
-                .field("name")
-                .invalid("is required."));
+            return Err(at.field("name").invalid("is required."));
         };
         conversation.tools.push(Arc::new(FunctionTool {
             name,
-            description: function.description,
+            description: description(function.description, at.field("description"))?,
             parameters: function.parameters.map_or_else(Schema::empty, Schema::from),
             kind: CallKind::Function,
             // `strict`, …
@@ -255,7 +253,8 @@ struct ToolIn<'a> {
 #[derive(Default)]
 struct FunctionIn<'a> {
     name: Option<String>,
-    description: Option<String>,
+    /// Kept as its text, as the schema is.
+    description: Option<&'a RawValue>,
     /// Kept as its text.
     parameters: Option<&'a RawValue>,
     rest: Map<String, Value>,
@@ -807,6 +806,8 @@ impl From<WireCall<'_>> for openai::ToolCall {
 mod tests {
     use serde_json::{json, Value};
 
+    use crate::conversation::Description;
+
     use super::decode;
     use crate::conversation::{Item, Role, Schema};
 
@@ -866,17 +867,38 @@ mod tests {
     fn a_tool_schema_goes_on_as_the_client_wrote_it() {
         // Key order, an escape and a number as written: the text, not a
         // re-serialized value (a prompt cache needs the same bytes per turn).
+        // A description too: its escapes as sent.
         let schema = r#"{"type":"object","required":["b","a"],"properties":{"b":{"type":"string","description":"caf\u00e9"},"a":{"type":"number","maximum":1.50}}}"#;
+        let description = r#""Caf\u00e9 \/ \"menu\"\n""#;
         let body = format!(
             r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":[
-            {{"type":"function","function":{{"name":"T","strict":true,"parameters":{schema}}}}},
-            {{"type":"function","function":{{"name":"N","parameters":null}}}},
+            {{"type":"function","function":{{"name":"T","strict":true,"description":{description},"parameters":{schema}}}}},
+            {{"type":"function","function":{{"name":"N","description":null,"parameters":null}}}},
             {{"type":"custom","custom":{{"name":"C"}}}}]}}"#
         );
         let conversation = decode(body.as_bytes()).unwrap();
         let out = crate::round::chat::encode(&conversation, false);
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains(&format!(r#""parameters":{schema}"#)), "{out}");
+        assert!(
+            out.contains(&format!(r#""description":{description}"#)),
+            "{out}"
+        );
+        let first = conversation.tools[0].description.as_ref();
+        assert_eq!(
+            first.map(Description::text).as_deref(),
+            Some("Café / \"menu\"\n")
+        );
+        assert_eq!(conversation.tools[1].description, None);
+        let error = decode(br#"{"messages":[],"tools":[{"type":"function","function":{"name":"T","description":7}}]}"#).unwrap_err();
+        assert_eq!(
+            error.param.as_deref(),
+            Some("tools[0].function.description")
+        );
+        assert_eq!(
+            error.message,
+            "tools[0].function.description must be a string."
+        );
         let names: Vec<&str> = conversation.tools.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["T", "N"]);
         assert_eq!(conversation.tools[0].extra["strict"], true);

@@ -19,8 +19,8 @@ use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
 use super::{
-    function_tools, invalid, new_id, note_dropped, picked_object_and_tools, required_str,
-    system_prompt, take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder,
+    description, function_tools, invalid, new_id, note_dropped, picked_object_and_tools,
+    required_str, system_prompt, take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder,
     ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
@@ -365,6 +365,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>
             param,
             fields: mut tool,
             schema,
+            description: given,
             nested: _,
         } = tool;
         match take_str_at(&mut tool, "type", param.field("type"))? {
@@ -376,7 +377,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>
             }
         }
         let name = required_str(&mut tool, "name", param)?;
-        let description = take_str_at(&mut tool, "description", param.field("description"))?;
+        let description = description(given, param.field("description"))?;
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(Arc::new(FunctionTool {
             name,
@@ -1166,6 +1167,7 @@ impl From<Usage> for UsageOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::Description;
 
     /// The body of a captured request (`{method, path, headers, body}`).
     fn fixture(file: &str) -> Vec<u8> {
@@ -1412,12 +1414,13 @@ mod tests {
         // re-serialized value (a prompt cache needs the same bytes per turn).
         let schema = r#"{"type":"object","required":["b","a"],"properties":{"b":{"type":"string","description":"caf\u00e9"},"a":{"type":"number","maximum":1.50}}}"#;
         let body = format!(
-            r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"name":"T","input_schema":{schema}}},{{"name":"N","input_schema":null}}]}}"#
+            r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"name":"T","description":"caf\u00e9\n","input_schema":{schema}}},{{"name":"N","input_schema":null}}]}}"#
         );
         let (conv, _) = decode(body.as_bytes()).unwrap();
         let out = crate::round::chat::encode(&conv, false);
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains(&format!(r#""parameters":{schema}"#)), "{out}");
+        assert!(out.contains(r#""description":"caf\u00e9\n","#), "{out}");
         assert_eq!(conv.tools[1].parameters, Schema::empty());
     }
 
@@ -1488,7 +1491,10 @@ mod tests {
         .unwrap();
         let names: Vec<&str> = conv.tools.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["Bash", "Edit", "Later", "Bare"]);
-        assert_eq!(conv.tools[0].description.as_deref(), Some("Run."));
+        assert_eq!(
+            conv.tools[0].description.as_ref().map(Description::text),
+            Some("Run.".into())
+        );
         assert_eq!(conv.tools[0].parameters.to_value(), schema);
         assert_eq!(conv.tools[0].kind, CallKind::Function);
         assert_eq!(

@@ -20,7 +20,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::conversation::{Finish, FunctionTool, Reasoning, Schema, ToolCall, Usage};
+use crate::conversation::{Description, Finish, FunctionTool, Reasoning, Schema, ToolCall, Usage};
 use crate::error::ApiError;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
@@ -199,11 +199,11 @@ impl<const N: usize> Take for Picked<N> {
     }
 }
 
-/// The members of a tool object every front reads.
-const TOOL_MEMBERS: [&str; 3] = ["type", "name", "description"];
+/// The members of a tool object every front reads as text.
+const TOOL_MEMBERS: [&str; 2] = ["type", "name"];
 
-/// A tool object's members but its [`ToolShape`]'s: those every front
-/// reads (`type`, `name`, `description`) set apart as strings as it is
+/// A tool object's members but its [`ToolShape`]'s and its description:
+/// those every front reads (`type`, `name`) set apart as strings as it is
 /// parsed, the others in a map. A coding agent sends a dozen tools or more:
 /// in the map, each of their names was hashed in and out again.
 #[derive(Default)]
@@ -268,11 +268,13 @@ pub enum Tools<'a> {
     None,
     /// A list: each entry read as a tool.
     List(Vec<Tools<'a>>),
-    /// A tool: its members parsed into values, but its schema, kept as the
-    /// text it came as, and the tools it groups, read as tools.
+    /// A tool: its members parsed into values, but its schema and its
+    /// description, kept as the text they came as, and the tools it groups,
+    /// read as tools.
     Object {
         fields: ToolFields,
         schema: Option<&'a RawValue>,
+        description: Option<&'a RawValue>,
         nested: Option<Box<Tools<'a>>>,
     },
     /// Anything else, as it came.
@@ -292,12 +294,15 @@ impl Tools<'_> {
             Tools::Object {
                 fields,
                 schema,
+                description,
                 nested,
             } => {
                 let mut fields = fields.into_map();
-                if let Some(text) = schema {
-                    let value = serde_json::from_str(text.get()).map_err(not_json)?;
-                    fields.insert(shape.schema.into(), value);
+                for (key, text) in [(shape.schema, schema), ("description", description)] {
+                    if let Some(text) = text {
+                        let value = serde_json::from_str(text.get()).map_err(not_json)?;
+                        fields.insert(key.into(), value);
+                    }
                 }
                 if let (Some(key), Some(nested)) = (shape.nested, nested) {
                     fields.insert(key.into(), nested.into_value(shape)?);
@@ -316,8 +321,21 @@ struct ToolObject<'a, 'b> {
     fields: ToolFields,
     /// Kept as the text it came as; `null` is none.
     schema: Option<Schema>,
+    /// As it came, whatever it is: see [`description`].
+    description: Option<&'a RawValue>,
     /// The tools it groups.
     nested: Option<Box<Tools<'a>>>,
+}
+
+/// A tool's `description` (`at`) as sent, a JSON string; `null` is none.
+fn description(json: Option<&RawValue>, at: At) -> Result<Option<Description>, ApiError> {
+    match json {
+        None => Ok(None),
+        Some(json) if json.get() == "null" => Ok(None),
+        Some(json) => Description::from_json(json)
+            .map(Some)
+            .ok_or_else(|| at.invalid("must be a string.")),
+    }
 }
 
 /// A request's function tools: `read` takes each tool, an object, and adds
@@ -356,6 +374,7 @@ fn each_tool<'a>(
         let Tools::Object {
             fields,
             schema,
+            description,
             nested,
         } = tool
         else {
@@ -366,6 +385,7 @@ fn each_tool<'a>(
             param,
             fields,
             schema,
+            description,
             nested,
         })?;
     }
@@ -490,10 +510,12 @@ impl<'de> Visitor<'de> for Lenient {
             return Value::deserialize(MapAccessDeserializer::new(map)).map(Tools::Other);
         }
         let mut fields = ToolFields::default();
-        let (mut schema, mut nested) = (None, None);
+        let (mut schema, mut description, mut nested) = (None, None, None);
         while let Some(key) = map.next_key::<String>()? {
             if key == self.shape.schema {
                 schema = Some(map.next_value()?);
+            } else if key == "description" {
+                description = Some(map.next_value()?);
             } else if Some(key.as_str()) == self.shape.nested {
                 let list = Lenient {
                     tool: false,
@@ -508,6 +530,7 @@ impl<'de> Visitor<'de> for Lenient {
         Ok(Tools::Object {
             fields,
             schema,
+            description,
             nested,
         })
     }

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
+    description, each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
     picked_object_and_tools, required_str, system_prompt, take_bool, take_f64, take_str,
     take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
 };
@@ -372,6 +372,7 @@ fn function_tool(
         param,
         fields: mut tool,
         schema: parameters,
+        description: given,
         nested,
     } = tool;
     // Only a namespace's `tools` are tools: here it goes on as sent.
@@ -379,7 +380,7 @@ fn function_tool(
         tool.insert("tools".into(), nested.into_value(TOOL)?);
     }
     let name = required_str(&mut tool, "name", param)?;
-    let description = take_str_at(&mut tool, "description", param.field("description"))?;
+    let description = description(given, param.field("description"))?;
     let (kind, parameters) = if kind == "custom" {
         // A freeform tool takes one raw string; to a model without custom
         // tools it is a function of one string argument.
@@ -1849,6 +1850,7 @@ impl From<Usage> for UsageOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::Description;
 
     const CODEX_ROUND1: &[u8] =
         include_bytes!("../../tests/fixtures/clients/codex-0.169.0-round1.request.json");
@@ -2026,11 +2028,16 @@ mod tests {
     fn a_function_schema_goes_on_as_the_client_wrote_it() {
         let schema = r#"{"type":"object","required":["b","a"],"properties":{"b":{"type":"string","description":"caf\u00e9"},"a":{"type":"number","maximum":1.50}}}"#;
         let body = format!(
-            r#"{{"model":"m","input":"hi","tools":[{{"type":"function","name":"T","parameters":{schema}}},{{"type":"custom","name":"C","parameters":{{"kept":true}}}}]}}"#
+            r#"{{"model":"m","input":"hi","tools":[{{"type":"function","name":"T","description":"caf\u00e9\n","parameters":{schema}}},{{"type":"custom","name":"C","parameters":{{"kept":true}}}}]}}"#
         );
         let (conv, _) = decode(body.as_bytes()).unwrap();
         let out = String::from_utf8(crate::round::chat::encode(&conv, false)).unwrap();
         assert!(out.contains(&format!(r#""parameters":{schema}"#)), "{out}");
+        assert!(out.contains(r#""description":"caf\u00e9\n","#), "{out}");
+        // To a Responses upstream as well.
+        let out = crate::round::responses::encode(&conv, false);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains(r#""description":"caf\u00e9\n","#), "{out}");
         // A custom tool's own `parameters` is not its schema: kept with it.
         assert_eq!(conv.tools[1].extra["parameters"], json!({"kept": true}));
         for (tools, message) in [
@@ -2085,7 +2092,10 @@ mod tests {
 
         let exec = &conv.tools[0];
         assert_eq!(exec.kind, CallKind::Function);
-        assert_eq!(exec.description.as_deref(), Some("Run."));
+        assert_eq!(
+            exec.description.as_ref().map(Description::text),
+            Some("Run.".into())
+        );
         assert_eq!(
             exec.parameters.to_value()["properties"]["cmd"]["type"],
             "string"

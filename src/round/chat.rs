@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
 use crate::agent::assemble::{new_call_id, Assembler};
 use crate::conversation::{
-    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, Part, Role, RoundEnd, ToolCall,
-    ToolChoice, UpstreamError,
+    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, JsonText, Part, Role, RoundEnd,
+    ToolCall, ToolChoice, UpstreamError,
 };
 use crate::front::chat::{wire_call, WireCall};
 use crate::json::{self, Raw};
@@ -106,7 +106,7 @@ struct ToolOut<'a> {
 struct FunctionOut<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    description: Option<&'a str>,
+    description: Option<Raw<'a>>,
     parameters: Raw<'a>,
     #[serde(flatten)]
     extra: Option<&'a Map<String, Value>>,
@@ -157,7 +157,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
                 kind: "function",
                 function: FunctionOut {
                     name: &tool.name,
-                    description: tool.description.as_deref(),
+                    description: tool.description.as_deref().map(JsonText::raw),
                     parameters: tool.parameters.raw(),
                     extra: same_dialect.then_some(&tool.extra),
                 },

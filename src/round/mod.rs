@@ -126,7 +126,7 @@ impl Serialize for Fields<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conversation::{FunctionTool, Item, Message, Role, Schema};
+    use crate::conversation::{Description, FunctionTool, Item, Message, Role, Schema};
 
     #[test]
     fn a_request_body_is_written_without_growing_its_buffer() {
@@ -140,7 +140,7 @@ mod tests {
             ],
             tools: vec![std::sync::Arc::new(FunctionTool {
                 name: "shell".into(),
-                description: Some("Runs a command.".into()),
+                description: Description::new("Runs a command."),
                 parameters: Schema::empty(),
                 kind: CallKind::Function,
                 extra: Default::default(),

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
 use crate::conversation::{
-    CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Part, Reasoning,
-    Role, RoundEnd, ToolCall, ToolChoice, UpstreamError, Usage,
+    CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, JsonText, Message, Part,
+    Reasoning, Role, RoundEnd, ToolCall, ToolChoice, UpstreamError, Usage,
 };
 use crate::json::{self, Raw};
 use crate::sse;
@@ -364,14 +364,14 @@ enum ToolOut<'a> {
     Function {
         name: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
-        description: Option<&'a str>,
+        description: Option<Raw<'a>>,
         parameters: Raw<'a>,
         strict: &'a Value,
     },
     Custom {
         name: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
-        description: Option<&'a str>,
+        description: Option<Raw<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         format: Option<&'a Value>,
     },
@@ -381,7 +381,7 @@ fn tools<S: Serializer>(tools: &&[Arc<FunctionTool>], serializer: S) -> Result<S
     let mut seq = serializer.serialize_seq(Some(tools.len()))?;
     for tool in *tools {
         let name = &tool.name;
-        let description = tool.description.as_deref();
+        let description = tool.description.as_deref().map(JsonText::raw);
         seq.serialize_element(&match tool.kind {
             CallKind::Function => ToolOut::Function {
                 name,
@@ -918,7 +918,7 @@ mod tests {
     use serde_json::{json, Map};
 
     use super::*;
-    use crate::conversation::{Options, Schema, ToolResult};
+    use crate::conversation::{Description, Options, Schema, ToolResult};
 
     const TOOL_STREAM: &[u8] =
         include_bytes!("../../tests/fixtures/openai/responses-tool-stream.sse");
@@ -933,7 +933,7 @@ mod tests {
     fn tool(name: &str, kind: CallKind, extra: Value) -> Arc<FunctionTool> {
         Arc::new(FunctionTool {
             name: name.into(),
-            description: Some(format!("{name} tool")),
+            description: Description::new(&format!("{name} tool")),
             parameters: Schema::empty(),
             kind,
             extra: extra.as_object().cloned().unwrap_or_default(),
