@@ -292,9 +292,12 @@ pub struct Description(JsonText);
 impl Description {
     /// Ours, from its text: none when empty.
     pub fn new(text: &str) -> Option<Description> {
+        if text.is_empty() {
+            return None;
+        }
         // A string always serializes.
         let json = serde_json::value::to_raw_value(text).ok()?;
-        (!text.is_empty()).then_some(Description(JsonText(json)))
+        Some(Description(JsonText(json)))
     }
 
     /// A client's, as sent: none unless it is a JSON string.

@@ -93,6 +93,13 @@ pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     })
 }
 
+/// What [`to_vec`] writes, as text: written from Rust strings, it is
+/// UTF-8, checked once here (a byte that was not would read as U+FFFD).
+pub fn to_string<T: Serialize + ?Sized>(value: &T) -> String {
+    String::from_utf8(to_vec(value))
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 /// JSON text that [`write`](fn@write) writes as it is (a tool's schema, a call's
 /// arguments, a Response object written before): checked once, where it was
 /// read or written, and not parsed again on the way out.
@@ -111,9 +118,9 @@ impl<'a> Raw<'a> {
         Raw(text)
     }
 
-    /// What [`write`](fn@write) wrote: one JSON value.
-    pub fn written(json: &'a [u8]) -> Option<Raw<'a>> {
-        std::str::from_utf8(json).ok().map(Raw)
+    /// What [`to_string`] wrote: one JSON value.
+    pub fn written(json: &'a str) -> Raw<'a> {
+        Raw(json)
     }
 }
 
@@ -196,14 +203,14 @@ mod tests {
             name: "search",
             parameters: Raw::checked(&checked),
         };
-        let written = String::from_utf8(to_vec(&tool)).unwrap();
+        let written = to_string(&tool);
         assert_eq!(
             written,
             format!(r#"{{"name":"search","parameters":{schema}}}"#)
         );
         let again = Tool {
             name: "again",
-            parameters: Raw::written(written.as_bytes()).unwrap(),
+            parameters: Raw::written(&written),
         };
         let nested = format!(r#"{{"name":"again","parameters":{written}}}"#);
         assert_eq!(String::from_utf8(to_vec(&again)).unwrap(), nested);

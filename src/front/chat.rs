@@ -806,10 +806,8 @@ impl From<WireCall<'_>> for openai::ToolCall {
 mod tests {
     use serde_json::{json, Value};
 
-    use crate::conversation::Description;
-
     use super::decode;
-    use crate::conversation::{Item, Role, Schema};
+    use crate::conversation::{Description, Item, Role, Schema};
 
     /// The chat body a chat upstream gets for `body`, no agent rewrite.
     fn forwarded(body: &str) -> Value {

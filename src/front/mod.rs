@@ -209,7 +209,7 @@ const TOOL_MEMBERS: [&str; 2] = ["type", "name"];
 #[derive(Default)]
 pub struct ToolFields {
     named: [Option<String>; TOOL_MEMBERS.len()],
-    /// The others, and one of those three that is not a string: the
+    /// The others, and one of [`TOOL_MEMBERS`] that is not a string: the
     /// decoder names what is wrong with it.
     rest: Map<String, Value>,
 }

@@ -906,7 +906,7 @@ pub struct Finished<'a> {
     /// `completed`, `incomplete` or `failed`.
     pub status: &'static str,
     /// The Response object, as `GET /v1/responses/{id}` answers it.
-    pub response: Vec<u8>,
+    pub response: String,
 }
 
 /// Called once, as the response ends and before its last bytes go out.
@@ -1267,19 +1267,10 @@ impl Encoder for ResponsesEncoder {
         let mut sink = self.sink;
         let response = self.response("in_progress", None, None, None);
         // The same object in both events: serialized once.
-        let written = json::to_vec(&response);
-        let raw = json::Raw::written(&written);
+        let written = json::to_string(&response);
+        let response = json::Raw::written(&written);
         for kind in ["response.created", "response.in_progress"] {
-            match raw {
-                Some(response) => sink.emit(out, kind, ResponseEvent { response }),
-                None => sink.emit(
-                    out,
-                    kind,
-                    ResponseEvent {
-                        response: &response,
-                    },
-                ),
-            }
+            sink.emit(out, kind, ResponseEvent { response });
         }
         self.sink = sink;
     }
@@ -1500,11 +1491,8 @@ fn write_end(
         return put(sink, out, kind, response);
     };
     // Serialized once when it is kept too.
-    let kept = json::to_vec(response);
-    match json::Raw::written(&kept) {
-        Some(raw) => put(sink, out, kind, raw),
-        None => put(sink, out, kind, response),
-    }
+    let kept = json::to_string(response);
+    put(sink, out, kind, json::Raw::written(&kept));
     keep(Finished {
         id,
         status: response.status,

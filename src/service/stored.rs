@@ -164,7 +164,6 @@ impl Saving {
         let agent = agent.to_owned();
         Box::new(move |finished: Finished<'_>| {
             let now = unix_now();
-            let response = String::from_utf8(finished.response).unwrap_or_default();
             self.store.save(Record {
                 id: finished.id.to_owned(),
                 tenant: self.tenant,
@@ -174,7 +173,7 @@ impl Saving {
                 created_at: now,
                 expires_at: now + self.store.ttl().as_secs(),
                 input: self.input,
-                response,
+                response: finished.response,
             });
         })
     }
