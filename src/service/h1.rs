@@ -495,7 +495,15 @@ impl Session {
         }
         Ok(match self.read_request_body().await? {
             Some(piece) if piece.len() < BODY_READ => Some(Bytes::copy_from_slice(&piece)),
-            read => read,
+            Some(piece) => {
+                // The buffer shares the piece's memory: kept, it would hold
+                // the whole body for as long as the connection lasts, after
+                // the body itself is let go. A reader that knows the length
+                // asks for no end, where the buffer goes otherwise.
+                self.release_buffer();
+                Some(piece)
+            }
+            None => None,
         })
     }
 
@@ -1012,6 +1020,20 @@ mod tests {
         let (mut s, _client) =
             session("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nab");
         assert_eq!(s.read_request_body_whole(8).await.unwrap().unwrap(), "ab");
+    }
+
+    #[tokio::test]
+    async fn a_large_body_read_whole_is_the_only_holder_of_its_memory() {
+        let body = "x".repeat(BODY_READ);
+        let (mut s, _client) = session(&format!(
+            "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: {BODY_READ}\r\n\r\n{body}"
+        ));
+        let whole = s.read_request_body_whole(BODY_READ).await.unwrap().unwrap();
+        assert_eq!(whole, body);
+        // Dropping it frees it: an agent lets a coding agent's request go
+        // once decoded, while its stream lasts.
+        assert!(whole.is_unique());
+        assert_eq!(s.buf.capacity(), 0);
     }
 
     #[tokio::test]
