@@ -28,7 +28,7 @@ use super::rewrite::rewrite;
 use super::toolset::ToolSet;
 use super::Agent;
 use crate::boxed;
-use crate::config::file::{ReasoningMode, ToolEvents};
+use crate::config::file::{ReasoningMode, ToolEvents, UpstreamApi};
 use crate::conversation::{
     Conversation, Finish, Item, Message, Role, RoundEnd, ToolCall, ToolResult, Usage,
 };
@@ -196,7 +196,15 @@ impl Turn<'_> {
             if summary.rounds > 0 {
                 reply.next_round();
             }
-            let round = read_round(agent, conversation, affinity, client, reply, self.ctx).await?;
+            let request = RoundRequest::of(agent.upstream.api, conversation);
+            if self.toolset.is_empty() || tool_rounds >= agent.max_tool_rounds {
+                // No round follows: the agent has no tools of its own, or
+                // no rounds left to run them. What the conversation holds
+                // (a coding agent's prompt, tools and history, most of its
+                // stream's memory) is not needed while the answer streams.
+                drop(std::mem::take(conversation));
+            }
+            let round = read_round(agent, request, affinity, client, reply, self.ctx).await?;
             summary.rounds += 1;
             reply.add_usage(round.end.usage);
             let round_end = round.end;
@@ -410,9 +418,24 @@ struct RoundReader<'r> {
     splitter: ThinkSplitter,
 }
 
+/// One model call, made from the conversation as it stands.
+struct RoundRequest {
+    body: Vec<u8>,
+    decoder: Box<dyn RoundDecoder + Send>,
+}
+
+impl RoundRequest {
+    fn of(api: UpstreamApi, conversation: &Conversation) -> RoundRequest {
+        RoundRequest {
+            body: round::encode(api, conversation, conversation.options.stream),
+            decoder: round::decoder(api, conversation),
+        }
+    }
+}
+
 async fn read_round<D: Downstream>(
     agent: &Agent,
-    conversation: &Conversation,
+    request: RoundRequest,
     affinity: Option<u64>,
     client: &mut D,
     reply: &mut Reply,
@@ -427,8 +450,7 @@ async fn read_round<D: Downstream>(
         .then(|| ctx.headers.get(http::header::AUTHORIZATION))
         .flatten();
     let upstream = &agent.upstream;
-    let stream = conversation.options.stream;
-    let body = round::encode(upstream.api, conversation, stream);
+    let RoundRequest { body, mut decoder } = request;
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
     let request_id = client.request_id().to_owned();
     let heartbeat = limits.heartbeat;
@@ -471,7 +493,6 @@ async fn read_round<D: Downstream>(
             retry_after,
         });
     }
-    let mut decoder = round::decoder(upstream.api, conversation);
     let mut reader = RoundReader {
         reply,
         content: String::new(),

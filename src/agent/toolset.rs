@@ -82,6 +82,12 @@ impl ToolSet {
         self.entries.iter().find(|e| e.function.name == function)
     }
 
+    /// Whether the agent has no tools of its own: then every call a model
+    /// makes is the client's.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.servers.is_empty()
+    }
+
     /// Whether `function` is one of the functions offered.
     pub fn offers(&self, function: &str) -> bool {
         self.get(function).is_some()
