@@ -934,6 +934,18 @@ async fn the_text_of_successive_rounds_does_not_run_together() {
                 .to_owned(),
         };
         assert_eq!(text, expected);
+        // Round 1's text went back to the model with its call: only the
+        // last round's text is not kept.
+        let second = upstream.requests()[1].json();
+        let assistant: Vec<&Value> = second["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .collect();
+        assert_eq!(assistant.len(), 1, "{second}");
+        assert_eq!(assistant[0]["content"], first);
+        assert_eq!(assistant[0]["tool_calls"][0]["id"], "a");
     }
 }
 

@@ -196,12 +196,14 @@ impl Turn<'_> {
             if summary.rounds > 0 {
                 reply.next_round();
             }
-            let request = RoundRequest::of(agent.upstream.api, conversation);
-            if self.toolset.is_empty() || tool_rounds >= agent.max_tool_rounds {
-                // No round follows: the agent has no tools of its own, or
-                // no rounds left to run them. What the conversation holds
-                // (a coding agent's prompt, tools and history, most of its
-                // stream's memory) is not needed while the answer streams.
+            // No round follows when the agent has no tools of its own, or
+            // no rounds left to run them.
+            let last = self.toolset.is_empty() || tool_rounds >= agent.max_tool_rounds;
+            let request = RoundRequest::of(agent.upstream.api, conversation, last);
+            if last {
+                // What the conversation holds (a coding agent's prompt,
+                // tools and history, most of its stream's memory) is not
+                // needed while the answer streams.
                 drop(std::mem::take(conversation));
             }
             let round = read_round(agent, request, affinity, client, reply, self.ctx).await?;
@@ -406,7 +408,8 @@ fn progress_note(call: &ToolCall) -> String {
 
 /// One model call as it streamed.
 struct Round {
-    /// The visible text, for the conversation history.
+    /// The visible text, for the conversation history (none in the last
+    /// round).
     content: String,
     end: RoundEnd,
 }
@@ -414,7 +417,10 @@ struct Round {
 /// Per-round state: where decoded deltas go as they arrive.
 struct RoundReader<'r> {
     reply: &'r mut Reply,
-    content: String,
+    /// The visible text, gathered for the next round's history; none in
+    /// the last round, whose answer would otherwise be held whole while
+    /// it streams.
+    history: Option<String>,
     splitter: ThinkSplitter,
 }
 
@@ -422,13 +428,16 @@ struct RoundReader<'r> {
 struct RoundRequest {
     body: Vec<u8>,
     decoder: Box<dyn RoundDecoder + Send>,
+    /// No round follows this one.
+    last: bool,
 }
 
 impl RoundRequest {
-    fn of(api: UpstreamApi, conversation: &Conversation) -> RoundRequest {
+    fn of(api: UpstreamApi, conversation: &Conversation, last: bool) -> RoundRequest {
         RoundRequest {
             body: round::encode(api, conversation, conversation.options.stream),
             decoder: round::decoder(api, conversation),
+            last,
         }
     }
 }
@@ -450,7 +459,11 @@ async fn read_round<D: Downstream>(
         .then(|| ctx.headers.get(http::header::AUTHORIZATION))
         .flatten();
     let upstream = &agent.upstream;
-    let RoundRequest { body, mut decoder } = request;
+    let RoundRequest {
+        body,
+        mut decoder,
+        last,
+    } = request;
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
     let request_id = client.request_id().to_owned();
     let heartbeat = limits.heartbeat;
@@ -495,7 +508,7 @@ async fn read_round<D: Downstream>(
     }
     let mut reader = RoundReader {
         reply,
-        content: String::new(),
+        history: (!last).then(String::new),
         splitter: ThinkSplitter::default(),
     };
     let failed = |e: DecodeError| -> Failure {
@@ -640,7 +653,9 @@ impl RoundReader<'_> {
     ) -> Result<(), Gone> {
         match kind {
             Kind::Content => {
-                self.content.push_str(text);
+                if let Some(history) = &mut self.history {
+                    history.push_str(text);
+                }
                 self.reply.content(client, text).await
             }
             Kind::Reasoning => self.reply.reasoning(client, text).await,
@@ -656,7 +671,7 @@ impl RoundReader<'_> {
             self.piece(client, kind, &text).await?;
         }
         Ok(Round {
-            content: self.content,
+            content: self.history.unwrap_or_default(),
             end,
         })
     }
