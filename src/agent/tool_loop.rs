@@ -408,7 +408,7 @@ fn progress_note(call: &ToolCall) -> String {
 
 /// One model call as it streamed.
 struct Round {
-    /// The visible text, for the conversation history (none in the last
+    /// The visible text, for the conversation history (empty in the last
     /// round).
     content: String,
     end: RoundEnd,
