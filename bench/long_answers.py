@@ -18,31 +18,14 @@ import asyncio
 import json
 import os
 import re
-import socket
-import subprocess
 import tempfile
-import time
+
+from store import proxy_on_fake_model, rss_kib
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port):
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing listens on {port}")
-
-
-def status_kib(pid, field):
+def peak_kib(pid):
     with open(f"/proc/{pid}/status") as f:
-        return int(re.search(field + r":\s+(\d+)", f.read()).group(1))
+        return int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1))
 
 
 async def one(port, body):
@@ -69,55 +52,28 @@ def main():
     args.add_argument("--tokens", default="10000,100000,300000")
     args = args.parse_args()
     bins = os.path.abspath(args.target_dir)
-    up, px = free_port(), free_port()
-    model = subprocess.Popen(
-        [f"{bins}/agent-proxy-bench", "upstream", "--listen", f"127.0.0.1:{up}"],
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_port(up)
-        with tempfile.TemporaryDirectory() as work:
-            config = os.path.join(work, "proxy.yaml")
-            with open(config, "w") as f:
-                f.write(
-                    f'listen: "127.0.0.1:{px}"\ndefault_upstream: fake\n'
-                    f'upstreams:\n  fake: {{ url: "http://127.0.0.1:{up}/v1" }}\n'
-                    'agents:\n  plain: { system_prompt: "You are terse." }\n'
-                    "store: { kind: none }\n"
-                )
-            print(f"{args.streams} answers at once, each read to its end")
-            print("| tokens per answer | bytes streamed per answer | peak RSS over rest, MiB "
-                  "| KiB per stream |")
-            print("|---|---|---|---|")
-            for tokens in [int(t) for t in args.tokens.split(",")]:
-                proxy = subprocess.Popen(
-                    [f"{bins}/agent-proxy", "--config", config],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    env={**os.environ, "RUST_LOG": "warn"},
-                )
-                try:
-                    wait_port(px)
-                    rest = status_kib(proxy.pid, "VmRSS")
-                    body = json.dumps({
-                        "model": "plain", "stream": True, "max_tokens": tokens,
-                        "messages": [{"role": "user", "content": "Tell me a long story."}],
-                    }).encode()
+    config = 'agents: { plain: { system_prompt: "You are terse." } }\nstore: { kind: none }\n'
+    print(f"{args.streams} answers at once, each read to its end")
+    print("| tokens per answer | bytes streamed per answer | peak RSS over rest, MiB "
+          "| KiB per stream |")
+    print("|---|---|---|---|")
+    for tokens in [int(t) for t in args.tokens.split(",")]:
+        body = json.dumps({
+            "model": "plain", "stream": True, "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+        }).encode()
 
-                    async def all_streams():
-                        return await asyncio.gather(
-                            *[one(px, body) for _ in range(args.streams)])
+        async def all_streams(port):
+            return await asyncio.gather(*[one(port, body) for _ in range(args.streams)])
 
-                    sizes = asyncio.run(all_streams())
-                    peak = status_kib(proxy.pid, "VmHWM")
-                finally:
-                    proxy.terminate()
-                    proxy.wait()
-                print(f"| {tokens:,} | {sum(sizes) // len(sizes):,} | "
-                      f"{(peak - rest) / 1024:.1f} | {(peak - rest) / args.streams:.0f} |")
-    finally:
-        model.terminate()
-        model.wait()
+        # A fresh proxy per length: its peak is this length's.
+        with tempfile.TemporaryDirectory() as work, \
+                proxy_on_fake_model(bins, work, config) as (port, proxy):
+            rest = rss_kib(proxy.pid)
+            sizes = asyncio.run(all_streams(port))
+            peak = peak_kib(proxy.pid)
+        print(f"| {tokens:,} | {sum(sizes) // len(sizes):,} | "
+              f"{(peak - rest) / 1024:.1f} | {(peak - rest) / args.streams:.0f} |")
 
 
 if __name__ == "__main__":
