@@ -196,9 +196,10 @@ impl Turn<'_> {
             if summary.rounds > 0 {
                 reply.next_round();
             }
+            let rounds_left = tool_rounds < agent.max_tool_rounds;
             // No round follows when the agent has no tools of its own, or
             // no rounds left to run them.
-            let last = self.toolset.is_empty() || tool_rounds >= agent.max_tool_rounds;
+            let last = self.toolset.is_empty() || !rounds_left;
             let request = RoundRequest::of(agent.upstream.api, conversation, last);
             if last {
                 // What the conversation holds (a coding agent's prompt,
@@ -228,7 +229,7 @@ impl Turn<'_> {
                 reply.tool_calls(client, &round_end.calls).await?;
                 return Ok(Finish::ToolCalls);
             }
-            if tool_rounds >= agent.max_tool_rounds {
+            if !rounds_left {
                 warn!(agent = %agent.id, rounds = tool_rounds, "max_tool_rounds reached");
                 let note = format!(
                     "\n\n[agent-proxy: stopped after {tool_rounds} tool rounds without a final answer]"
