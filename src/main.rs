@@ -66,6 +66,25 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options, read as it starts (`_RJEM_MALLOC_CONF` in the
+/// environment overrides them). Its background thread returns freed memory
+/// to the system over `dirty_decay_ms` (10 s). Without it, memory is returned
+/// only as allocations come and go: the memory a burst of requests left
+/// behind (a coding agent's 50 KB requests, read and let go) stayed in the
+/// RSS while the streams they opened lasted (bench/results/ab.md).
+#[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: MallocConf = MallocConf(c"background_thread:true".as_ptr());
+
+/// jemalloc's `malloc_conf`: a C string.
+#[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+
+// SAFETY: a pointer to a constant string, never written.
+#[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
+unsafe impl Sync for MallocConf {}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

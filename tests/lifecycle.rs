@@ -558,3 +558,35 @@ async fn without_work_stealing_a_connection_wakes_only_the_thread_serving_it() {
         );
     }
 }
+
+/// The allocator returns freed memory to the system on its own thread, so
+/// the memory a burst of large requests left behind leaves the RSS while
+/// the streams they opened go on (bench/results/ab.md). Without it, nothing
+/// fails: the RSS just stays at the burst's peak. Read from the process's
+/// threads, as jemalloc names its background threads.
+#[cfg(all(target_os = "linux", feature = "jemalloc", not(feature = "mimalloc")))]
+#[tokio::test]
+async fn the_allocator_returns_freed_memory_on_a_thread_of_its_own() {
+    let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
+    let proxy = Proxy::start(&config(&upstream, 1)).await;
+    assert_eq!(model_ids(proxy.port).await, ["bot"]);
+    let names = || -> Vec<String> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", proxy.pid())).unwrap();
+        tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_owned())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !names()
+        .iter()
+        .any(|name| name.starts_with("jemalloc_bg_thd"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no jemalloc background thread among {:?}",
+            names()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

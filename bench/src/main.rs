@@ -471,8 +471,14 @@ impl Bench {
     }
 
     /// What `count` open streams through `target` cost its process (a
-    /// fresh agent-proxy each time, so no stream reuses another's memory).
-    async fn stream_cost(&mut self, target: Target, count: usize) -> anyhow::Result<StreamCost> {
+    /// fresh agent-proxy each time, so no stream reuses another's memory):
+    /// as they opened, and `settle` later, still open.
+    async fn stream_cost(
+        &mut self,
+        target: Target,
+        count: usize,
+        settle: Duration,
+    ) -> anyhow::Result<StreamCost> {
         if target.host == Host::Proxy {
             self.proxy.stop();
             self.proxy = start_proxy(&self.proxy_cmd, self.addrs[Host::Proxy as usize])?;
@@ -491,10 +497,14 @@ impl Bench {
         // Let every stream carry a few chunks.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let open_kib = process.rss_kib();
+        // Then what stays while they go on: what opening them left behind
+        // (bodies read and let go) is returned to the system meanwhile.
+        tokio::time::sleep(settle).await;
+        let settled_kib = process.rss_kib();
         drop(streams);
         tokio::time::sleep(Duration::from_secs(1)).await;
         eprintln!(
-            "  {:<20} {count} streams: {before_kib} KiB -> {open_kib} KiB",
+            "  {:<20} {count} streams: {before_kib} KiB -> {open_kib} KiB, {settled_kib} KiB settled",
             target.name
         );
         Ok(StreamCost {
@@ -502,6 +512,7 @@ impl Bench {
             streams: count,
             before_kib,
             open_kib,
+            settled_kib,
         })
     }
 }
@@ -646,12 +657,15 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     if wanted(Scenario::Memory) {
         eprintln!("open streams");
         let count = if smoke { 100 } else { 2_000 };
+        // Past jemalloc's `dirty_decay_ms` (10 s), over which its
+        // background thread returns freed memory.
+        let settle = Duration::from_secs(if smoke { 1 } else { 12 });
         let mut targets = vec![AGENT, PASSTHROUGH, PINGORA, NGINX];
         if bench.fronts {
             targets.extend([AGENT_CLAUDE_CODE, AGENT_CODEX]);
         }
         for target in targets {
-            streams.push(bench.stream_cost(target, count).await?);
+            streams.push(bench.stream_cost(target, count, settle).await?);
         }
     }
 
