@@ -57,14 +57,14 @@ pub struct Summary {
 /// Runs `agent` on `conversation`, answering through `encoder`.
 pub async fn run(
     agent: &Agent,
-    conversation: Conversation,
+    conversation: &mut Conversation,
     encoder: Box<dyn Encoder>,
     client: &mut impl Downstream,
     ctx: &CallContext,
     started: Instant,
 ) -> Summary {
     let toolset = ToolSet::of(agent, &ctx.config);
-    let mut conversation = prepare(agent, &toolset, conversation, ctx).await;
+    *conversation = prepare(agent, &toolset, std::mem::take(conversation), ctx).await;
     let show_reasoning =
         agent.reasoning == ReasoningMode::Pass && conversation.options.thinking != Some(false);
     let mut reply = Reply::new(encoder, show_reasoning);
@@ -75,7 +75,7 @@ pub async fn run(
         ctx,
     };
     let limit = ctx.config.limits.request_timeout;
-    let drive = turn.drive(&mut conversation, client, &mut reply, &mut summary);
+    let drive = turn.drive(conversation, client, &mut reply, &mut summary);
     let outcome = match tokio::time::timeout(limit, drive).await {
         Ok(outcome) => outcome,
         Err(_) => Err(Failure::Api(ApiError::gateway_timeout(format!(
@@ -136,7 +136,7 @@ pub fn run_nested(
             .push(Item::Message(Message::text(Role::User, task)));
         // Streamed: the callee's text is the caller's progress as it comes.
         conversation.options.stream = true;
-        let mut conversation = prepare(&agent, &toolset, conversation, &ctx).await;
+        conversation = prepare(&agent, &toolset, std::mem::take(&mut conversation), &ctx).await;
         let mut client = Headless::new(ctx.request_id.clone());
         let mut reply = Reply::nested(ctx.progress.clone(), show_reasoning);
         let mut summary = Summary::default();

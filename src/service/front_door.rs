@@ -91,11 +91,15 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     }
     // The body is let go once decoded: a coding agent's request is tens of
     // KiB, and the conversation holds all of it that a stream needs.
-    let decoded = decode(&config, &ctx.tenant, dialect, &body).await;
-    drop(body);
-    let (mut conversation, encoder) = match decoded {
-        Ok(decoded) => decoded,
-        Err(error) => return reject(session, dialect, &error).await,
+    let (mut conversation, encoder) = {
+        // In a block of its own: the request's future would otherwise keep
+        // room for the decoded result while the answer streams.
+        let decoded = decode(&config, &ctx.tenant, dialect, &body).await;
+        drop(body);
+        match decoded {
+            Ok(decoded) => decoded,
+            Err(error) => return reject(session, dialect, &error).await,
+        }
     };
     // The shape's model is the parse's (`Shape::of`'s tests hold it to
     // that): no agent runs a request the parse reads otherwise.
@@ -181,7 +185,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     client.set_heartbeat(encoder.heartbeat());
     let summary = tool_loop::run(
         &agent,
-        conversation,
+        &mut conversation,
         encoder,
         &mut client,
         &call,
