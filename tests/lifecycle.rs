@@ -561,9 +561,9 @@ async fn without_work_stealing_a_connection_wakes_only_the_thread_serving_it() {
 
 /// The allocator returns freed memory to the system on its own thread, so
 /// the memory a burst of large requests left behind leaves the RSS while
-/// the streams they opened go on (bench/results/ab.md). Without it, nothing
-/// fails: the RSS just stays at the burst's peak. Read from the process's
-/// threads, as jemalloc names its background threads.
+/// the streams they opened go on (bench/results/ab.md). Without the thread
+/// nothing breaks, the RSS just stays at the burst's peak: only this test
+/// would tell. Read from the process's threads, as jemalloc names them.
 #[cfg(all(target_os = "linux", feature = "jemalloc", not(feature = "mimalloc")))]
 #[tokio::test]
 async fn the_allocator_returns_freed_memory_on_a_thread_of_its_own() {

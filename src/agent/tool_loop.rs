@@ -54,7 +54,9 @@ pub struct Summary {
     pub cut: bool,
 }
 
-/// Runs `agent` on `conversation`, answering through `encoder`.
+/// Runs `agent` on `conversation`, answering through `encoder`. The
+/// conversation is rewritten for the agent in place, and let go once no
+/// round can follow: taken by reference, the request's future holds it once.
 pub async fn run(
     agent: &Agent,
     conversation: &mut Conversation,
