@@ -88,6 +88,11 @@ impl Parser {
                 self.examined += found.map_or(unscanned.len(), |at| at + 1);
             }
             let Some(at) = found else {
+                if self.pending.is_empty() {
+                    // All read is consumed: the memory goes back (once the
+                    // events' data is dropped) while the next read waits.
+                    self.pending = BytesMut::new();
+                }
                 self.scanned = self.pending.len();
                 if self.pending.len() + self.data_len() > self.max_event_bytes {
                     return Err(EventTooLarge(self.max_event_bytes));
@@ -275,5 +280,22 @@ mod tests {
         let mut parser = Parser::new(16);
         parser.feed(b"data: 0123456789abcdef0123");
         assert_eq!(parser.next_event(), Err(EventTooLarge(16)));
+    }
+
+    /// Between reads that end on an event's end (an open stream's wait),
+    /// the parser keeps no buffer; a partial event is kept.
+    #[test]
+    fn a_parser_waiting_between_events_holds_no_buffer() {
+        let mut parser = Parser::new(1 << 20);
+        parser.feed(b"data: {\"a\":1}\n\ndata: {\"b\"");
+        let first = parser.next_event().unwrap().expect("first event");
+        assert_eq!(first.data.as_ref(), br#"{"a":1}"#);
+        assert_eq!(parser.next_event(), Ok(None));
+        assert_eq!(parser.pending.as_ref(), br#"data: {"b""#);
+        parser.feed(b":2}\n\n");
+        let second = parser.next_event().unwrap().expect("second event");
+        assert_eq!(second.data.as_ref(), br#"{"b":2}"#);
+        assert_eq!(parser.next_event(), Ok(None));
+        assert_eq!(parser.pending.capacity(), 0);
     }
 }

@@ -3,17 +3,19 @@
 //! pingora's HTTP/1 client allocated a 64 KiB body buffer for every
 //! response, kept the 4 KiB buffer the head was read into for as long as the
 //! connection lived, and copied each piece of a body out of its buffer. Here
-//! one buffer takes the head and then the body, sized to what arrives (4 KiB
-//! to start, doubling while reads fill it), and a body's pieces are handed
-//! out of it without a copy; once the reader has dropped them, the next read
-//! reuses the same memory. The framing (RFC 9112 §6) is pure:
+//! a read lands in a scratch buffer of the thread's and is copied out at its
+//! size, so a connection holds no buffer while it waits (an open stream waits
+//! between every two events); one buffer then takes the head and the body,
+//! and a body's pieces are handed out of it without a copy. The framing
+//! (RFC 9112 §6) is pure:
 //! [`parse_head`] and [`Body::decode`](crate::http1::Body::decode) are functions of the bytes read so
 //! far, and [`Response`] only feeds them from the socket.
 
+use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::mem::MaybeUninit;
 use std::pin::{pin, Pin};
-use std::task::Poll;
+use std::task::{ready, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -22,16 +24,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 use pingora::http::ResponseHeader;
 use pingora::protocols::Stream;
 use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use crate::http1::{has_token, is_chunked, response_head, same_bytes, Body, Chunk, Decoded};
 
-/// The buffer a response starts with: a model server's head and an event
-/// stream's pieces fit in it many times over.
-const READ_SIZE: usize = 4096;
-/// The most one read asks for, reached by doubling while reads fill the
-/// buffer (large bodies).
+/// The most one read asks for: a large body's reads fill it.
 const MAX_READ_SIZE: usize = 64 * 1024;
 /// The longest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;
@@ -171,8 +169,7 @@ impl Response {
     ) -> Result<Response> {
         let mut conn = Conn {
             link,
-            buf: BytesMut::with_capacity(READ_SIZE),
-            read_size: READ_SIZE,
+            buf: BytesMut::new(),
             read_timeout,
         };
         loop {
@@ -301,39 +298,61 @@ async fn within<F: Future>(
 /// A connection and the buffer its bytes are read into.
 struct Conn {
     link: Link,
+    /// What was read and not yet handed out; no memory while that is nothing.
     buf: BytesMut,
-    /// How much the next read asks for.
-    read_size: usize,
     read_timeout: Option<Duration>,
 }
 
 impl Conn {
     /// Reads once into the buffer; 0 when the server has closed.
     async fn fill(&mut self) -> Result<usize> {
-        if self.buf.is_empty() && self.buf.capacity() < self.read_size {
-            // Nothing to keep, and more room wanted (a fast answer): a new
-            // buffer. Growing this one would copy the bytes already handed
-            // out, and keep their room too.
-            self.buf = BytesMut::with_capacity(self.read_size);
-        } else {
-            // Once the pieces handed out are dropped, this reuses their memory.
-            self.buf.reserve(self.read_size);
+        if self.buf.is_empty() {
+            // Its memory goes back (once the pieces handed out are dropped)
+            // before the wait, which may be long.
+            self.buf = BytesMut::new();
         }
-        let room = self.buf.capacity() - self.buf.len();
         let Link { stream, timer } = &mut self.link;
-        let read = stream.read_buf(&mut self.buf);
+        let read = read_copied(stream, &mut self.buf);
         let read = match self.read_timeout {
             Some(limit) => within(timer, limit, read)
                 .await
                 .or_err(ErrorType::ReadTimedout, "reading the response")?,
             None => read.await,
         };
-        let n = read.or_err(ErrorType::ReadError, "reading the response")?;
-        if n == room {
-            self.read_size = (self.read_size * 2).min(MAX_READ_SIZE);
-        }
-        Ok(n)
+        read.or_err(ErrorType::ReadError, "reading the response")
     }
+}
+
+thread_local! {
+    /// Where reads land (see [`read_copied`]): one per thread, not one per
+    /// connection.
+    static SCRATCH: RefCell<Box<[MaybeUninit<u8>]>> =
+        RefCell::new(Box::new_uninit_slice(MAX_READ_SIZE));
+}
+
+/// Reads once from `stream` and appends what came to `buf`: the read goes
+/// to the thread's scratch buffer, and only what it got is copied to `buf`,
+/// so no room is reserved while the read waits. One copy more per read, of
+/// the bytes read, is the price of holding nothing between reads.
+fn read_copied<'a>(
+    stream: &'a mut Stream,
+    buf: &'a mut BytesMut,
+) -> impl Future<Output = std::io::Result<usize>> + Send + 'a {
+    poll_fn(move |cx| {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let mut read = ReadBuf::uninit(scratch);
+            ready!(Pin::new(&mut *stream).poll_read(cx, &mut read))?;
+            let got = read.filled();
+            if buf.is_empty() {
+                // At its size: `extend_from_slice` would keep the room of an
+                // earlier buffer.
+                *buf = BytesMut::from(got);
+            } else {
+                buf.extend_from_slice(got);
+            }
+            Poll::Ready(Ok(got.len()))
+        })
+    })
 }
 
 #[cfg(test)]
@@ -593,5 +612,56 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    /// An event stream waits for its next event with no read buffer of its
+    /// own, and pieces split across reads (a chunk's size line in one read,
+    /// its data in the next) still come out whole.
+    #[tokio::test]
+    async fn a_waiting_stream_holds_no_read_buffer() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (ours, theirs) = tokio::join!(ours, listener.accept());
+        let mut server = theirs.unwrap().0;
+        let stream = pingora::protocols::l4::stream::Stream::from(ours.unwrap());
+        server
+            .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6")
+            .await
+            .unwrap();
+        let mut response = Response::read(Link::new(Box::new(stream)), None, false)
+            .await
+            .unwrap();
+        let first = response.read_body().await.unwrap();
+        assert_eq!(first.as_deref(), Some(&b"first"[..]));
+        drop(first);
+        // The rest of the chunk is not here yet: the read waits.
+        {
+            let mut read = pin!(response.read_body());
+            let polled = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+            assert!(polled.is_pending());
+        }
+        // Only the size line's start is kept, at its size.
+        assert_eq!(&response.conn.buf[..], b"6");
+        assert!(
+            response.conn.buf.capacity() < 64,
+            "{}",
+            response.conn.buf.capacity()
+        );
+        server.write_all(b"\r\nsecond\r\n").await.unwrap();
+        assert_eq!(
+            response.read_body().await.unwrap().as_deref(),
+            Some(&b"second"[..])
+        );
+        // Nothing kept: while the next read waits, no buffer at all.
+        {
+            let mut read = pin!(response.read_body());
+            let polled = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+            assert!(polled.is_pending());
+        }
+        assert_eq!(response.conn.buf.capacity(), 0);
+        server.write_all(b"0\r\n\r\n").await.unwrap();
+        assert_eq!(response.read_body().await.unwrap(), None);
+        assert!(response.into_reusable().is_some());
     }
 }
