@@ -3,7 +3,7 @@
 //! watching for the client to go away and keeping a silent stream alive.
 
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -126,14 +126,14 @@ impl<'s> Client<'s> {
     /// Opens an event stream with its first bytes: head and bytes in one
     /// write (pingora would flush the head alone).
     pub async fn open_stream_with(&mut self, first: Bytes) -> Result<(), Gone> {
-        write_buffer::deferring_flush(self.start_event_stream()).await?;
+        write_buffer::deferring_flush(pin!(self.start_event_stream())).await?;
         self.write(first).await
     }
 
     /// Writes the last bytes of an event stream: they leave with the
     /// response's closing chunk, in one write.
     pub async fn write_last(&mut self, bytes: Bytes) -> Result<(), Gone> {
-        write_buffer::deferring_flush(self.write(bytes)).await
+        write_buffer::deferring_flush(pin!(self.write(bytes))).await
     }
 
     /// The response being sent is an event stream (heartbeats allowed).

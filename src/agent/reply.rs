@@ -3,6 +3,7 @@
 //! bytes to the client as they come.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -150,27 +151,32 @@ impl Reply {
     /// not yet open is opened after `heartbeat` of silence, so the client,
     /// and any load balancer in between, sees bytes while a long prompt is
     /// processed. Errors that come sooner still get their own status.
+    ///
+    /// `work` comes pinned where it was made (`pin!`, or a box): a future
+    /// taken by value would be held twice here (the argument and its pinned
+    /// move), and again in [`Downstream::wait`], all in the stream's future
+    /// for as long as it is open.
     pub async fn wait<F>(
         &mut self,
         client: &mut impl Downstream,
         heartbeat: Duration,
-        work: F,
+        mut work: Pin<&mut F>,
     ) -> Result<F::Output, Gone>
     where
-        F: Future + Send,
+        F: Future + Send + ?Sized,
         F::Output: Send,
     {
         if !self.encoder.streams() || client.header_sent() {
             return client.wait(work).await;
         }
-        tokio::pin!(work);
         if let Ok(out) = client
-            .wait(tokio::time::timeout(heartbeat, &mut work))
+            .wait(tokio::time::timeout(heartbeat, work.as_mut()))
             .await?
         {
             return Ok(out);
         }
-        self.start(client).await?;
+        // Boxed: once a request at most, and as large as a write.
+        Box::pin(self.start(client)).await?;
         client.wait(work).await
     }
 

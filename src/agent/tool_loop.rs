@@ -13,6 +13,7 @@
 //! client tools, which go back to the client in standard form. No call is
 //! dropped without the model being told.
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -327,7 +328,7 @@ impl Turn<'_> {
         let runs = stream::iter(runs)
             .buffered(limits.max_concurrent_tool_calls)
             .collect::<Vec<Outcome>>();
-        let mut runs = std::pin::pin!(runs);
+        let mut runs = pin!(runs);
         let outcomes = loop {
             let next = client
                 .wait(async {
@@ -485,7 +486,8 @@ async fn read_round<D: Downstream>(
                     affinity,
                     client_auth,
                 )
-            }),
+            })
+            .as_mut(),
         )
         .await?
         .map_err(|e| from_upstream(&upstream.name, &e))?;
@@ -499,7 +501,7 @@ async fn read_round<D: Downstream>(
             .wait(
                 client,
                 heartbeat,
-                boxed::pinned(|| exchange.read_to_end(limits.max_upstream_body_bytes)),
+                boxed::pinned(|| exchange.read_to_end(limits.max_upstream_body_bytes)).as_mut(),
             )
             .await?
             .unwrap_or_default();
@@ -533,7 +535,7 @@ async fn read_round<D: Downstream>(
             .wait(
                 client,
                 heartbeat,
-                boxed::pinned(|| exchange.read_to_end(limits.max_upstream_body_bytes)),
+                boxed::pinned(|| exchange.read_to_end(limits.max_upstream_body_bytes)).as_mut(),
             )
             .await?
             .map_err(|e| from_upstream(&upstream.name, &e))?;
@@ -554,7 +556,7 @@ async fn read_round<D: Downstream>(
             Some(piece) => piece,
             None => reader
                 .reply
-                .wait(client, heartbeat, exchange.read())
+                .wait(client, heartbeat, pin!(exchange.read()))
                 .await?
                 .map_err(|e| from_upstream(&upstream.name, &e))?,
         };

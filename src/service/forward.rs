@@ -5,6 +5,8 @@
 //! it, the response streams back as it comes. pingora's proxy path keeps
 //! what needs it: an upgrade, a body of unknown length, a large upload.
 
+use std::pin::pin;
+
 use bytes::Bytes;
 use http::header::{self, HeaderName};
 use pingora::http::RequestHeader;
@@ -170,7 +172,11 @@ async fn relay(
     // Counted, but no heartbeats: a passed-through stream stays byte for byte.
     let _stream = event_stream.then(StreamGuard::open);
     loop {
-        match client.wait(exchange.read()).await? {
+        // A statement of its own: pinned in the match's scrutinee, the read
+        // would live on through the arms' writes, and the relay's future
+        // would make room for both at once.
+        let read = client.wait(pin!(exchange.read())).await?;
+        match read {
             Ok(Some(piece)) => client.write(piece).await?,
             Ok(None) => return Ok(()),
             Err(e) => {

@@ -44,8 +44,9 @@ pub fn serving<F: Future>(
 
 /// Runs `write` with the connection's first flush in it skipped: what it
 /// writes leaves with the next write. Outside a connection's task (another
-/// agent's call), just runs it.
-pub async fn deferring_flush<T>(write: impl Future<Output = T>) -> T {
+/// agent's call), just runs it. `write` comes pinned where it was made: by
+/// value it would be held twice here, argument and awaited future.
+pub async fn deferring_flush<F: Future + ?Sized>(write: Pin<&mut F>) -> F::Output {
     let deferral = CONNECTION.try_with(FlushDeferral::clone).ok();
     if let Some(d) = &deferral {
         d.0.store(true, Ordering::Relaxed);
@@ -193,6 +194,7 @@ impl<W: AsyncRead + Unpin> AsyncRead for WriteBuffer<W> {
 mod tests {
     use super::*;
     use bytes::Buf;
+    use std::pin::pin;
     use tokio::io::AsyncWriteExt;
 
     /// A socket that records each write call, takes at most `per_write`
@@ -314,10 +316,10 @@ mod tests {
         let deferral = FlushDeferral::default();
         let mut out = WriteBuffer::new(64, Socket::default(), deferral.clone());
         serving(deferral, async move {
-            deferring_flush(async {
+            deferring_flush(pin!(async {
                 out.write_all(b"head;").await.unwrap();
                 out.flush().await.unwrap();
-            })
+            }))
             .await;
             assert!(out.get_ref().writes.is_empty(), "the flush was skipped");
             out.write_all(b"events;").await.unwrap();
@@ -325,7 +327,7 @@ mod tests {
             assert_eq!(out.get_ref().writes, [b"head;events;".to_vec()]);
 
             // A deferral no flush took is not left to skip a later one.
-            deferring_flush(async {}).await;
+            deferring_flush(pin!(async {})).await;
             out.write_all(b"more").await.unwrap();
             out.flush().await.unwrap();
             assert_eq!(out.get_ref().writes.len(), 2);
