@@ -32,74 +32,13 @@ use crate::upstream::affinity_key;
 
 pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialect) -> Result<bool> {
     let config = ctx.config.clone();
-    let body = match read_body(session, config.limits.max_body_bytes).await {
-        Ok(body) => body,
-        Err(error) => return reject(session, dialect, &error).await,
-    };
-    // Before any parse: even the routing peek holds one entry per message.
-    let shape = Shape::of(&body);
-    if shape.values > config.limits.max_json_values {
-        let error = ApiError::too_many_json_values(config.limits.max_json_values);
-        return reject(session, dialect, &error).await;
-    }
-    let entries = match dialect {
-        Dialect::Responses => shape.input,
-        _ => shape.messages,
-    };
-    let serves =
-        |model: &str| config.agent(model).is_some() || (model == AUTO && config.router.is_some());
-    // An agent's request is parsed once, by its front's decoder: the body's
-    // shape tells where it goes. Any other is checked to be JSON before it
-    // is forwarded as it came: where the shape names its model, without
-    // building what the routing peek holds (one entry per message).
-    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON body: {e}"));
-    let asked = match shape.model {
-        Some(model) if serves(model) => model.to_owned(),
-        Some(model) => {
-            if let Err(e) = crate::json::from_bytes::<serde::de::IgnoredAny>(&body) {
-                return reject(session, dialect, &invalid(e)).await;
-            }
-            let other = Other {
-                model,
-                stream: shape.stream,
-                entries,
-                peek: None,
-            };
-            return pass_on(session, ctx, dialect, other, &body).await;
-        }
-        None => {
-            let peek: RoutingPeek = match crate::json::from_bytes(&body) {
-                Ok(peek) => peek,
-                Err(e) => return reject(session, dialect, &invalid(e)).await,
-            };
-            match peek.model.as_deref() {
-                Some(model) if serves(model) => model.to_owned(),
-                model => {
-                    let other = Other {
-                        model: model.unwrap_or_default(),
-                        stream: peek.stream == Some(true),
-                        entries,
-                        peek: Some(&peek),
-                    };
-                    return pass_on(session, ctx, dialect, other, &body).await;
-                }
-            }
-        }
-    };
-    if let Err(error) = listed(dialect, entries, config.limits.max_messages) {
-        return reject(session, dialect, &error).await;
-    }
-    // The body is let go once decoded: a coding agent's request is tens of
-    // KiB, and the conversation holds all of it that a stream needs.
-    let (mut conversation, encoder) = {
-        // In a block of its own: the request's future would otherwise keep
-        // room for the decoded result while the answer streams.
-        let decoded = decode(&config, &ctx.tenant, dialect, &body).await;
-        drop(body);
-        match decoded {
-            Ok(decoded) => decoded,
-            Err(error) => return reject(session, dialect, &error).await,
-        }
+    let AgentRequest {
+        asked,
+        mut conversation,
+        encoder,
+    } = match read_agent_request(session, ctx, dialect, &config).await {
+        Ok(request) => request,
+        Err(done) => return done,
     };
     // The shape's model is the parse's (`Shape::of`'s tests hold it to
     // that): no agent runs a request the parse reads otherwise.
@@ -195,6 +134,97 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     let cut = summary.cut;
     ctx.summary = Some(summary);
     handled(cut)
+}
+
+/// An agent's request, decoded.
+struct AgentRequest {
+    /// The model the client asked for: the agent, an alias, or `auto`.
+    asked: String,
+    conversation: Conversation,
+    encoder: EncoderFor,
+}
+
+/// Reads the request and decodes it if it is for an agent; else (another
+/// model, or a refusal) answers it, and the answer's outcome is the error.
+/// A function of its own: its locals (the body's shape, the routing peek,
+/// the decoded result) live across several awaits, and in `handle` they
+/// would keep their room through every later state, the whole stream
+/// long; here they share it with the tool loop's.
+async fn read_agent_request(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    dialect: Dialect,
+    config: &Arc<Config>,
+) -> std::result::Result<AgentRequest, Result<bool>> {
+    let body = match read_body(session, config.limits.max_body_bytes).await {
+        Ok(body) => body,
+        Err(error) => return Err(reject(session, dialect, &error).await),
+    };
+    // Before any parse: even the routing peek holds one entry per message.
+    let shape = Shape::of(&body);
+    if shape.values > config.limits.max_json_values {
+        let error = ApiError::too_many_json_values(config.limits.max_json_values);
+        return Err(reject(session, dialect, &error).await);
+    }
+    let entries = match dialect {
+        Dialect::Responses => shape.input,
+        _ => shape.messages,
+    };
+    let serves =
+        |model: &str| config.agent(model).is_some() || (model == AUTO && config.router.is_some());
+    // An agent's request is parsed once, by its front's decoder: the body's
+    // shape tells where it goes. Any other is checked to be JSON before it
+    // is forwarded as it came: where the shape names its model, without
+    // building what the routing peek holds (one entry per message).
+    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON body: {e}"));
+    let asked = match shape.model {
+        Some(model) if serves(model) => model.to_owned(),
+        Some(model) => {
+            if let Err(e) = crate::json::from_bytes::<serde::de::IgnoredAny>(&body) {
+                return Err(reject(session, dialect, &invalid(e)).await);
+            }
+            let other = Other {
+                model,
+                stream: shape.stream,
+                entries,
+                peek: None,
+            };
+            return Err(pass_on(session, ctx, dialect, other, &body).await);
+        }
+        None => {
+            let peek: RoutingPeek = match crate::json::from_bytes(&body) {
+                Ok(peek) => peek,
+                Err(e) => return Err(reject(session, dialect, &invalid(e)).await),
+            };
+            match peek.model.as_deref() {
+                Some(model) if serves(model) => model.to_owned(),
+                model => {
+                    let other = Other {
+                        model: model.unwrap_or_default(),
+                        stream: peek.stream == Some(true),
+                        entries,
+                        peek: Some(&peek),
+                    };
+                    return Err(pass_on(session, ctx, dialect, other, &body).await);
+                }
+            }
+        }
+    };
+    if let Err(error) = listed(dialect, entries, config.limits.max_messages) {
+        return Err(reject(session, dialect, &error).await);
+    }
+    // The body is let go once decoded: a coding agent's request is tens of
+    // KiB, and the conversation holds all of it that a stream needs.
+    let decoded = decode(config, &ctx.tenant, dialect, &body).await;
+    drop(body);
+    match decoded {
+        Ok((conversation, encoder)) => Ok(AgentRequest {
+            asked,
+            conversation,
+            encoder,
+        }),
+        Err(error) => Err(reject(session, dialect, &error).await),
+    }
 }
 
 /// A request for a model that is no agent, as its body was read.
