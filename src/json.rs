@@ -190,6 +190,141 @@ mod tests {
         assert_eq!(to_vec("x"), b"\"x\"");
     }
 
+    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::vec((any::<String>(), inner), 0..8)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_value_is_written_as_serde_json_writes_it(value in any_json()) {
+            proptest::prop_assert_eq!(
+                String::from_utf8(to_vec(&value)).unwrap(),
+                serde_json::to_string(&value).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn every_shape_serde_derives_is_written_as_serde_json_writes_it() {
+        use std::collections::BTreeMap;
+
+        #[derive(Serialize)]
+        struct Unit;
+        #[derive(Serialize)]
+        struct Newtype(u8);
+        #[derive(Serialize)]
+        struct Pair(i32, &'static str);
+        #[derive(Serialize)]
+        enum External {
+            Unit,
+            Newtype(u32),
+            Tuple(u8, bool),
+            Struct { a: Option<u8>, b: &'static str },
+        }
+        #[derive(Serialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        enum Internal {
+            Text { text: &'static str },
+            Empty,
+        }
+        #[derive(Serialize)]
+        #[serde(tag = "t", content = "c")]
+        enum Adjacent {
+            One(char),
+        }
+        #[derive(Serialize)]
+        #[serde(untagged)]
+        enum Untagged {
+            Number(f64),
+            Text(&'static str),
+        }
+        struct Bytes(&'static [u8]);
+        impl Serialize for Bytes {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+        #[derive(Serialize)]
+        struct Inner {
+            x: u64,
+            #[serde(rename = "needs \"escaping\"\n")]
+            escaped: i8,
+        }
+        #[derive(Serialize)]
+        struct Outer {
+            unit: Unit,
+            unit_value: (),
+            newtype: Newtype,
+            pair: Pair,
+            tuple: (u8, (), [i16; 2]),
+            externals: [External; 4],
+            internals: [Internal; 2],
+            adjacent: Adjacent,
+            untagged: [Untagged; 2],
+            bytes: Bytes,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            skipped: Option<u8>,
+            none: Option<u8>,
+            #[serde(flatten)]
+            inner: Inner,
+            integer_keys: BTreeMap<i64, bool>,
+            bool_keys: BTreeMap<bool, u8>,
+            char_keys: BTreeMap<char, u8>,
+            empty: Vec<u8>,
+            empty_map: BTreeMap<String, u8>,
+            value: serde_json::Value,
+        }
+        let outer = Outer {
+            unit: Unit,
+            unit_value: (),
+            newtype: Newtype(7),
+            pair: Pair(-3, "p\u{1}"),
+            tuple: (1, (), [-1, 2]),
+            externals: [
+                External::Unit,
+                External::Newtype(9),
+                External::Tuple(2, true),
+                External::Struct { a: None, b: "é" },
+            ],
+            internals: [Internal::Text { text: "t" }, Internal::Empty],
+            adjacent: Adjacent::One('"'),
+            untagged: [Untagged::Number(0.5), Untagged::Text("u")],
+            bytes: Bytes(b"\x00\xff"),
+            skipped: None,
+            none: None,
+            inner: Inner { x: 1, escaped: -1 },
+            integer_keys: BTreeMap::from([(-5, true), (12, false)]),
+            bool_keys: BTreeMap::from([(true, 1)]),
+            char_keys: BTreeMap::from([('\n', 1)]),
+            empty: Vec::new(),
+            empty_map: BTreeMap::new(),
+            value: serde_json::json!({"k": [1.5, "s", null, {"": {}}]}),
+        };
+        let ours = String::from_utf8(to_vec(&outer)).unwrap();
+        assert_eq!(ours, serde_json::to_string(&outer).unwrap());
+
+        // A key that is not a string, a number, a boolean or a character:
+        // refused by both.
+        let tuple_keys = BTreeMap::from([((1, 2), 3)]);
+        assert!(serde_json::to_vec(&tuple_keys).is_err());
+        assert!(sonic_rs::to_vec(&tuple_keys).is_err());
+    }
+
     #[test]
     fn raw_text_is_written_as_it_is() {
         #[derive(Serialize)]

@@ -343,13 +343,7 @@ fn read_copied<'a>(
             let mut read = ReadBuf::uninit(scratch);
             ready!(Pin::new(&mut *stream).poll_read(cx, &mut read))?;
             let got = read.filled();
-            if buf.is_empty() {
-                // At its size: `extend_from_slice` would keep the room of an
-                // earlier buffer.
-                *buf = BytesMut::from(got);
-            } else {
-                buf.extend_from_slice(got);
-            }
+            buf.extend_from_slice(got);
             Poll::Ready(Ok(got.len()))
         })
     })
