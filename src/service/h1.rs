@@ -493,18 +493,16 @@ impl Session {
         while self.buf.len() < left {
             self.fill_buf().await?;
         }
-        Ok(match self.read_request_body().await? {
+        let piece = match self.read_request_body().await? {
             Some(piece) if piece.len() < BODY_READ => Some(Bytes::copy_from_slice(&piece)),
-            Some(piece) => {
-                // The buffer shares the piece's memory: kept, it would hold
-                // the whole body for as long as the connection lasts, after
-                // the body itself is let go. A reader that knows the length
-                // asks for no end, where the buffer goes otherwise.
-                self.release_buffer();
-                Some(piece)
-            }
-            None => None,
-        })
+            piece => piece,
+        };
+        // A reader that knows the length asks for no end, where the buffer
+        // goes otherwise. Kept, it would hold the room its head was read
+        // into (4 KiB) for as long as the request lasts (a stream's), or a
+        // large body's memory after the body itself is let go.
+        self.release_buffer();
+        Ok(piece)
     }
 
     /// Reads what the client sent next into the buffer.
@@ -1020,6 +1018,32 @@ mod tests {
         let (mut s, _client) =
             session("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nab");
         assert_eq!(s.read_request_body_whole(8).await.unwrap().unwrap(), "ab");
+    }
+
+    #[tokio::test]
+    async fn a_small_body_read_whole_leaves_no_read_buffer_behind() {
+        // As a request arrives: its head and body in one read, into a
+        // buffer with room to spare.
+        let (ours, _client) = duplex(1 << 20);
+        let mut buf = BytesMut::with_capacity(4096);
+        buf.extend_from_slice(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc");
+        let head = parse(&mut buf).unwrap();
+        let mut s = Session::new(Box::new(ours), head, buf);
+        let whole = s.read_request_body_whole(1024).await.unwrap().unwrap();
+        assert_eq!(whole, "abc");
+        // A stream lasts minutes: neither the body nor the session keeps
+        // the read's room.
+        assert!(whole.is_unique());
+        assert_eq!(s.buf.capacity(), 0);
+
+        // Bytes of a next request read with it stay.
+        let (mut s, _client) =
+            session("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET /");
+        assert_eq!(
+            s.read_request_body_whole(1024).await.unwrap().unwrap(),
+            "abc"
+        );
+        assert_eq!(&s.buf[..], b"GET /");
     }
 
     #[tokio::test]
