@@ -197,6 +197,8 @@ impl ServerApp for Edge {
             let proxy_path = super::proxy_path(&head, &self.config.load());
             let reused = if proxy_path == ProxyPath::Now {
                 let request = head.as_sent(&buf);
+                // Its room (4 KiB) would last as long as pingora's request.
+                drop(buf);
                 self.pass_on(stream, request, persisted.take(), shutdown)
                     .await
             } else {
