@@ -462,16 +462,21 @@ impl Session {
     /// The next piece of the request body; `None` at its end.
     pub async fn read_request_body(&mut self) -> Result<Option<Bytes>> {
         loop {
-            match self.body.decode(&mut self.buf)? {
-                Decoded::Data(piece) => return Ok(Some(piece)),
-                Decoded::End => {
-                    self.release_buffer();
-                    return Ok(None);
+            let piece = match self.body.decode(&mut self.buf)? {
+                Decoded::Data(piece) => Some(piece),
+                Decoded::End => None,
+                Decoded::NeedMore => {
+                    self.buf.reserve(BODY_READ);
+                    self.fill_buf().await?;
+                    continue;
                 }
-                Decoded::NeedMore => {}
-            }
-            self.buf.reserve(BODY_READ);
-            self.fill_buf().await?;
+            };
+            // A reader that knows the body's length asks for no end after
+            // its last piece: the buffer goes here, or it would hold the
+            // room the head was read into (4 KiB), or a large body's memory
+            // it shares, for as long as the request lasts (a stream's).
+            self.release_buffer();
+            return Ok(piece);
         }
     }
 
@@ -493,16 +498,10 @@ impl Session {
         while self.buf.len() < left {
             self.fill_buf().await?;
         }
-        let piece = match self.read_request_body().await? {
+        Ok(match self.read_request_body().await? {
             Some(piece) if piece.len() < BODY_READ => Some(Bytes::copy_from_slice(&piece)),
             piece => piece,
-        };
-        // A reader that knows the length asks for no end, where the buffer
-        // goes otherwise. Kept, it would hold the room its head was read
-        // into (4 KiB) for as long as the request lasts (a stream's), or a
-        // large body's memory after the body itself is let go.
-        self.release_buffer();
-        Ok(piece)
+        })
     }
 
     /// Reads what the client sent next into the buffer.
