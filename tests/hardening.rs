@@ -631,14 +631,21 @@ async fn at_max_connections_the_oldest_idle_connection_makes_room() {
         "limits: { max_connections: 2 }",
     ))
     .await;
+    // Idle the longest by a margin: a connection's idle wait begins just
+    // after its answer leaves, on its own thread, and the next one's could
+    // otherwise begin first.
+    let settle = || tokio::time::sleep(Duration::from_millis(50));
     let mut oldest = idle_connection(proxy.port).await;
+    settle().await;
     let mut newer = idle_connection(proxy.port).await;
+    settle().await;
     let mut third = idle_connection(proxy.port).await;
     assert!(
         oldest.closed_within(Duration::from_secs(10)).await,
         "the connection idle the longest was closed"
     );
     assert_eq!(healthz_on(&mut third).await.status, 200);
+    settle().await;
     let _fourth = idle_connection(proxy.port).await;
     assert!(
         newer.closed_within(Duration::from_secs(10)).await,

@@ -559,6 +559,65 @@ async fn without_work_stealing_a_connection_wakes_only_the_thread_serving_it() {
     }
 }
 
+/// Without work stealing a thread cannot hand a connection over, so where a
+/// connection lands decides which thread works for it: two clients must land
+/// on two threads, not (as at random, half the time) both on one while the
+/// other idles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_work_stealing_connections_go_to_the_least_loaded_thread() {
+    let proxy = two_runtimes().await;
+    let (port, pid) = (proxy.port, proxy.pid());
+    const REQUESTS: u64 = 300;
+    for _ in 0..3 {
+        // Both open before either is used: the second is placed while the
+        // first is open.
+        let mut connections = Vec::new();
+        for _ in 0..2 {
+            let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let mut connection = Connection::on(stream);
+            connection
+                .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            assert_eq!(connection.next_response().await.status, 200);
+            connections.push(connection);
+        }
+        let before = worker_sleeps(pid);
+        let clients: Vec<_> = connections
+            .into_iter()
+            .map(|mut connection| {
+                tokio::spawn(async move {
+                    for _ in 0..REQUESTS {
+                        connection
+                            .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                            .await
+                            .unwrap();
+                        assert_eq!(connection.next_response().await.status, 200);
+                    }
+                })
+            })
+            .collect();
+        for client in clients {
+            client.await.unwrap();
+        }
+        // Each serving thread sleeps between its connection's requests; a
+        // thread serving neither hardly wakes.
+        let woken: Vec<u64> = worker_sleeps(pid)
+            .iter()
+            .zip(&before)
+            .map(|(after, before)| after - before)
+            .collect();
+        assert!(
+            woken.iter().all(|sleeps| *sleeps >= REQUESTS / 4),
+            "a thread served neither connection: {woken:?}"
+        );
+        // Closed, they leave their threads with none open again.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// The allocator returns freed memory to the system on its own thread, so
 /// the memory a burst of large requests left behind leaves the RSS while
 /// the streams they opened go on (bench/results/ab.md). Without the thread

@@ -72,7 +72,7 @@ struct RunArgs {
     #[arg(long, default_value = "")]
     proxy_yaml: String,
     /// A second agent-proxy binary, run beside the first with the same
-    /// config: its passthrough and agent targets, marked "(B)", take their
+    /// config: its passthrough, agent and Responses targets, marked "(B)", take their
     /// turns in every round of the non-streaming and streaming scenarios.
     /// An A/B of two builds within one run, so both see the same machine.
     #[arg(long)]
@@ -288,9 +288,14 @@ const AGENT_CODEX: Target = Target {
     ask: Ask::Client(ClientRequest::Codex),
     chunked: false,
 };
-/// The same two through `--baseline-bin`.
+/// The same three through `--baseline-bin`.
 const PASSTHROUGH_B: Target = Target::chat("passthrough (B)", Host::ProxyB, "bench");
 const AGENT_B: Target = Target::chat("agent (B)", Host::ProxyB, "plain");
+const AGENT_RESPONSES_B: Target = Target {
+    name: "agent (responses) (B)",
+    host: Host::ProxyB,
+    ..AGENT_RESPONSES
+};
 const AGENT_TOOL: Target = Target::chat("agent + tool round", Host::Proxy, "tooled");
 /// Another path (the legacy completions API, served by the fake model like
 /// chat), its body chunked: pingora's own proxy path, no agent-proxy code on
@@ -617,6 +622,7 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         AGENT,
         AGENT_B,
         AGENT_RESPONSES,
+        AGENT_RESPONSES_B,
         AGENT_MESSAGES,
         AGENT_CLAUDE_CODE,
         AGENT_CODEX,
@@ -699,6 +705,7 @@ impl Bench {
             AGENT,
             AGENT_B,
             AGENT_RESPONSES,
+            AGENT_RESPONSES_B,
             AGENT_MESSAGES,
         ];
         let tokens = if smoke { 20 } else { 200 };

@@ -1080,11 +1080,9 @@ agents:
     fn runtime_threads_and_scheduler() {
         let with = |runtime: &str| Config::parse(&format!("{BASE}\nruntime: {runtime}"), no_env);
         let default = Config::parse(BASE, no_env).unwrap().runtime;
-        assert_eq!((default.threads, default.work_stealing), (None, true));
-        let set = with("{ threads: 3, work_stealing: false }")
-            .unwrap()
-            .runtime;
-        assert_eq!((set.threads, set.work_stealing), (Some(3), false));
+        assert_eq!((default.threads, default.work_stealing), (None, false));
+        let set = with("{ threads: 3, work_stealing: true }").unwrap().runtime;
+        assert_eq!((set.threads, set.work_stealing), (Some(3), true));
         let zero = with("{ threads: 0 }")
             .err()
             .map(|e| e.message)

@@ -83,6 +83,7 @@ impl Listener {
 
 /// Accepts until the server shuts down, each connection in a task of its own.
 async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: ShutdownWatch) {
+    let mut runtimes = Runtimes::discover();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -107,9 +108,9 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
         }
         let edge = edge.clone();
         let shutdown = shutdown.clone();
-        // As pingora's listener: without work stealing, each connection
-        // goes to a thread's runtime at random, not all to this loop's.
-        let runtime = pingora_runtime::current_handle();
+        // Without work stealing, each connection goes to the thread's
+        // runtime serving the fewest, not all to this loop's.
+        let (runtime, open) = runtimes.least_loaded();
         // The socket is registered with this runtime's I/O driver: served
         // on another, each of its wake-ups would cross threads (a futex
         // wake and a switch per read). It moves there unregistered.
@@ -124,6 +125,7 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
             },
         };
         runtime.spawn(async move {
+            let _open = open;
             let socket = match socket {
                 Accepted::Registered(socket) => socket,
                 Accepted::Moved(socket) => match TcpStream::from_std(socket) {
@@ -145,6 +147,59 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
             .await
         });
     }
+}
+
+/// The runtimes connections are served on: one per worker thread without
+/// work stealing (else one), each with its count of open connections.
+///
+/// pingora hands out its runtimes only one at a time, at random
+/// (`current_handle`), and random placement leaves threads unevenly loaded:
+/// of two keep-alive clients, half the time both land on one thread while
+/// the other idles. So the runtimes are learnt from those draws, and each
+/// connection goes to the one with the fewest open.
+struct Runtimes {
+    known: Vec<(Handle, Arc<()>)>,
+}
+
+impl Runtimes {
+    /// Enough draws to meet every runtime of 64 threads but for one chance in
+    /// millions; a runtime still unmet is met by a later connection's draw.
+    const DRAWS: usize = 1536;
+
+    fn discover() -> Self {
+        let mut runtimes = Runtimes { known: Vec::new() };
+        for _ in 0..Self::DRAWS {
+            runtimes.meet(pingora_runtime::current_handle());
+        }
+        runtimes
+    }
+
+    fn meet(&mut self, handle: Handle) {
+        if !self
+            .known
+            .iter()
+            .any(|(known, _)| known.id() == handle.id())
+        {
+            self.known.push((handle, Arc::new(())));
+        }
+    }
+
+    /// The runtime with the fewest open connections, and the token a
+    /// connection holds there while it is open.
+    fn least_loaded(&mut self) -> (Handle, Arc<()>) {
+        self.meet(pingora_runtime::current_handle());
+        let fewest = fewest(self.known.iter().map(|(_, open)| Arc::strong_count(open)));
+        let (handle, open) = &self.known[fewest];
+        (handle.clone(), open.clone())
+    }
+}
+
+/// The index of the smallest count, the first of equals; 0 for none.
+fn fewest(counts: impl Iterator<Item = usize>) -> usize {
+    counts
+        .enumerate()
+        .min_by_key(|&(_, count)| count)
+        .map_or(0, |(index, _)| index)
 }
 
 /// An accepted connection on its way to the runtime that serves it.
