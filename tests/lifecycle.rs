@@ -440,6 +440,21 @@ fn worker_ticks(pid: u32) -> Vec<u64> {
         .collect()
 }
 
+/// The time each of the proxy's worker threads ran, in nanoseconds (the
+/// scheduler's own count: ticks are too coarse for a few hundred requests).
+fn worker_cpu_ns(pid: u32) -> Vec<u64> {
+    workers(pid)
+        .iter()
+        .map(|task| {
+            let stat = std::fs::read_to_string(task.join("schedstat")).unwrap();
+            stat.split_whitespace()
+                .next()
+                .and_then(|ns| ns.parse().ok())
+                .expect("a thread's time on the CPU")
+        })
+        .collect()
+}
+
 /// How many times each of the proxy's worker threads went to sleep.
 fn worker_sleeps(pid: u32) -> Vec<u64> {
     workers(pid)
@@ -586,7 +601,7 @@ async fn without_work_stealing_connections_go_to_the_least_loaded_thread() {
             assert_eq!(connection.next_response().await.status, 200);
             connections.push(connection);
         }
-        let before = worker_sleeps(pid);
+        let before = worker_cpu_ns(pid);
         let clients: Vec<_> = connections
             .into_iter()
             .map(|mut connection| {
@@ -604,16 +619,17 @@ async fn without_work_stealing_connections_go_to_the_least_loaded_thread() {
         for client in clients {
             client.await.unwrap();
         }
-        // Each serving thread sleeps between its connection's requests; a
-        // thread serving neither hardly wakes.
-        let woken: Vec<u64> = worker_sleeps(pid)
+        // Each thread does about half the work; one serving neither
+        // connection hardly runs.
+        let spent: Vec<u64> = worker_cpu_ns(pid)
             .iter()
             .zip(&before)
             .map(|(after, before)| after - before)
             .collect();
+        let total: u64 = spent.iter().sum();
         assert!(
-            woken.iter().all(|sleeps| *sleeps >= REQUESTS / 4),
-            "a thread served neither connection: {woken:?}"
+            spent.iter().all(|ns| ns * 5 >= total),
+            "a thread served neither connection (ns on the CPU): {spent:?}"
         );
         // Closed, they leave their threads with none open again.
         tokio::time::sleep(Duration::from_millis(300)).await;
