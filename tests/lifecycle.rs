@@ -471,6 +471,26 @@ fn worker_sleeps(pid: u32) -> Vec<u64> {
         .collect()
 }
 
+/// Each of `after`'s counts less the same thread's in `before`.
+fn since(before: &[u64], after: Vec<u64>) -> Vec<u64> {
+    after
+        .iter()
+        .zip(before)
+        .map(|(after, before)| after - before)
+        .collect()
+}
+
+/// Asks for the model list `times` over on one keep-alive connection.
+async fn list_models(connection: &mut Connection, times: u64) {
+    for _ in 0..times {
+        connection
+            .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(connection.next_response().await.status, 200);
+    }
+}
+
 /// A proxy with two worker threads, each its own runtime (no work
 /// stealing), once both are up.
 async fn two_runtimes() -> Proxy {
@@ -506,25 +526,14 @@ async fn without_work_stealing_every_thread_serves_connections() {
                 let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
                     .await
                     .unwrap();
-                let mut connection = Connection::on(stream);
-                for _ in 0..150 {
-                    connection
-                        .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-                        .await
-                        .unwrap();
-                    assert_eq!(connection.next_response().await.status, 200);
-                }
+                list_models(&mut Connection::on(stream), 150).await;
             })
         })
         .collect();
     for client in clients {
         client.await.unwrap();
     }
-    let spent: Vec<u64> = worker_ticks(pid)
-        .iter()
-        .zip(&before)
-        .map(|(after, before)| after - before)
-        .collect();
+    let spent = since(&before, worker_ticks(pid));
     let total: u64 = spent.iter().sum();
     assert!(total > 0, "{spent:?}");
     for ticks in &spent {
@@ -554,18 +563,8 @@ async fn without_work_stealing_a_connection_wakes_only_the_thread_serving_it() {
             .unwrap();
         let mut connection = Connection::on(stream);
         let before = worker_sleeps(pid);
-        for _ in 0..REQUESTS {
-            connection
-                .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            assert_eq!(connection.next_response().await.status, 200);
-        }
-        let woken: Vec<u64> = worker_sleeps(pid)
-            .iter()
-            .zip(&before)
-            .map(|(after, before)| after - before)
-            .collect();
+        list_models(&mut connection, REQUESTS).await;
+        let woken = since(&before, worker_sleeps(pid));
         // The serving thread sleeps between requests; the other, idle,
         // hardly ever wakes.
         assert!(
@@ -594,26 +593,14 @@ async fn without_work_stealing_connections_go_to_the_least_loaded_thread() {
                 .await
                 .unwrap();
             let mut connection = Connection::on(stream);
-            connection
-                .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            assert_eq!(connection.next_response().await.status, 200);
+            list_models(&mut connection, 1).await;
             connections.push(connection);
         }
         let before = worker_cpu_ns(pid);
         let clients: Vec<_> = connections
             .into_iter()
             .map(|mut connection| {
-                tokio::spawn(async move {
-                    for _ in 0..REQUESTS {
-                        connection
-                            .send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-                            .await
-                            .unwrap();
-                        assert_eq!(connection.next_response().await.status, 200);
-                    }
-                })
+                tokio::spawn(async move { list_models(&mut connection, REQUESTS).await })
             })
             .collect();
         for client in clients {
@@ -621,11 +608,7 @@ async fn without_work_stealing_connections_go_to_the_least_loaded_thread() {
         }
         // Each thread does about half the work; one serving neither
         // connection hardly runs.
-        let spent: Vec<u64> = worker_cpu_ns(pid)
-            .iter()
-            .zip(&before)
-            .map(|(after, before)| after - before)
-            .collect();
+        let spent = since(&before, worker_cpu_ns(pid));
         let total: u64 = spent.iter().sum();
         assert!(
             spent.iter().all(|ns| ns * 5 >= total),
