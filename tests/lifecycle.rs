@@ -472,12 +472,21 @@ fn worker_sleeps(pid: u32) -> Vec<u64> {
 }
 
 /// Each of `after`'s counts less the same thread's in `before`.
-fn since(before: &[u64], after: Vec<u64>) -> Vec<u64> {
+fn since(before: &[u64], after: &[u64]) -> Vec<u64> {
     after
         .iter()
         .zip(before)
         .map(|(after, before)| after - before)
         .collect()
+}
+
+/// A new keep-alive connection to the proxy on `port`.
+async fn connect(port: u16) -> Connection {
+    Connection::on(
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap(),
+    )
 }
 
 /// Asks for the model list `times` over on one keep-alive connection.
@@ -523,17 +532,14 @@ async fn without_work_stealing_every_thread_serves_connections() {
     let clients: Vec<_> = (0..64)
         .map(|_| {
             tokio::spawn(async move {
-                let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .unwrap();
-                list_models(&mut Connection::on(stream), 150).await;
+                list_models(&mut connect(port).await, 150).await;
             })
         })
         .collect();
     for client in clients {
         client.await.unwrap();
     }
-    let spent = since(&before, worker_ticks(pid));
+    let spent = since(&before, &worker_ticks(pid));
     let total: u64 = spent.iter().sum();
     assert!(total > 0, "{spent:?}");
     for ticks in &spent {
@@ -558,13 +564,10 @@ async fn without_work_stealing_a_connection_wakes_only_the_thread_serving_it() {
     // that did not accept them.
     let mut open = Vec::new();
     for _ in 0..6 {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let mut connection = Connection::on(stream);
+        let mut connection = connect(port).await;
         let before = worker_sleeps(pid);
         list_models(&mut connection, REQUESTS).await;
-        let woken = since(&before, worker_sleeps(pid));
+        let woken = since(&before, &worker_sleeps(pid));
         // The serving thread sleeps between requests; the other, idle,
         // hardly ever wakes.
         assert!(
@@ -589,10 +592,7 @@ async fn without_work_stealing_connections_go_to_the_least_loaded_thread() {
         // first is open.
         let mut connections = Vec::new();
         for _ in 0..2 {
-            let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .unwrap();
-            let mut connection = Connection::on(stream);
+            let mut connection = connect(port).await;
             list_models(&mut connection, 1).await;
             connections.push(connection);
         }
@@ -608,7 +608,7 @@ async fn without_work_stealing_connections_go_to_the_least_loaded_thread() {
         }
         // Each thread does about half the work; one serving neither
         // connection hardly runs.
-        let spent = since(&before, worker_cpu_ns(pid));
+        let spent = since(&before, &worker_cpu_ns(pid));
         let total: u64 = spent.iter().sum();
         assert!(
             spent.iter().all(|ns| ns * 5 >= total),

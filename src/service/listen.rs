@@ -184,22 +184,17 @@ impl Runtimes {
         }
     }
 
-    /// The runtime with the fewest open connections, and the token a
-    /// connection holds there while it is open.
+    /// The runtime with the fewest open connections (the first met of
+    /// equals), and the token a connection holds there while it is open.
     fn least_loaded(&mut self) -> (Handle, Arc<()>) {
         self.meet(pingora_runtime::current_handle());
-        let fewest = fewest(self.known.iter().map(|(_, open)| Arc::strong_count(open)));
-        let (handle, open) = &self.known[fewest];
-        (handle.clone(), open.clone())
+        self.known
+            .iter()
+            .min_by_key(|(_, open)| Arc::strong_count(open))
+            .map(|(handle, open)| (handle.clone(), open.clone()))
+            // Never empty: a runtime was just met.
+            .unwrap_or_else(|| (Handle::current(), Arc::new(())))
     }
-}
-
-/// The index of the smallest count, the first of equals; 0 for none.
-fn fewest(counts: impl Iterator<Item = usize>) -> usize {
-    counts
-        .enumerate()
-        .min_by_key(|&(_, count)| count)
-        .map_or(0, |(index, _)| index)
 }
 
 /// An accepted connection on its way to the runtime that serves it.
