@@ -19,6 +19,7 @@ pub mod http_client;
 pub mod json;
 pub mod knowledge;
 pub mod limits;
+pub mod logs;
 pub mod mcp;
 pub mod metrics;
 pub mod openai;

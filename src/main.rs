@@ -87,16 +87,7 @@ unsafe impl Sync for MallocConf {}
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if args.log_json {
-        logs.json().init();
-    } else {
-        logs.init();
-    }
+    agent_proxy::logs::init(args.log_json);
 
     let config_path = args
         .config

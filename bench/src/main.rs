@@ -81,6 +81,11 @@ struct RunArgs {
     /// of two configs (of the same binary, without `--baseline-bin`).
     #[arg(long)]
     baseline_yaml: Option<String>,
+    /// Access logs on, as people run them: nginx's `access_log` to a file,
+    /// agent-proxy at `RUST_LOG=info` (its line per request on stderr, to a
+    /// file). Off by default: the figures are the proxying's own.
+    #[arg(long)]
+    access_log: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -322,7 +327,7 @@ struct Bench {
     proxy_b: Option<Process>,
     /// How to start agent-proxy again: the memory figures each want a
     /// fresh process.
-    proxy_cmd: (PathBuf, PathBuf),
+    proxy_cmd: ProxyCmd,
     addrs: [SocketAddr; 4],
     rounds: u32,
     slice: Duration,
@@ -557,7 +562,10 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         up,
     )?;
 
-    std::fs::write(work.join("nginx.conf"), nginx_conf(work, ng, up))?;
+    std::fs::write(
+        work.join("nginx.conf"),
+        nginx_conf(work, ng, up, args.access_log),
+    )?;
     let mut nginx_cmd = Command::new("nginx");
     nginx_cmd
         .arg("-p")
@@ -572,7 +580,12 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         work.join("proxy.yaml"),
         proxy_conf(px, up) + &args.proxy_yaml + "\n",
     )?;
-    let proxy_cmd = (proxy_bin.to_owned(), work.to_owned());
+    let log = if args.access_log { "info" } else { "warn" };
+    let proxy_cmd = ProxyCmd {
+        bin: proxy_bin.to_owned(),
+        work: work.to_owned(),
+        log,
+    };
     let proxy = start_proxy(&proxy_cmd, px)?;
     // In a directory of its own: its own config, and its own response store.
     let baseline_bin = match (&args.baseline_bin, &args.baseline_yaml) {
@@ -584,13 +597,21 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
     if let Some(bin) = &baseline_bin {
         builds += &format!(", \"(B)\" `{}`", shown(bin));
     }
+    if args.access_log {
+        builds += "; access logs on (nginx `access_log` to a file, agent-proxy `RUST_LOG=info`)";
+    }
     let proxy_b = match baseline_bin {
         Some(bin) => {
             let dir = work.join("b");
             std::fs::create_dir_all(&dir)?;
             let yaml = args.baseline_yaml.as_ref().unwrap_or(&args.proxy_yaml);
             std::fs::write(dir.join("proxy.yaml"), proxy_conf(px_b, up) + yaml + "\n")?;
-            Some(start_proxy(&(bin, dir), px_b)?)
+            let cmd = ProxyCmd {
+                bin,
+                work: dir,
+                log,
+            };
+            Some(start_proxy(&cmd, px_b)?)
         }
         None => None,
     };
@@ -741,13 +762,21 @@ impl Bench {
     }
 }
 
-fn start_proxy((bin, work): &(PathBuf, PathBuf), listen: SocketAddr) -> anyhow::Result<Process> {
-    let mut command = Command::new(bin);
+/// How a proxy under test starts: its binary, its directory (config,
+/// response store, log) and its log filter.
+struct ProxyCmd {
+    bin: PathBuf,
+    work: PathBuf,
+    log: &'static str,
+}
+
+fn start_proxy(cmd: &ProxyCmd, listen: SocketAddr) -> anyhow::Result<Process> {
+    let mut command = Command::new(&cmd.bin);
     command
         .arg("--config")
-        .arg(work.join("proxy.yaml"))
-        .env("RUST_LOG", "warn");
-    Process::start("agent-proxy", command, &work.join("proxy.log"), listen)
+        .arg(cmd.work.join("proxy.yaml"))
+        .env("RUST_LOG", cmd.log);
+    Process::start("agent-proxy", command, &cmd.work.join("proxy.log"), listen)
 }
 
 /// `path` from the working directory, when it is under it.
@@ -769,9 +798,14 @@ fn git_commit() -> String {
 }
 
 /// nginx as people run it in front of a model server: keep-alive upstream
-/// connections, no buffering (so SSE flows), no access log (agent-proxy runs
-/// at `RUST_LOG=warn`, without its per-request line, to match).
-fn nginx_conf(work: &Path, listen: SocketAddr, upstream: SocketAddr) -> String {
+/// connections, no buffering (so SSE flows), no access log unless
+/// `access_log` (agent-proxy runs at `RUST_LOG=warn`, without its
+/// per-request line, to match).
+fn nginx_conf(work: &Path, listen: SocketAddr, upstream: SocketAddr, access_log: bool) -> String {
+    let log = match access_log {
+        true => work.join("nginx-access.log").display().to_string(),
+        false => "off".into(),
+    };
     format!(
         r#"daemon off;
 worker_processes auto;
@@ -779,7 +813,7 @@ worker_rlimit_nofile 20000;
 pid {pid};
 events {{ worker_connections 10000; }}
 http {{
-  access_log off;
+  access_log {log};
   keepalive_requests 1000000;
   client_body_temp_path {tmp};
   proxy_temp_path {tmp};
