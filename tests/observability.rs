@@ -250,3 +250,41 @@ agents:
         "{text}"
     );
 }
+
+/// Lines are written by a thread of their own: the last ones, logged as the
+/// process exits, still reach the log, and none is lost under load.
+#[tokio::test]
+async fn every_line_reaches_the_log_the_last_ones_too() {
+    let tool = FakeServer::start(|_, _| Reply::json(200, json!({"sky": "clear"}))).await;
+    let upstream = tool_then_answer().await;
+    let mut proxy = Proxy::start(&config(&upstream, &tool)).await;
+    let headers = [("content-type", "application/json")];
+    let body = json!({"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]});
+    let body = body.to_string();
+    let asks = (0..200).map(|_| {
+        request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            body.as_bytes(),
+        )
+    });
+    for res in futures::future::join_all(asks).await {
+        assert_eq!(res.status, 200);
+    }
+    proxy.signal("TERM");
+    let status = proxy.wait_exit(std::time::Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let logs = proxy.logs();
+    let lines = logs
+        .lines()
+        .filter(|l| l.contains("path=/v1/chat/completions status=200"))
+        .count();
+    assert_eq!(lines, 200, "{logs}");
+    // Logged just before `exit` (other threads' lines may follow it).
+    assert!(
+        logs.lines().any(|l| l.ends_with("drained; exiting")),
+        "{logs}"
+    );
+}
