@@ -1,24 +1,15 @@
-//! The process's log lines on stderr: text (tracing-subscriber's layout) or
-//! JSON lines (`--log-json`, tracing-subscriber's `json()` shape), filtered
-//! by `RUST_LOG` (default `info`).
+//! The line of each event, as text (tracing-subscriber's layout) or as JSON
+//! (tracing-subscriber's `json()` shape).
 //!
-//! Written by a formatter of our own: tracing-subscriber's cost 19,000
-//! instructions for a request's line as text and 28,000 as JSON (its text
-//! fields go through its colour wrappers even when colours are off; its
-//! JSON collects them in a map first), where a passthrough request is
-//! 40,000 in all. This one writes each field once, straight into the line,
-//! and each thread formats the date once a second.
-//!
-//! Colours only at a terminal: in a file or a collector's pipe they are
-//! noise.
-//!
-//! Written by a thread of their own ([`init`]): the `write(2)` of each line
-//! on the thread serving the request was 1.5–2 µs of its system time, and a
-//! full pipe would have stopped every request on that thread.
+//! Formatted here rather than by tracing-subscriber's own formatters:
+//! theirs cost 19,000 instructions for a request's line as text and 28,000
+//! as JSON (its text fields go through its colour wrappers even when colours
+//! are off; its JSON collects them in a map first), where a passthrough
+//! request is 40,000 in all. This one writes each field once, straight into
+//! the line, and each thread formats the date once a second.
 
 use std::cell::Cell;
 use std::fmt::{self, Write};
-use std::io::IsTerminal;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
@@ -27,50 +18,6 @@ use tracing_log::NormalizeEvent;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
-
-/// Lines waiting for the writer thread at most; beyond, a line is dropped
-/// rather than the request that logs it kept waiting (a stalled collector
-/// holds at most this many, about 1.5 MiB).
-const QUEUED_LINES: usize = 4096;
-
-/// The writer thread's guard: dropped, it writes what is queued and ends.
-static WRITER: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
-    std::sync::Mutex::new(None);
-
-/// Starts logging for the process (once, first thing in `main`). Lines are
-/// written by a thread of their own, so a slow stderr (a collector's full
-/// pipe) never holds up a request, and lines that queue while it writes go
-/// out in one `write(2)`. What is queued is written before the process
-/// exits (`std::process::exit` included).
-pub fn init(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(QUEUED_LINES)
-        .thread_name("log-writer")
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stderr(),
-        ));
-    if let Ok(mut slot) = WRITER.lock() {
-        *slot = Some(guard);
-    }
-    // SAFETY: registers a function without arguments, run once by `exit`.
-    unsafe { libc::atexit(flush_at_exit) };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(!json && std::io::stderr().is_terminal())
-        .event_format(Lines { json })
-        .with_writer(writer)
-        .init();
-}
-
-extern "C" fn flush_at_exit() {
-    if let Ok(mut slot) = WRITER.lock() {
-        drop(slot.take());
-    }
-}
 
 /// The line of each event, as text or as JSON.
 pub struct Lines {
@@ -515,7 +462,7 @@ mod tests {
         assert!(stamp.ends_with('Z'));
         assert_eq!(
             rest,
-            "  INFO agent_proxy::logs::tests: request request_id=req-1 status=200 \
+            "  INFO agent_proxy::logs::format::tests: request request_id=req-1 status=200 \
              route=\"agent\" agent=\"say \\\"hi\\\"\\nnow\" ms=12 delta=-3 ok=true\n"
         );
     }
@@ -529,7 +476,7 @@ mod tests {
         );
         let value: serde_json::Value = serde_json::from_str(&line).expect("JSON");
         assert_eq!(value["level"], "INFO");
-        assert_eq!(value["target"], "agent_proxy::logs::tests");
+        assert_eq!(value["target"], "agent_proxy::logs::format::tests");
         assert!(value["timestamp"].as_str().is_some_and(|t| t.len() == 27));
         let fields = &value["fields"];
         assert_eq!(fields["message"], "request");
@@ -582,7 +529,7 @@ mod tests {
         };
         let text = logged(false, work);
         assert!(
-            text.ends_with(" WARN round{n=2}: agent_proxy::logs::tests: slow\n"),
+            text.ends_with(" WARN round{n=2}: agent_proxy::logs::format::tests: slow\n"),
             "{text}"
         );
         let json: serde_json::Value = serde_json::from_str(&logged(true, work)).expect("JSON");

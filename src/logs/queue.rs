@@ -1,0 +1,170 @@
+//! Log lines on their way to stderr: queued by the thread that logs them,
+//! written by a thread of their own.
+//!
+//! The writer waits [`LINGER`] once woken, so the lines of that moment go
+//! out in one `write(2)`. tracing-appender's writer, woken for every line,
+//! cost a request at one connection 8–17 µs more CPU than this one
+//! (58–67 against 48–50 µs; bench/results/ab.md). The queue holds
+//! [`QUEUED_BYTES`] at most: past it, a line is dropped, and counted in a
+//! line of its own once there is room, rather than a request kept waiting
+//! for a stalled collector.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::Duration;
+
+/// How long the writer gathers lines once the first is queued.
+const LINGER: Duration = Duration::from_millis(5);
+/// The most a queue holds.
+const QUEUED_BYTES: usize = 1 << 20;
+
+/// The process's queue.
+static QUEUE: Queue = Queue::new(QUEUED_BYTES);
+/// The writer thread, once started.
+static WRITER: OnceLock<Thread> = OnceLock::new();
+
+/// Lines not yet written.
+struct Queue {
+    lines: Mutex<Vec<u8>>,
+    /// Held while a batch is taken and written: batches reach stderr in
+    /// the order they were taken, the last one at exit too.
+    writing: Mutex<()>,
+    dropped: AtomicU64,
+    limit: usize,
+}
+
+impl Queue {
+    const fn new(limit: usize) -> Queue {
+        Queue {
+            lines: Mutex::new(Vec::new()),
+            writing: Mutex::new(()),
+            dropped: AtomicU64::new(0),
+            limit,
+        }
+    }
+
+    /// Queues `line` (or drops it, the queue full): whether it is the first
+    /// of a batch, the writer to be woken.
+    fn push(&self, line: &[u8]) -> bool {
+        let Ok(mut lines) = self.lines.lock() else {
+            return false;
+        };
+        if lines.len() + line.len() > self.limit {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let first = lines.is_empty();
+        lines.extend_from_slice(line);
+        first
+    }
+
+    /// Writes what is queued to `out`, in one write; `batch` is the buffer
+    /// it is taken into (kept for the next). The number of lines dropped
+    /// since the last time.
+    fn write_to(&self, out: &mut impl Write, batch: &mut Vec<u8>) -> u64 {
+        match self.writing.lock() {
+            Ok(_writing) => self.write_batch(out, batch),
+            Err(_) => 0,
+        }
+    }
+
+    /// [`Queue::write_to`], once `writing` is held.
+    fn write_batch(&self, out: &mut impl Write, batch: &mut Vec<u8>) -> u64 {
+        if let Ok(mut lines) = self.lines.lock() {
+            std::mem::swap(&mut *lines, batch);
+        }
+        if !batch.is_empty() {
+            // Nowhere to report stderr's own failure.
+            let _ = out.write_all(batch).and_then(|()| out.flush());
+            batch.clear();
+        }
+        self.dropped.swap(0, Ordering::Relaxed)
+    }
+}
+
+/// Starts the writer thread and has what is queued at exit written.
+pub(super) fn start() {
+    let spawned = std::thread::Builder::new()
+        .name("log-writer".into())
+        .spawn(|| {
+            let mut batch = Vec::new();
+            loop {
+                std::thread::park();
+                std::thread::sleep(LINGER);
+                let dropped = QUEUE.write_to(&mut std::io::stderr(), &mut batch);
+                if dropped > 0 {
+                    tracing::warn!(dropped, "log lines dropped: stderr did not keep up");
+                }
+            }
+        });
+    match spawned {
+        Ok(handle) => {
+            let _ = WRITER.set(handle.thread().clone());
+            // SAFETY: registers a function of no arguments, which `exit` runs once.
+            unsafe { libc::atexit(write_at_exit) };
+        }
+        // `Line` then writes each line itself.
+        Err(e) => {
+            eprintln!("cannot start the log writer's thread ({e}): lines go to stderr as logged")
+        }
+    }
+}
+
+/// Writes what is queued, after the batch being written, if any: waited
+/// for a second at most (stderr may be a pipe nobody reads any more), so
+/// that exiting never hangs.
+extern "C" fn write_at_exit() {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        if let Ok(_writing) = QUEUE.writing.try_lock() {
+            QUEUE.write_batch(&mut std::io::stderr(), &mut Vec::new());
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// tracing-subscriber's writer for one line.
+pub(super) struct Line;
+
+impl Write for Line {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let Some(writer) = WRITER.get() else {
+            return std::io::stderr().write(line);
+        };
+        if QUEUE.push(line) {
+            writer.unpark();
+        }
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_go_out_in_order_in_one_batch_and_a_full_queue_drops() {
+        let queue = Queue::new(10);
+        assert!(queue.push(b"one\n"), "the first line wakes the writer");
+        assert!(!queue.push(b"two\n"), "the others wait with it");
+        assert!(!queue.push(b"three\n"), "past the limit: dropped");
+        let (mut out, mut batch) = (Vec::new(), Vec::new());
+        assert_eq!(queue.write_to(&mut out, &mut batch), 1);
+        assert_eq!(out, b"one\ntwo\n");
+        // Emptied: the next line is a batch's first again, and nothing more
+        // was dropped.
+        assert!(queue.push(b"four\n"));
+        assert_eq!(queue.write_to(&mut out, &mut batch), 0);
+        assert_eq!(out, b"one\ntwo\nfour\n");
+    }
+}
