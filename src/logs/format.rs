@@ -10,6 +10,7 @@
 
 use std::cell::Cell;
 use std::fmt::{self, Write};
+use std::marker::PhantomData;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
@@ -38,100 +39,106 @@ where
         // Events of the `log` crate (pingora's) under their own target.
         let normalized = event.normalized_metadata();
         let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
+        let line = Line {
+            ctx,
+            w: &mut w,
+            meta,
+            event,
+        };
         match self.json {
-            true => json_line(ctx, &mut w, meta, event),
-            false => text_line(ctx, &mut w, meta, event),
+            true => line.json(),
+            false => line.text(),
         }
     }
 }
 
-/// `{"timestamp":…,"level":…,"fields":{…},"target":…}`, and `"spans"`
-/// (their names) inside one.
-fn json_line<S, N>(
-    ctx: &FmtContext<'_, S, N>,
-    w: &mut Writer<'_>,
-    meta: &Metadata<'_>,
-    event: &Event<'_>,
-) -> fmt::Result
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    w.write_str("{\"timestamp\":\"")?;
-    timestamp(w)?;
-    write!(w, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
-    let mut fields = JsonFields {
-        w: &mut *w,
-        first: true,
-        result: Ok(()),
-    };
-    event.record(&mut fields);
-    fields.result?;
-    w.write_str("},\"target\":")?;
-    json_string(w, meta.target())?;
-    if let Some(scope) = ctx.event_scope() {
-        w.write_str(",\"spans\":[")?;
-        for (i, span) in scope.from_root().enumerate() {
-            w.write_str(if i == 0 { "{\"name\":" } else { ",{\"name\":" })?;
-            json_string(w, span.name())?;
-            w.write_char('}')?;
-        }
-        w.write_char(']')?;
-    }
-    w.write_str("}\n")
+/// One event's line, being written.
+struct Line<'a, 'w, S, N> {
+    ctx: &'a FmtContext<'a, S, N>,
+    w: &'a mut Writer<'w>,
+    meta: &'a Metadata<'a>,
+    event: &'a Event<'a>,
 }
 
-/// `2026-12-01T20:56:05.123456Z  INFO span{…}: target: message k=v …`, as
-/// tracing-subscriber's default; at a terminal, coloured as there.
-fn text_line<S, N>(
-    ctx: &FmtContext<'_, S, N>,
-    w: &mut Writer<'_>,
-    meta: &Metadata<'_>,
-    event: &Event<'_>,
-) -> fmt::Result
+impl<S, N> Line<'_, '_, S, N>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    let ansi = w.has_ansi_escapes();
-    let (dim, reset) = if ansi {
-        ("\x1b[2m", "\x1b[0m")
-    } else {
-        ("", "")
-    };
-    w.write_str(dim)?;
-    timestamp(w)?;
-    w.write_str(reset)?;
-    let (level, colour) = match *meta.level() {
-        Level::TRACE => ("TRACE", "\x1b[35m"),
-        Level::DEBUG => ("DEBUG", "\x1b[34m"),
-        Level::INFO => (" INFO", "\x1b[32m"),
-        Level::WARN => (" WARN", "\x1b[33m"),
-        Level::ERROR => ("ERROR", "\x1b[31m"),
-    };
-    let colour = if ansi { colour } else { "" };
-    write!(w, " {colour}{level}{reset} ")?;
-    if let Some(scope) = ctx.event_scope() {
-        for span in scope.from_root() {
-            w.write_str(span.name())?;
-            if let Some(fields) = span.extensions().get::<FormattedFields<N>>() {
-                if !fields.is_empty() {
-                    write!(w, "{{{fields}}}")?;
-                }
+    /// `{"timestamp":…,"level":…,"fields":{…},"target":…}`, and `"spans"`
+    /// (their names) inside one.
+    fn json(self) -> fmt::Result {
+        let Line {
+            ctx,
+            w,
+            meta,
+            event,
+        } = self;
+        w.write_str("{\"timestamp\":\"")?;
+        timestamp(w)?;
+        write!(w, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
+        let mut fields = Fields::<_, Json>::new(&mut *w);
+        event.record(&mut fields);
+        fields.result?;
+        w.write_str("},\"target\":")?;
+        json_string(w, meta.target())?;
+        if let Some(scope) = ctx.event_scope() {
+            w.write_str(",\"spans\":[")?;
+            for (i, span) in scope.from_root().enumerate() {
+                w.write_str(if i == 0 { "{\"name\":" } else { ",{\"name\":" })?;
+                json_string(w, span.name())?;
+                w.write_char('}')?;
             }
-            w.write_char(':')?;
+            w.write_char(']')?;
         }
-        w.write_char(' ')?;
+        w.write_str("}\n")
     }
-    write!(w, "{dim}{}:{reset} ", meta.target())?;
-    let mut fields = TextFields {
-        w: &mut *w,
-        first: true,
-        result: Ok(()),
-    };
-    event.record(&mut fields);
-    fields.result?;
-    w.write_char('\n')
+
+    /// `2026-12-01T20:56:05.123456Z  INFO span{…}: target: message k=v …`, as
+    /// tracing-subscriber's default; at a terminal, coloured as there.
+    fn text(self) -> fmt::Result {
+        let Line {
+            ctx,
+            w,
+            meta,
+            event,
+        } = self;
+        let ansi = w.has_ansi_escapes();
+        let (dim, reset) = if ansi {
+            ("\x1b[2m", "\x1b[0m")
+        } else {
+            ("", "")
+        };
+        w.write_str(dim)?;
+        timestamp(w)?;
+        w.write_str(reset)?;
+        let (level, colour) = match *meta.level() {
+            Level::TRACE => ("TRACE", "\x1b[35m"),
+            Level::DEBUG => ("DEBUG", "\x1b[34m"),
+            Level::INFO => (" INFO", "\x1b[32m"),
+            Level::WARN => (" WARN", "\x1b[33m"),
+            Level::ERROR => ("ERROR", "\x1b[31m"),
+        };
+        let colour = if ansi { colour } else { "" };
+        write!(w, " {colour}{level}{reset} ")?;
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                w.write_str(span.name())?;
+                if let Some(fields) = span.extensions().get::<FormattedFields<N>>() {
+                    if !fields.is_empty() {
+                        write!(w, "{{{fields}}}")?;
+                    }
+                }
+                w.write_char(':')?;
+            }
+            w.write_char(' ')?;
+        }
+        write!(w, "{dim}{}:{reset} ", meta.target())?;
+        let mut fields = Fields::<_, Text>::new(&mut *w);
+        event.record(&mut fields);
+        fields.result?;
+        w.write_char('\n')
+    }
 }
 
 thread_local! {
@@ -186,80 +193,142 @@ fn date_time(seconds: u64) -> [u8; 19] {
     text
 }
 
+/// How a line writes its fields.
+trait Form {
+    /// What comes before a field's value: a separator unless it is the
+    /// first, and its name.
+    fn name(w: &mut impl Write, first: bool, name: &str) -> fmt::Result;
+    fn str(w: &mut impl Write, message: bool, value: &str) -> fmt::Result;
+    fn f64(w: &mut impl Write, value: f64) -> fmt::Result;
+    /// A `%`- or `?`-value (and the message).
+    fn debug(w: &mut impl Write, value: &dyn fmt::Debug) -> fmt::Result;
+}
+
 /// `message` first and bare, then `name=value`: strings quoted and escaped
 /// (a value cannot break the line), numbers and `%`-values as they are.
-struct TextFields<'a, W> {
+struct Text;
+
+impl Form for Text {
+    fn name(w: &mut impl Write, first: bool, name: &str) -> fmt::Result {
+        // `write_str`s, not `write!`: formatting machinery for three strings
+        // was half of a line's cost.
+        if !first {
+            w.write_char(' ')?;
+        }
+        if name != "message" {
+            w.write_str(name)?;
+            w.write_char('=')?;
+        }
+        Ok(())
+    }
+
+    fn str(w: &mut impl Write, message: bool, value: &str) -> fmt::Result {
+        if message {
+            Sanitized(w).write_str(value)
+        } else if needs_escape(value) {
+            write!(w, "{value:?}")
+        } else {
+            w.write_char('"')?;
+            w.write_str(value)?;
+            w.write_char('"')
+        }
+    }
+
+    fn f64(w: &mut impl Write, value: f64) -> fmt::Result {
+        write!(w, "{value:?}")
+    }
+
+    fn debug(w: &mut impl Write, value: &dyn fmt::Debug) -> fmt::Result {
+        write!(Sanitized(w), "{value:?}")
+    }
+}
+
+/// The members of a JSON object: strings and `%`/`?` values as JSON
+/// strings, numbers and booleans as themselves.
+struct Json;
+
+impl Form for Json {
+    fn name(w: &mut impl Write, first: bool, name: &str) -> fmt::Result {
+        if !first {
+            w.write_char(',')?;
+        }
+        json_string(w, name)?;
+        w.write_char(':')
+    }
+
+    fn str(w: &mut impl Write, _message: bool, value: &str) -> fmt::Result {
+        json_string(w, value)
+    }
+
+    fn f64(w: &mut impl Write, value: f64) -> fmt::Result {
+        // JSON has no NaN or infinity.
+        match value.is_finite() {
+            true => write!(w, "{value}"),
+            false => w.write_str("null"),
+        }
+    }
+
+    fn debug(w: &mut impl Write, value: &dyn fmt::Debug) -> fmt::Result {
+        w.write_char('"')?;
+        write!(Escaped(&mut *w), "{value:?}")?;
+        w.write_char('"')
+    }
+}
+
+/// An event's fields, written into its line in the form `F`.
+struct Fields<'a, W, F> {
     w: &'a mut W,
     first: bool,
     result: fmt::Result,
+    form: PhantomData<F>,
 }
 
-impl<W: Write> TextFields<'_, W> {
-    /// The field's name and `=`, after a space unless it is the first;
-    /// `None` for a field not shown.
-    fn name(&mut self, field: &Field) -> Option<&mut W> {
+impl<'a, W: Write, F: Form> Fields<'a, W, F> {
+    fn new(w: &'a mut W) -> Self {
+        Fields {
+            w,
+            first: true,
+            result: Ok(()),
+            form: PhantomData,
+        }
+    }
+
+    /// Writes `field` (unless it is `log` metadata, shown as the target).
+    fn field(&mut self, field: &Field, value: impl FnOnce(&mut W) -> fmt::Result) {
         let name = field.name();
         if self.result.is_err() || name.starts_with("log.") {
-            return None;
+            return;
         }
         let first = std::mem::take(&mut self.first);
         let name = name.strip_prefix("r#").unwrap_or(name);
-        // `write_str`s, not `write!`: formatting machinery for three strings
-        // was half of a line's cost.
-        self.result = (|| {
-            if !first {
-                self.w.write_char(' ')?;
-            }
-            if name != "message" {
-                self.w.write_str(name)?;
-                self.w.write_char('=')?;
-            }
-            Ok(())
-        })();
-        self.result.is_ok().then_some(&mut *self.w)
+        self.result = F::name(self.w, first, name).and_then(|()| value(self.w));
     }
 }
 
-impl<W: Write> Visit for TextFields<'_, W> {
+impl<W: Write, F: Form> Visit for Fields<'_, W, F> {
     fn record_str(&mut self, field: &Field, value: &str) {
         let message = field.name() == "message";
-        if let Some(w) = self.name(field) {
-            self.result = if message {
-                Sanitized(w).write_str(value)
-            } else if needs_escape(value) {
-                write!(w, "{value:?}")
-            } else {
-                (|| {
-                    w.write_char('"')?;
-                    w.write_str(value)?;
-                    w.write_char('"')
-                })()
-            };
-        }
+        self.field(field, |w| F::str(w, message, value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if let Some(w) = self.name(field) {
-            self.result = w.write_str(itoa::Buffer::new().format(value));
-        }
+        self.field(field, |w| w.write_str(itoa::Buffer::new().format(value)));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if let Some(w) = self.name(field) {
-            self.result = w.write_str(itoa::Buffer::new().format(value));
-        }
+        self.field(field, |w| w.write_str(itoa::Buffer::new().format(value)));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.field(field, |w| F::f64(w, value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if let Some(w) = self.name(field) {
-            self.result = w.write_str(if value { "true" } else { "false" });
-        }
+        self.field(field, |w| w.write_str(if value { "true" } else { "false" }));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if let Some(w) = self.name(field) {
-            self.result = write!(Sanitized(w), "{value:?}");
-        }
+        self.field(field, |w| F::debug(w, value));
     }
 }
 
@@ -293,79 +362,6 @@ impl<W: Write> Write for Sanitized<'_, W> {
 fn needs_escape(s: &str) -> bool {
     s.bytes()
         .any(|b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f || b >= 0x80)
-}
-
-/// The fields as the members of a JSON object: strings and `%`/`?` values
-/// as JSON strings, numbers and booleans as themselves.
-struct JsonFields<'a, W> {
-    w: &'a mut W,
-    first: bool,
-    result: fmt::Result,
-}
-
-impl<W: Write> JsonFields<'_, W> {
-    fn name(&mut self, field: &Field) -> Option<&mut W> {
-        let name = field.name();
-        if self.result.is_err() || name.starts_with("log.") {
-            return None;
-        }
-        let comma = !std::mem::take(&mut self.first);
-        let name = name.strip_prefix("r#").unwrap_or(name);
-        self.result = (|| {
-            if comma {
-                self.w.write_char(',')?;
-            }
-            json_string(self.w, name)?;
-            self.w.write_char(':')
-        })();
-        self.result.is_ok().then_some(&mut *self.w)
-    }
-}
-
-impl<W: Write> Visit for JsonFields<'_, W> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if let Some(w) = self.name(field) {
-            self.result = json_string(w, value);
-        }
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if let Some(w) = self.name(field) {
-            self.result = w.write_str(itoa::Buffer::new().format(value));
-        }
-    }
-
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        if let Some(w) = self.name(field) {
-            self.result = w.write_str(itoa::Buffer::new().format(value));
-        }
-    }
-
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        if let Some(w) = self.name(field) {
-            // JSON has no NaN or infinity.
-            self.result = match value.is_finite() {
-                true => write!(w, "{value}"),
-                false => w.write_str("null"),
-            };
-        }
-    }
-
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        if let Some(w) = self.name(field) {
-            self.result = w.write_str(if value { "true" } else { "false" });
-        }
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if let Some(w) = self.name(field) {
-            self.result = (|| {
-                w.write_char('"')?;
-                write!(Escaped(&mut *w), "{value:?}")?;
-                w.write_char('"')
-            })();
-        }
-    }
 }
 
 fn json_string(w: &mut impl Write, s: &str) -> fmt::Result {
