@@ -39,7 +39,7 @@ where
         // Events of the `log` crate (pingora's) under their own target.
         let normalized = event.normalized_metadata();
         let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
-        let line = Line {
+        let line = EventLine {
             ctx,
             w: &mut w,
             meta,
@@ -53,14 +53,14 @@ where
 }
 
 /// One event's line, being written.
-struct Line<'a, 'w, S, N> {
+struct EventLine<'a, 'w, S, N> {
     ctx: &'a FmtContext<'a, S, N>,
     w: &'a mut Writer<'w>,
     meta: &'a Metadata<'a>,
     event: &'a Event<'a>,
 }
 
-impl<S, N> Line<'_, '_, S, N>
+impl<S, N> EventLine<'_, '_, S, N>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -68,21 +68,16 @@ where
     /// `{"timestamp":…,"level":…,"fields":{…},"target":…}`, and `"spans"`
     /// (their names) inside one.
     fn json(self) -> fmt::Result {
-        let Line {
-            ctx,
-            w,
-            meta,
-            event,
-        } = self;
+        let w = self.w;
         w.write_str("{\"timestamp\":\"")?;
         timestamp(w)?;
-        write!(w, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
+        write!(w, "\",\"level\":\"{}\",\"fields\":{{", self.meta.level())?;
         let mut fields = Fields::<_, Json>::new(&mut *w);
-        event.record(&mut fields);
+        self.event.record(&mut fields);
         fields.result?;
         w.write_str("},\"target\":")?;
-        json_string(w, meta.target())?;
-        if let Some(scope) = ctx.event_scope() {
+        json_string(w, self.meta.target())?;
+        if let Some(scope) = self.ctx.event_scope() {
             w.write_str(",\"spans\":[")?;
             for (i, span) in scope.from_root().enumerate() {
                 w.write_str(if i == 0 { "{\"name\":" } else { ",{\"name\":" })?;
@@ -97,12 +92,7 @@ where
     /// `2026-12-01T20:56:05.123456Z  INFO span{…}: target: message k=v …`, as
     /// tracing-subscriber's default; at a terminal, coloured as there.
     fn text(self) -> fmt::Result {
-        let Line {
-            ctx,
-            w,
-            meta,
-            event,
-        } = self;
+        let w = self.w;
         let ansi = w.has_ansi_escapes();
         let (dim, reset) = if ansi {
             ("\x1b[2m", "\x1b[0m")
@@ -112,7 +102,7 @@ where
         w.write_str(dim)?;
         timestamp(w)?;
         w.write_str(reset)?;
-        let (level, colour) = match *meta.level() {
+        let (level, colour) = match *self.meta.level() {
             Level::TRACE => ("TRACE", "\x1b[35m"),
             Level::DEBUG => ("DEBUG", "\x1b[34m"),
             Level::INFO => (" INFO", "\x1b[32m"),
@@ -121,7 +111,7 @@ where
         };
         let colour = if ansi { colour } else { "" };
         write!(w, " {colour}{level}{reset} ")?;
-        if let Some(scope) = ctx.event_scope() {
+        if let Some(scope) = self.ctx.event_scope() {
             for span in scope.from_root() {
                 w.write_str(span.name())?;
                 if let Some(fields) = span.extensions().get::<FormattedFields<N>>() {
@@ -133,9 +123,9 @@ where
             }
             w.write_char(' ')?;
         }
-        write!(w, "{dim}{}:{reset} ", meta.target())?;
+        write!(w, "{dim}{}:{reset} ", self.meta.target())?;
         let mut fields = Fields::<_, Text>::new(&mut *w);
-        event.record(&mut fields);
+        self.event.record(&mut fields);
         fields.result?;
         w.write_char('\n')
     }
