@@ -959,13 +959,7 @@ fn error_json(kind: &'static str, message: &str) -> Bytes {
         error: ErrorOut { kind, message },
     };
     let mut out = Vec::with_capacity(64 + message.len());
-    json::write(
-        &mut out,
-        &EventOut {
-            kind: "error",
-            body,
-        },
-    );
+    write_event(&mut out, "error", &body);
     Bytes::from(out)
 }
 
@@ -1018,17 +1012,17 @@ fn emit<T: Serialize>(out: &mut Vec<u8>, kind: &'static str, body: T) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(b"\ndata: ");
-    json::write(out, &EventOut { kind, body });
+    write_event(out, kind, &body);
     out.extend_from_slice(b"\n\n");
 }
 
-/// Every event: its type, then its own fields.
-#[derive(Serialize)]
-struct EventOut<T> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    #[serde(flatten)]
-    body: T,
+/// An event's JSON: its type, then its own fields.
+fn write_event<T: Serialize>(out: &mut Vec<u8>, kind: &'static str, body: &T) {
+    json::tagged(
+        out,
+        |head| head.plain("type", kind),
+        |out| json::write(out, body),
+    );
 }
 
 #[derive(Serialize)]

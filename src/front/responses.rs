@@ -883,20 +883,43 @@ struct Sink {
 
 impl Sink {
     fn emit<T: Serialize>(&mut self, out: &mut Vec<u8>, kind: &'static str, body: T) {
+        self.emit_with(out, kind, |out| json::write(out, &body));
+    }
+
+    /// [`emit`](Self::emit) of the object `body` writes.
+    fn emit_with(
+        &mut self,
+        out: &mut Vec<u8>,
+        kind: &'static str,
+        body: impl FnOnce(&mut Vec<u8>),
+    ) {
         if !self.stream {
             return;
         }
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(kind.as_bytes());
         out.extend_from_slice(b"\ndata: ");
-        let event = EventOut {
-            kind,
-            sequence_number: self.sequence,
+        // Every event: its type and number, then its own fields.
+        let sequence = self.sequence;
+        json::tagged(
+            out,
+            |head| {
+                head.plain("type", kind);
+                head.u64("sequence_number", sequence);
+            },
             body,
-        };
-        json::write(out, &event);
+        );
         out.extend_from_slice(b"\n\n");
         self.sequence += 1;
+    }
+
+    /// An event carrying the Response object.
+    fn emit_response(&mut self, out: &mut Vec<u8>, kind: &'static str, response: &ResponseOut<'_>) {
+        self.emit_with(out, kind, |out| {
+            let mut event = json::Object::new(out);
+            response.write(event.name("response"));
+            event.end();
+        });
     }
 }
 
@@ -1159,11 +1182,9 @@ impl ResponsesEncoder {
         let echo = &self.context.echo;
         ResponseOut {
             id: &self.id,
-            object: "response",
             created_at: self.created_at,
             status,
             completed_at: (status == "completed").then(unix_now),
-            background: false,
             error,
             incomplete_details: incomplete.map(|reason| IncompleteOut { reason }),
             instructions: echo.instructions.as_deref(),
@@ -1182,7 +1203,6 @@ impl ResponsesEncoder {
             temperature: echo.temperature,
             text: Echoed(echo.text.as_ref(), Echo::TEXT),
             tool_choice: Echoed(echo.tool_choice.as_ref(), Echo::TOOL_CHOICE),
-            tools: Empty,
             top_p: echo.top_p,
             truncation: Echoed(echo.truncation.as_ref(), Echo::TRUNCATION),
             usage: usage.map(UsageOut::from),
@@ -1267,7 +1287,7 @@ impl Encoder for ResponsesEncoder {
         let mut sink = self.sink;
         let response = self.response("in_progress", None, None, None);
         // The same object in both events: serialized once.
-        let written = json::to_string(&response);
+        let written = json::to_string_with(|out| response.write(out));
         let response = json::Raw::written(&written);
         for kind in ["response.created", "response.in_progress"] {
             sink.emit(out, kind, ResponseEvent { response });
@@ -1479,20 +1499,25 @@ fn write_end(
     keep: Option<Keep>,
     id: &str,
 ) {
-    /// The Response as the final event, or as the body.
-    fn put<T: Serialize>(sink: &mut Sink, out: &mut Vec<u8>, kind: &'static str, response: T) {
-        if sink.stream {
-            sink.emit(out, kind, ResponseEvent { response });
-        } else {
-            json::write(out, &response);
-        }
-    }
     let Some(keep) = keep else {
-        return put(sink, out, kind, response);
+        // The Response as the final event, or as the body.
+        return match sink.stream {
+            true => sink.emit_response(out, kind, response),
+            false => response.write(out),
+        };
     };
-    // Serialized once when it is kept too.
-    let kept = json::to_string(response);
-    put(sink, out, kind, json::Raw::written(&kept));
+    // Written once when it is kept too.
+    let kept = json::to_string_with(|out| response.write(out));
+    match sink.stream {
+        true => sink.emit(
+            out,
+            kind,
+            ResponseEvent {
+                response: json::Raw::written(&kept),
+            },
+        ),
+        false => out.extend_from_slice(kept.as_bytes()),
+    }
     keep(Finished {
         id,
         status: response.status,
@@ -1534,11 +1559,11 @@ impl Serialize for Empty {
 /// request left it out.
 struct Echoed<'a>(Option<&'a Value>, &'static str);
 
-impl Serialize for Echoed<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+impl Echoed<'_> {
+    fn write(&self, object: &mut json::Object<'_>, name: &'static str) {
         match self.0 {
-            Some(sent) => sent.serialize(serializer),
-            None => json::Raw::constant(self.1).serialize(serializer),
+            Some(sent) => object.value(name, sent),
+            None => object.raw(name, self.1),
         }
     }
 }
@@ -1569,16 +1594,6 @@ struct SummaryPartOut<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     text: &'a str,
-}
-
-/// Every event: its type and number, then its own fields.
-#[derive(Serialize)]
-struct EventOut<T> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    sequence_number: u64,
-    #[serde(flatten)]
-    body: T,
 }
 
 #[derive(Serialize)]
@@ -1750,15 +1765,14 @@ impl Serialize for OutputList<'_> {
     }
 }
 
-#[derive(Serialize)]
+/// The Response object. Written by hand ([`ResponseOut::write`]): its
+/// ~40 member names are constants, and through serde each was escaped as any
+/// string.
 struct ResponseOut<'a> {
     id: &'a str,
-    object: &'static str,
     created_at: u64,
     status: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     completed_at: Option<u64>,
-    background: bool,
     error: Option<ErrorOut<'a>>,
     incomplete_details: Option<IncompleteOut>,
     instructions: Option<&'a str>,
@@ -1774,9 +1788,6 @@ struct ResponseOut<'a> {
     temperature: Option<f64>,
     text: Echoed<'a>,
     tool_choice: Echoed<'a>,
-    /// The client's tools are not repeated: no SDK reads them back, and
-    /// Codex's are tens of kilobytes, thrice per response.
-    tools: Empty,
     top_p: Option<f64>,
     truncation: Echoed<'a>,
     usage: Option<UsageOut>,
@@ -1784,50 +1795,107 @@ struct ResponseOut<'a> {
     metadata: Echoed<'a>,
 }
 
-#[derive(Serialize)]
+impl ResponseOut<'_> {
+    /// Its members in the order OpenAI writes them.
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.value("id", self.id);
+        o.plain("object", "response");
+        o.u64("created_at", self.created_at);
+        o.plain("status", self.status);
+        if let Some(at) = self.completed_at {
+            o.u64("completed_at", at);
+        }
+        o.raw("background", "false");
+        match &self.error {
+            Some(error) => {
+                let mut e = o.object("error");
+                e.value("code", error.code);
+                e.value("message", error.message);
+                e.end();
+            }
+            None => o.raw("error", "null"),
+        }
+        match &self.incomplete_details {
+            Some(details) => {
+                let mut d = o.object("incomplete_details");
+                d.plain("reason", details.reason);
+                d.end();
+            }
+            None => o.raw("incomplete_details", "null"),
+        }
+        o.value("instructions", &self.instructions);
+        o.value("max_output_tokens", &self.max_output_tokens);
+        o.value("model", self.model);
+        o.value("output", &self.output);
+        o.raw("parallel_tool_calls", bool_json(self.parallel_tool_calls));
+        o.value("previous_response_id", &self.previous_response_id);
+        o.value("prompt_cache_key", &self.prompt_cache_key);
+        self.reasoning.write(&mut o, "reasoning");
+        o.value("safety_identifier", &self.safety_identifier);
+        o.raw("store", bool_json(self.store));
+        o.value("temperature", &self.temperature);
+        self.text.write(&mut o, "text");
+        self.tool_choice.write(&mut o, "tool_choice");
+        // The client's tools are not repeated: no SDK reads them back, and
+        // Codex's are tens of kilobytes, thrice per response.
+        o.raw("tools", "[]");
+        o.value("top_p", &self.top_p);
+        self.truncation.write(&mut o, "truncation");
+        match &self.usage {
+            Some(usage) => usage.write(o.object("usage")),
+            None => o.raw("usage", "null"),
+        }
+        o.value("user", &self.user);
+        self.metadata.write(&mut o, "metadata");
+        o.end();
+    }
+}
+
+fn bool_json(b: bool) -> &'static str {
+    if b {
+        "true"
+    } else {
+        "false"
+    }
+}
+
 struct ErrorOut<'a> {
     code: &'a str,
     message: &'a str,
 }
 
-#[derive(Serialize)]
 struct IncompleteOut {
     reason: &'static str,
 }
 
-#[derive(Serialize)]
 struct UsageOut {
     input_tokens: u64,
-    input_tokens_details: CachedTokens,
     output_tokens: u64,
-    output_tokens_details: ReasoningTokens,
     total_tokens: u64,
 }
 
-#[derive(Serialize)]
-struct CachedTokens {
-    cached_tokens: u64,
-    /// Required by the SDKs' usage type, though OpenAI's docs omit it.
-    cache_write_tokens: u64,
-}
-
-#[derive(Serialize)]
-struct ReasoningTokens {
-    reasoning_tokens: u64,
+impl UsageOut {
+    fn write(&self, mut o: json::Object<'_>) {
+        o.u64("input_tokens", self.input_tokens);
+        // `cache_write_tokens` is required by the SDKs' usage type, though
+        // OpenAI's docs omit it.
+        o.raw(
+            "input_tokens_details",
+            r#"{"cached_tokens":0,"cache_write_tokens":0}"#,
+        );
+        o.u64("output_tokens", self.output_tokens);
+        o.raw("output_tokens_details", r#"{"reasoning_tokens":0}"#);
+        o.u64("total_tokens", self.total_tokens);
+        o.end();
+    }
 }
 
 impl From<Usage> for UsageOut {
     fn from(usage: Usage) -> Self {
         UsageOut {
             input_tokens: usage.prompt_tokens,
-            input_tokens_details: CachedTokens {
-                cached_tokens: 0,
-                cache_write_tokens: 0,
-            },
             output_tokens: usage.completion_tokens,
-            output_tokens_details: ReasoningTokens {
-                reasoning_tokens: 0,
-            },
             total_tokens: usage
                 .total_tokens
                 .max(usage.prompt_tokens + usage.completion_tokens),
