@@ -8,6 +8,8 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::json;
+
 // ---------------------------------------------------------------- requests
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -197,27 +199,59 @@ pub struct CompletionMessageIn {
 
 // ------------------------------------------------------ what we write
 
-#[derive(Serialize)]
+/// A streamed chunk's one choice. Written by hand ([`ChoiceOut::write`]):
+/// a stream writes one a token, and through serde each of its member names
+/// was escaped as any string.
 pub struct ChoiceOut<'a> {
-    pub index: u32,
     pub delta: DeltaOut<'a>,
-    pub logprobs: Option<()>,
-    pub finish_reason: Option<&'a str>,
+    pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Serialize, Default)]
+impl ChoiceOut<'_> {
+    /// `{"index":0,"delta":…,"logprobs":null,"finish_reason":…}`
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.raw("index", "0");
+        self.delta.write(o.object("delta"));
+        o.raw("logprobs", "null");
+        match self.finish_reason {
+            Some(reason) => o.plain("finish_reason", reason),
+            None => o.raw("finish_reason", "null"),
+        }
+        o.end();
+    }
+}
+
+/// Only the members that are set are written.
+#[derive(Default)]
 pub struct DeltaOut<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<&'a str>,
     /// vLLM's name for `reasoning_content` (`reasoning_field`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<IndexedToolCall<'a>>>,
+}
+
+impl DeltaOut<'_> {
+    fn write(&self, mut o: json::Object<'_>) {
+        if let Some(role) = self.role {
+            o.plain("role", role);
+        }
+        if let Some(content) = self.content {
+            o.value("content", content);
+        }
+        if let Some(text) = self.reasoning_content {
+            o.value("reasoning_content", text);
+        }
+        if let Some(text) = self.reasoning {
+            o.value("reasoning", text);
+        }
+        if let Some(calls) = &self.tool_calls {
+            o.value("tool_calls", calls);
+        }
+        o.end();
+    }
 }
 
 #[derive(Serialize)]

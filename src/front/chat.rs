@@ -614,19 +614,32 @@ impl ChatEncoder {
         }
     }
 
-    fn chunk(&self, delta: openai::DeltaOut<'_>, finish_reason: Option<&str>, out: &mut Vec<u8>) {
-        let choices = [openai::ChoiceOut {
-            index: 0,
+    fn chunk(
+        &self,
+        delta: openai::DeltaOut<'_>,
+        finish_reason: Option<&'static str>,
+        out: &mut Vec<u8>,
+    ) {
+        let choice = openai::ChoiceOut {
             delta,
-            logprobs: None,
             finish_reason,
-        }];
-        self.write(&choices, None, out);
+        };
+        self.write(Some(&choice), None, out);
     }
 
-    fn write(&self, choices: &[openai::ChoiceOut<'_>], usage: Option<Usage>, out: &mut Vec<u8>) {
+    /// A chunk of `choice` (none: the usage chunk's empty list).
+    fn write(
+        &self,
+        choice: Option<&openai::ChoiceOut<'_>>,
+        usage: Option<Usage>,
+        out: &mut Vec<u8>,
+    ) {
         out.extend_from_slice(&self.chunk_head);
-        json::write(out, choices);
+        out.push(b'[');
+        if let Some(choice) = choice {
+            choice.write(out);
+        }
+        out.push(b']');
         if let Some(usage) = usage {
             out.extend_from_slice(b",\"usage\":");
             json::write(out, &usage);
@@ -714,7 +727,7 @@ impl Encoder for ChatEncoder {
         if self.stream {
             self.chunk(openai::DeltaOut::default(), Some(reason), out);
             if self.include_usage {
-                self.write(&[], Some(usage), out);
+                self.write(None, Some(usage), out);
             }
             out.extend_from_slice(sse::DONE);
             return;

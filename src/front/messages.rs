@@ -693,11 +693,21 @@ impl MessagesEncoder {
     fn append(&mut self, kind: Open, piece: &str, out: &mut Vec<u8>) {
         let index = self.block(kind, out);
         if self.stream {
-            let delta = match kind {
-                Open::Thinking => DeltaOut::Thinking { thinking: piece },
-                Open::Text => DeltaOut::Text { text: piece },
+            // The event a stream has for each token, written by hand:
+            // `{"index":…,"delta":{"type":"text_delta","text":…}}`.
+            let (delta_type, member) = match kind {
+                Open::Thinking => ("thinking_delta", "thinking"),
+                Open::Text => ("text_delta", "text"),
             };
-            emit(out, "content_block_delta", BlockDelta { index, delta });
+            emit_with(out, "content_block_delta", |out| {
+                let mut event = json::Object::new(out);
+                event.u64("index", index as u64);
+                let mut delta = event.object("delta");
+                delta.plain("type", delta_type);
+                delta.value(member, piece);
+                delta.end();
+                event.end();
+            });
             return;
         }
         if let Some(Block::Thinking { thinking: all, .. } | Block::Text { text: all }) =
@@ -959,7 +969,7 @@ fn error_json(kind: &'static str, message: &str) -> Bytes {
         error: ErrorOut { kind, message },
     };
     let mut out = Vec::with_capacity(64 + message.len());
-    write_event(&mut out, "error", &body);
+    write_event(&mut out, "error", |out| json::write(out, &body));
     Bytes::from(out)
 }
 
@@ -1009,20 +1019,21 @@ fn context_overflow(error: &ErrorIn<'_>) -> bool {
 
 /// Writes one event, `event: <type>` and its data, whose `type` is the same.
 fn emit<T: Serialize>(out: &mut Vec<u8>, kind: &'static str, body: T) {
+    emit_with(out, kind, |out| json::write(out, &body));
+}
+
+/// [`emit`] of the object `body` writes.
+fn emit_with(out: &mut Vec<u8>, kind: &'static str, body: impl FnOnce(&mut Vec<u8>)) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(b"\ndata: ");
-    write_event(out, kind, &body);
+    write_event(out, kind, body);
     out.extend_from_slice(b"\n\n");
 }
 
 /// An event's JSON: its type, then its own fields.
-fn write_event<T: Serialize>(out: &mut Vec<u8>, kind: &'static str, body: &T) {
-    json::tagged(
-        out,
-        |head| head.plain("type", kind),
-        |out| json::write(out, body),
-    );
+fn write_event(out: &mut Vec<u8>, kind: &'static str, body: impl FnOnce(&mut Vec<u8>)) {
+    json::tagged(out, |head| head.plain("type", kind), body);
 }
 
 #[derive(Serialize)]
@@ -1106,10 +1117,6 @@ impl Serialize for Input<'_> {
 #[derive(Serialize)]
 #[serde(tag = "type")]
 enum DeltaOut<'a> {
-    #[serde(rename = "text_delta")]
-    Text { text: &'a str },
-    #[serde(rename = "thinking_delta")]
-    Thinking { thinking: &'a str },
     #[serde(rename = "signature_delta")]
     Signature { signature: &'a str },
     #[serde(rename = "input_json_delta")]

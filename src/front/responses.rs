@@ -913,6 +913,29 @@ impl Sink {
         self.sequence += 1;
     }
 
+    /// A text's delta, the event a stream has for each token: its item's
+    /// id and index, and the text; output text has its `logprobs` too.
+    fn emit_delta(
+        &mut self,
+        out: &mut Vec<u8>,
+        kind: &'static str,
+        item_id: &str,
+        output_index: usize,
+        delta: &str,
+    ) {
+        self.emit_with(out, kind, |out| {
+            let mut o = json::Object::new(out);
+            o.value("item_id", item_id);
+            o.u64("output_index", output_index as u64);
+            o.raw("content_index", "0");
+            o.value("delta", delta);
+            if kind == "response.output_text.delta" {
+                o.raw("logprobs", "[]");
+            }
+            o.end();
+        });
+    }
+
     /// An event carrying the Response object.
     fn emit_response(&mut self, out: &mut Vec<u8>, kind: &'static str, response: &ResponseOut<'_>) {
         self.emit_with(out, kind, |out| {
@@ -1068,16 +1091,8 @@ impl ResponsesEncoder {
             );
         }
         text.push_str(delta);
-        self.sink.emit(
-            out,
-            "response.reasoning_text.delta",
-            DeltaEvent {
-                item_id: &item.id,
-                output_index: index,
-                content_index: 0,
-                delta,
-            },
-        );
+        self.sink
+            .emit_delta(out, "response.reasoning_text.delta", &item.id, index, delta);
     }
 
     /// Finishes the open item, if any; a reasoning item takes the summary,
@@ -1330,17 +1345,8 @@ impl Encoder for ResponsesEncoder {
         if let Body::Message { text: all } = &mut item.body {
             all.push_str(text);
         }
-        self.sink.emit(
-            out,
-            "response.output_text.delta",
-            TextDeltaEvent {
-                item_id: &item.id,
-                output_index: index,
-                content_index: 0,
-                delta: text,
-                logprobs: Empty,
-            },
-        );
+        self.sink
+            .emit_delta(out, "response.output_text.delta", &item.id, index, text);
     }
 
     fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>) {
@@ -1616,29 +1622,12 @@ struct PartEvent<'a> {
 }
 
 #[derive(Serialize)]
-struct TextDeltaEvent<'a> {
-    item_id: &'a str,
-    output_index: usize,
-    content_index: u32,
-    delta: &'a str,
-    logprobs: Empty,
-}
-
-#[derive(Serialize)]
 struct TextDoneEvent<'a> {
     item_id: &'a str,
     output_index: usize,
     content_index: u32,
     text: &'a str,
     logprobs: Empty,
-}
-
-#[derive(Serialize)]
-struct DeltaEvent<'a> {
-    item_id: &'a str,
-    output_index: usize,
-    content_index: u32,
-    delta: &'a str,
 }
 
 #[derive(Serialize)]
