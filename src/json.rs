@@ -161,6 +161,35 @@ impl<'a> Object<'a> {
         self.name(name).extend_from_slice(json.as_bytes());
     }
 
+    /// A member whose name is not ours (a client's field): written as any
+    /// string.
+    pub fn member<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
+        if !std::mem::take(&mut self.empty) {
+            self.out.push(b',');
+        }
+        write(self.out, name);
+        self.out.push(b':');
+        write(self.out, value);
+    }
+
+    /// A member whose value is a list, each item written by `each`.
+    pub fn list<I: IntoIterator>(
+        &mut self,
+        name: &'static str,
+        items: I,
+        mut each: impl FnMut(&mut Vec<u8>, I::Item),
+    ) {
+        let out = self.name(name);
+        out.push(b'[');
+        for (i, item) in items.into_iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            each(out, item);
+        }
+        out.push(b']');
+    }
+
     /// A member whose value is an object of its own.
     pub fn object(&mut self, name: &'static str) -> Object<'_> {
         Object::new(self.name(name))
@@ -218,6 +247,11 @@ impl<'a> Raw<'a> {
     /// What [`to_string`] wrote: one JSON value.
     pub fn written(json: &'a str) -> Raw<'a> {
         Raw(json)
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &'a str {
+        self.0
     }
 }
 
@@ -459,6 +493,9 @@ mod tests {
             none: Option<&'a str>,
             nested: Nested,
             list: Vec<u8>,
+            items: [Nested; 2],
+            #[serde(rename = "a client's \"key\"")]
+            client: u8,
         }
         #[derive(Serialize)]
         struct Nested {
@@ -476,6 +513,12 @@ mod tests {
         nested.plain("reason", "max_output_tokens");
         nested.end();
         o.raw("list", "[]");
+        o.list("items", ["a", "b\n"], |out, reason| {
+            let mut item = Object::new(out);
+            item.value("reason", reason);
+            item.end();
+        });
+        o.member("a client's \"key\"", &7);
         o.end();
         let wire = Wire {
             id,
@@ -487,6 +530,8 @@ mod tests {
                 reason: "max_output_tokens",
             },
             list: Vec::new(),
+            items: [Nested { reason: "a" }, Nested { reason: "b\n" }],
+            client: 7,
         };
         assert_eq!(ours, serde_json::to_vec(&wire).unwrap());
         let mut empty = Vec::new();

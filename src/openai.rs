@@ -261,34 +261,65 @@ pub struct IndexedToolCall<'a> {
     pub call: &'a ToolCall,
 }
 
-#[derive(Serialize)]
+/// A `chat.completion`. Written by hand ([`CompletionOut::write`]), as
+/// [`ChoiceOut`] is.
 pub struct CompletionOut<'a> {
     pub id: &'a str,
-    pub object: &'static str,
     pub created: u64,
     pub model: &'a str,
-    pub choices: [CompletionChoiceOut<'a>; 1],
+    pub message: AssistantMessageOut<'a>,
+    pub finish_reason: &'static str,
     pub usage: Usage,
 }
 
-#[derive(Serialize)]
-pub struct CompletionChoiceOut<'a> {
-    pub index: u32,
-    pub message: AssistantMessageOut<'a>,
-    pub logprobs: Option<()>,
-    pub finish_reason: &'a str,
+impl CompletionOut<'_> {
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.value("id", self.id);
+        o.plain("object", "chat.completion");
+        o.u64("created", self.created);
+        o.value("model", self.model);
+        o.list("choices", [self], |out, completion| {
+            let mut choice = json::Object::new(out);
+            choice.raw("index", "0");
+            completion.message.write(choice.object("message"));
+            choice.raw("logprobs", "null");
+            choice.plain("finish_reason", completion.finish_reason);
+            choice.end();
+        });
+        let mut usage = o.object("usage");
+        usage.u64("prompt_tokens", self.usage.prompt_tokens);
+        usage.u64("completion_tokens", self.usage.completion_tokens);
+        usage.u64("total_tokens", self.usage.total_tokens);
+        usage.end();
+        o.end();
+    }
 }
 
-#[derive(Serialize)]
+/// The assistant's message: `content` always (`null` without text), the
+/// rest only when set.
 pub struct AssistantMessageOut<'a> {
-    pub role: &'static str,
     pub content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<&'a [ToolCall]>,
+}
+
+impl AssistantMessageOut<'_> {
+    fn write(&self, mut o: json::Object<'_>) {
+        o.plain("role", "assistant");
+        o.value("content", &self.content);
+        if let Some(text) = self.reasoning_content {
+            o.value("reasoning_content", text);
+        }
+        if let Some(text) = self.reasoning {
+            o.value("reasoning", text);
+        }
+        if let Some(calls) = self.tool_calls {
+            o.value("tool_calls", calls);
+        }
+        o.end();
+    }
 }
 
 #[derive(Serialize)]

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use serde::de::{IgnoredAny, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -738,27 +738,21 @@ impl Encoder for ChatEncoder {
         };
         let body = openai::CompletionOut {
             id: &self.id,
-            object: "chat.completion",
             created: self.created,
             model: &self.model,
-            choices: [openai::CompletionChoiceOut {
-                index: 0,
-                message: openai::AssistantMessageOut {
-                    role: "assistant",
-                    content: (!self.content.is_empty() || self.tool_calls.is_empty())
-                        .then_some(self.content.as_str()),
-                    reasoning_content,
-                    reasoning,
-                    tool_calls: (!self.tool_calls.is_empty()).then_some(self.tool_calls.as_slice()),
-                },
-                logprobs: None,
-                finish_reason: reason,
-            }],
+            message: openai::AssistantMessageOut {
+                content: (!self.content.is_empty() || self.tool_calls.is_empty())
+                    .then_some(self.content.as_str()),
+                reasoning_content,
+                reasoning,
+                tool_calls: (!self.tool_calls.is_empty()).then_some(self.tool_calls.as_slice()),
+            },
+            finish_reason: reason,
             usage,
         };
         // Sized for the text and the envelope: one allocation, no regrowth.
         out.reserve(512 + TextSize::of([self.content.len(), self.reasoning.len()]).room());
-        json::write(out, &body);
+        body.write(out);
     }
 
     fn stream_error(&mut self, _status: u16, openai_error: &[u8], out: &mut Vec<u8>) {
@@ -768,18 +762,29 @@ impl Encoder for ChatEncoder {
 
 /// A call in chat shape, borrowed from the conversation (a round re-sends
 /// every call of the history).
-#[derive(Serialize)]
 pub struct WireCall<'a> {
     id: &'a str,
-    #[serde(rename = "type")]
     kind: &'static str,
     function: WireFunction<'a>,
 }
 
-#[derive(Serialize)]
 struct WireFunction<'a> {
     name: &'a str,
     arguments: Cow<'a, str>,
+}
+
+impl WireCall<'_> {
+    /// `{"id":…,"type":"function","function":{"name":…,"arguments":…}}`
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.value("id", self.id);
+        o.plain("type", self.kind);
+        let mut function = o.object("function");
+        function.value("name", self.function.name);
+        function.value("arguments", &*self.function.arguments);
+        function.end();
+        o.end();
+    }
 }
 
 pub fn wire_call(call: &ToolCall) -> WireCall<'_> {

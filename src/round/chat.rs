@@ -2,10 +2,9 @@
 //! server): the conversation as a `/chat/completions` request, and the
 //! stream (or the one JSON completion) it answers with, decoded.
 
-use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
+use super::{first_of_each, DecodeError, RoundDecoder, Step, Whole};
 use crate::agent::assemble::{new_call_id, Assembler};
 use crate::conversation::{
     CallKind, Conversation, Delta, Dialect, Finish, Format, Item, JsonText, Part, Role, RoundEnd,
@@ -18,65 +17,119 @@ use crate::sse;
 
 // ------------------------------------------------------------- encoding
 
-#[derive(Serialize)]
+/// The request. Written by hand ([`Body::write`]): through serde, each
+/// message's extra members (`flatten`) took a map serializer, and each
+/// member name was escaped as any string.
 struct Body<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<&'a str>,
     messages: Vec<MessageOut<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<ToolOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<Value>,
     stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stream_options: Option<StreamOptionsOut>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
     stop: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
     parallel_tool_calls: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_effort: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     user: Option<&'a str>,
     /// The client's fields (same dialect only), then the agent's params:
     /// each only where no earlier source gave the key.
-    #[serde(flatten)]
-    rest: Fields<'a>,
+    rest: Vec<(&'a str, &'a Value)>,
 }
 
-#[derive(Serialize)]
-struct StreamOptionsOut {
-    include_usage: bool,
+impl Body<'_> {
+    /// The members that are set, in this order (a prompt cache needs the
+    /// same bytes for the same conversation).
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        if let Some(model) = self.model {
+            o.value("model", model);
+        }
+        o.list("messages", &self.messages, |out, m| m.write(out));
+        if !self.tools.is_empty() {
+            o.list("tools", &self.tools, |out, t| t.write(out));
+        }
+        if let Some(choice) = &self.tool_choice {
+            o.value("tool_choice", choice);
+        }
+        o.raw("stream", if self.stream { "true" } else { "false" });
+        if self.stream {
+            o.raw("stream_options", r#"{"include_usage":true}"#);
+        }
+        if let Some(n) = self.max_tokens {
+            o.u64("max_tokens", n);
+        }
+        if let Some(t) = self.temperature {
+            o.value("temperature", &t);
+        }
+        if let Some(p) = self.top_p {
+            o.value("top_p", &p);
+        }
+        if !self.stop.is_empty() {
+            o.value("stop", self.stop);
+        }
+        if let Some(parallel) = self.parallel_tool_calls {
+            o.raw(
+                "parallel_tool_calls",
+                if parallel { "true" } else { "false" },
+            );
+        }
+        if let Some(effort) = self.reasoning_effort {
+            o.value("reasoning_effort", effort);
+        }
+        if let Some(format) = &self.response_format {
+            o.value("response_format", format);
+        }
+        if let Some(user) = self.user {
+            o.value("user", user);
+        }
+        for (key, value) in &self.rest {
+            o.member(key, value);
+        }
+        o.end();
+    }
 }
 
-#[derive(Serialize)]
 struct MessageOut<'a> {
     role: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<ContentOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireCall<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<&'a str>,
-    #[serde(flatten)]
+    /// The client's own members of the message (same dialect only).
     extra: Option<&'a Map<String, Value>>,
+}
+
+impl MessageOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.plain("role", self.role);
+        match &self.content {
+            Some(ContentOut::Text(text)) => o.value("content", *text),
+            Some(ContentOut::Parts(parts)) => o.value("content", parts),
+            None => {}
+        }
+        if let Some(text) = self.reasoning_content {
+            o.value("reasoning_content", text);
+        }
+        if !self.tool_calls.is_empty() {
+            o.list("tool_calls", &self.tool_calls, |out, call| call.write(out));
+        }
+        if let Some(id) = self.tool_call_id {
+            o.value("tool_call_id", id);
+        }
+        for (key, value) in self.extra.into_iter().flatten() {
+            o.member(key, value);
+        }
+        o.end();
+    }
 }
 
 /// A message's content as sent: its text borrowed from the conversation
 /// (a round re-sends the whole history; copying it into JSON values first
 /// cost an allocation and a copy per message), or content parts.
-#[derive(Serialize)]
-#[serde(untagged)]
 enum ContentOut<'a> {
     Text(&'a str),
     Parts(Value),
@@ -95,21 +148,30 @@ impl<'a> MessageOut<'a> {
     }
 }
 
-#[derive(Serialize)]
+/// A function tool: `{"type":"function","function":{…}}`.
 struct ToolOut<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: FunctionOut<'a>,
-}
-
-#[derive(Serialize)]
-struct FunctionOut<'a> {
     name: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<Raw<'a>>,
     parameters: Raw<'a>,
-    #[serde(flatten)]
     extra: Option<&'a Map<String, Value>>,
+}
+
+impl ToolOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut tool = json::Object::new(out);
+        tool.plain("type", "function");
+        let mut o = tool.object("function");
+        o.value("name", self.name);
+        if let Some(description) = self.description {
+            o.raw("description", description.get());
+        }
+        o.raw("parameters", self.parameters.get());
+        for (key, value) in self.extra.into_iter().flatten() {
+            o.member(key, value);
+        }
+        o.end();
+        tool.end();
+    }
 }
 
 const TEMPLATE_KWARGS: &str = "chat_template_kwargs";
@@ -154,13 +216,10 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             .tools
             .iter()
             .map(|tool| ToolOut {
-                kind: "function",
-                function: FunctionOut {
-                    name: &tool.name,
-                    description: tool.description.as_deref().map(JsonText::raw),
-                    parameters: tool.parameters.raw(),
-                    extra: same_dialect.then_some(&tool.extra),
-                },
+                name: &tool.name,
+                description: tool.description.as_deref().map(JsonText::raw),
+                parameters: tool.parameters.raw(),
+                extra: same_dialect.then_some(&tool.extra),
             })
             .collect(),
         tool_choice: options.tool_choice.as_ref().map(|choice| match choice {
@@ -172,9 +231,6 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             }
         }),
         stream,
-        stream_options: stream.then_some(StreamOptionsOut {
-            include_usage: true,
-        }),
         // A client's `max_completion_tokens` is in `rest`, as it sent it.
         max_tokens: options.max_tokens.filter(|_| !has("max_completion_tokens")),
         temperature: options.temperature,
@@ -189,10 +245,10 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             }
         }),
         user: options.user.as_deref(),
-        rest: Fields(rest),
+        rest,
     };
     let mut out = super::body_buffer(conversation);
-    json::write(&mut out, &body);
+    body.write(&mut out);
     out
 }
 
