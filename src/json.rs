@@ -126,12 +126,17 @@ impl<'a> Object<'a> {
         Object { out, empty: true }
     }
 
-    /// Starts member `name`, and hands back the buffer for its value.
-    pub fn name(&mut self, name: &'static str) -> &mut Vec<u8> {
-        debug_assert!(is_plain(name), "{name:?} would need escaping");
+    /// The comma before every member but the first.
+    fn next_member(&mut self) {
         if !std::mem::take(&mut self.empty) {
             self.out.push(b',');
         }
+    }
+
+    /// Starts member `name`, and hands back the buffer for its value.
+    pub fn name(&mut self, name: &'static str) -> &mut Vec<u8> {
+        debug_assert!(is_plain(name), "{name:?} would need escaping");
+        self.next_member();
         self.out.push(b'"');
         self.out.extend_from_slice(name.as_bytes());
         self.out.extend_from_slice(b"\":");
@@ -140,6 +145,13 @@ impl<'a> Object<'a> {
 
     pub fn value<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
         write(self.name(name), value);
+    }
+
+    /// A member written only when there is a value.
+    pub fn optional<T: Serialize + ?Sized>(&mut self, name: &'static str, value: Option<&T>) {
+        if let Some(value) = value {
+            self.value(name, value);
+        }
     }
 
     /// A string of ours that needs no escaping (a type, a status).
@@ -156,6 +168,10 @@ impl<'a> Object<'a> {
         self.raw(name, digits.format(n));
     }
 
+    pub fn bool(&mut self, name: &'static str, value: bool) {
+        self.raw(name, if value { "true" } else { "false" });
+    }
+
     /// A member whose value is JSON text: a constant, or written before.
     pub fn raw(&mut self, name: &'static str, json: &str) {
         self.name(name).extend_from_slice(json.as_bytes());
@@ -164,9 +180,7 @@ impl<'a> Object<'a> {
     /// A member whose name is not ours (a client's field): written as any
     /// string.
     pub fn member<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) {
-        if !std::mem::take(&mut self.empty) {
-            self.out.push(b',');
-        }
+        self.next_member();
         write(self.out, name);
         self.out.push(b':');
         write(self.out, value);
@@ -507,7 +521,7 @@ mod tests {
         o.value("id", id);
         o.plain("kind", "response.output_text.delta");
         o.u64("n", u64::MAX);
-        o.raw("flag", "true");
+        o.bool("flag", true);
         o.value("none", &None::<&str>);
         let mut nested = o.object("nested");
         nested.plain("reason", "max_output_tokens");

@@ -111,6 +111,17 @@ pub struct Usage {
     pub total_tokens: u64,
 }
 
+impl Usage {
+    /// As serde writes it, by hand (see [`ChoiceOut`]).
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.u64("prompt_tokens", self.prompt_tokens);
+        o.u64("completion_tokens", self.completion_tokens);
+        o.u64("total_tokens", self.total_tokens);
+        o.end();
+    }
+}
+
 impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, other: Usage) {
         self.prompt_tokens += other.prompt_tokens;
@@ -238,18 +249,10 @@ impl DeltaOut<'_> {
         if let Some(role) = self.role {
             o.plain("role", role);
         }
-        if let Some(content) = self.content {
-            o.value("content", content);
-        }
-        if let Some(text) = self.reasoning_content {
-            o.value("reasoning_content", text);
-        }
-        if let Some(text) = self.reasoning {
-            o.value("reasoning", text);
-        }
-        if let Some(calls) = &self.tool_calls {
-            o.value("tool_calls", calls);
-        }
+        o.optional("content", self.content);
+        o.optional("reasoning_content", self.reasoning_content);
+        o.optional("reasoning", self.reasoning);
+        o.optional("tool_calls", self.tool_calls.as_ref());
         o.end();
     }
 }
@@ -287,11 +290,7 @@ impl CompletionOut<'_> {
             choice.plain("finish_reason", completion.finish_reason);
             choice.end();
         });
-        let mut usage = o.object("usage");
-        usage.u64("prompt_tokens", self.usage.prompt_tokens);
-        usage.u64("completion_tokens", self.usage.completion_tokens);
-        usage.u64("total_tokens", self.usage.total_tokens);
-        usage.end();
+        self.usage.write(o.name("usage"));
         o.end();
     }
 }
@@ -309,15 +308,9 @@ impl AssistantMessageOut<'_> {
     fn write(&self, mut o: json::Object<'_>) {
         o.plain("role", "assistant");
         o.value("content", &self.content);
-        if let Some(text) = self.reasoning_content {
-            o.value("reasoning_content", text);
-        }
-        if let Some(text) = self.reasoning {
-            o.value("reasoning", text);
-        }
-        if let Some(calls) = self.tool_calls {
-            o.value("tool_calls", calls);
-        }
+        o.optional("reasoning_content", self.reasoning_content);
+        o.optional("reasoning", self.reasoning);
+        o.optional("tool_calls", self.tool_calls);
         o.end();
     }
 }

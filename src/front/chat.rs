@@ -642,7 +642,7 @@ impl ChatEncoder {
         out.push(b']');
         if let Some(usage) = usage {
             out.extend_from_slice(b",\"usage\":");
-            json::write(out, &usage);
+            usage.write(out);
         }
         out.extend_from_slice(b"}\n\n");
     }

@@ -914,7 +914,8 @@ impl Sink {
     }
 
     /// A text's delta, the event a stream has for each token: its item's
-    /// id and index, and the text; output text has its `logprobs` too.
+    /// id and index, and the text; output text has its (empty) `logprobs`
+    /// too.
     fn emit_delta(
         &mut self,
         out: &mut Vec<u8>,
@@ -922,6 +923,7 @@ impl Sink {
         item_id: &str,
         output_index: usize,
         delta: &str,
+        logprobs: bool,
     ) {
         self.emit_with(out, kind, |out| {
             let mut o = json::Object::new(out);
@@ -929,7 +931,7 @@ impl Sink {
             o.u64("output_index", output_index as u64);
             o.raw("content_index", "0");
             o.value("delta", delta);
-            if kind == "response.output_text.delta" {
+            if logprobs {
                 o.raw("logprobs", "[]");
             }
             o.end();
@@ -1091,8 +1093,14 @@ impl ResponsesEncoder {
             );
         }
         text.push_str(delta);
-        self.sink
-            .emit_delta(out, "response.reasoning_text.delta", &item.id, index, delta);
+        self.sink.emit_delta(
+            out,
+            "response.reasoning_text.delta",
+            &item.id,
+            index,
+            delta,
+            false,
+        );
     }
 
     /// Finishes the open item, if any; a reasoning item takes the summary,
@@ -1345,8 +1353,14 @@ impl Encoder for ResponsesEncoder {
         if let Body::Message { text: all } = &mut item.body {
             all.push_str(text);
         }
-        self.sink
-            .emit_delta(out, "response.output_text.delta", &item.id, index, text);
+        self.sink.emit_delta(
+            out,
+            "response.output_text.delta",
+            &item.id,
+            index,
+            text,
+            true,
+        );
     }
 
     fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>) {
@@ -1817,12 +1831,12 @@ impl ResponseOut<'_> {
         o.value("max_output_tokens", &self.max_output_tokens);
         o.value("model", self.model);
         o.value("output", &self.output);
-        o.raw("parallel_tool_calls", bool_json(self.parallel_tool_calls));
+        o.bool("parallel_tool_calls", self.parallel_tool_calls);
         o.value("previous_response_id", &self.previous_response_id);
         o.value("prompt_cache_key", &self.prompt_cache_key);
         self.reasoning.write(&mut o, "reasoning");
         o.value("safety_identifier", &self.safety_identifier);
-        o.raw("store", bool_json(self.store));
+        o.bool("store", self.store);
         o.value("temperature", &self.temperature);
         self.text.write(&mut o, "text");
         self.tool_choice.write(&mut o, "tool_choice");
@@ -1838,14 +1852,6 @@ impl ResponseOut<'_> {
         o.value("user", &self.user);
         self.metadata.write(&mut o, "metadata");
         o.end();
-    }
-}
-
-fn bool_json(b: bool) -> &'static str {
-    if b {
-        "true"
-    } else {
-        "false"
     }
 }
 

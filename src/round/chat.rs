@@ -44,47 +44,30 @@ impl Body<'_> {
     /// same bytes for the same conversation).
     fn write(&self, out: &mut Vec<u8>) {
         let mut o = json::Object::new(out);
-        if let Some(model) = self.model {
-            o.value("model", model);
-        }
+        o.optional("model", self.model);
         o.list("messages", &self.messages, |out, m| m.write(out));
         if !self.tools.is_empty() {
             o.list("tools", &self.tools, |out, t| t.write(out));
         }
-        if let Some(choice) = &self.tool_choice {
-            o.value("tool_choice", choice);
-        }
-        o.raw("stream", if self.stream { "true" } else { "false" });
+        o.optional("tool_choice", self.tool_choice.as_ref());
+        o.bool("stream", self.stream);
         if self.stream {
             o.raw("stream_options", r#"{"include_usage":true}"#);
         }
         if let Some(n) = self.max_tokens {
             o.u64("max_tokens", n);
         }
-        if let Some(t) = self.temperature {
-            o.value("temperature", &t);
-        }
-        if let Some(p) = self.top_p {
-            o.value("top_p", &p);
-        }
+        o.optional("temperature", self.temperature.as_ref());
+        o.optional("top_p", self.top_p.as_ref());
         if !self.stop.is_empty() {
             o.value("stop", self.stop);
         }
         if let Some(parallel) = self.parallel_tool_calls {
-            o.raw(
-                "parallel_tool_calls",
-                if parallel { "true" } else { "false" },
-            );
+            o.bool("parallel_tool_calls", parallel);
         }
-        if let Some(effort) = self.reasoning_effort {
-            o.value("reasoning_effort", effort);
-        }
-        if let Some(format) = &self.response_format {
-            o.value("response_format", format);
-        }
-        if let Some(user) = self.user {
-            o.value("user", user);
-        }
+        o.optional("reasoning_effort", self.reasoning_effort);
+        o.optional("response_format", self.response_format.as_ref());
+        o.optional("user", self.user);
         for (key, value) in &self.rest {
             o.member(key, value);
         }
@@ -111,15 +94,11 @@ impl MessageOut<'_> {
             Some(ContentOut::Parts(parts)) => o.value("content", parts),
             None => {}
         }
-        if let Some(text) = self.reasoning_content {
-            o.value("reasoning_content", text);
-        }
+        o.optional("reasoning_content", self.reasoning_content);
         if !self.tool_calls.is_empty() {
             o.list("tool_calls", &self.tool_calls, |out, call| call.write(out));
         }
-        if let Some(id) = self.tool_call_id {
-            o.value("tool_call_id", id);
-        }
+        o.optional("tool_call_id", self.tool_call_id);
         for (key, value) in self.extra.into_iter().flatten() {
             o.member(key, value);
         }
