@@ -820,12 +820,7 @@ impl OutputItem {
             Body::Message { text } => ItemOut::Message {
                 id,
                 status,
-                role: "assistant",
-                content: ZeroOrOne((!added).then_some(PartOut::OutputText {
-                    text,
-                    annotations: Empty,
-                    logprobs: Empty,
-                })),
+                content: (!added).then_some(PartOut::OutputText { text }),
             },
             Body::Reasoning {
                 text,
@@ -839,7 +834,7 @@ impl OutputItem {
                     id,
                     summary: SummaryList(if added { &[] } else { summary }),
                     content: (!added && !text.is_empty())
-                        .then_some(ZeroOrOne(Some(PartOut::ReasoningText { text }))),
+                        .then_some(PartOut::ReasoningText { text }),
                     encrypted_content: encrypted.as_deref().filter(|_| !added),
                 }
             }
@@ -847,29 +842,30 @@ impl OutputItem {
                 call_id,
                 name,
                 namespace,
-                arguments,
-            } => ItemOut::FunctionCall {
-                id,
-                call_id,
-                name,
-                namespace: namespace.as_deref(),
-                arguments: if added { "" } else { arguments },
-                status,
-            },
-            Body::CustomCall {
+                arguments: payload,
+            }
+            | Body::CustomCall {
                 call_id,
                 name,
                 namespace,
-                input,
-            } => ItemOut::CustomToolCall {
+                input: payload,
+            } => ItemOut::Call {
+                custom: matches!(self.body, Body::CustomCall { .. }),
                 id,
                 call_id,
                 name,
                 namespace: namespace.as_deref(),
-                input: if added { "" } else { input },
+                payload: if added { "" } else { payload },
+                status,
             },
         }
     }
+}
+
+/// An event's body written by hand ([`json::Object`]), not through serde:
+/// those a stream writes for every item and part.
+trait Wire {
+    fn write(&self, out: &mut Vec<u8>);
 }
 
 /// Writes the events of a stream, numbered; writes nothing for a
@@ -884,6 +880,11 @@ struct Sink {
 impl Sink {
     fn emit<T: Serialize>(&mut self, out: &mut Vec<u8>, kind: &'static str, body: T) {
         self.emit_with(out, kind, |out| json::write(out, &body));
+    }
+
+    /// [`emit`](Self::emit) of a body written by hand.
+    fn emit_wire(&mut self, out: &mut Vec<u8>, kind: &'static str, body: impl Wire) {
+        self.emit_with(out, kind, |out| body.write(out));
     }
 
     /// [`emit`](Self::emit) of the object `body` writes.
@@ -1016,18 +1017,14 @@ impl ResponsesEncoder {
             out,
         );
         let item_id = &self.output[index].id;
-        self.sink.emit(
+        self.sink.emit_wire(
             out,
             "response.content_part.added",
             PartEvent {
                 item_id,
                 output_index: index,
                 content_index: 0,
-                part: PartOut::OutputText {
-                    text: "",
-                    annotations: Empty,
-                    logprobs: Empty,
-                },
+                part: PartOut::OutputText { text: "" },
             },
         );
         self.open = Some(index);
@@ -1062,7 +1059,7 @@ impl ResponsesEncoder {
     fn add(&mut self, id: String, body: Body, out: &mut Vec<u8>) -> usize {
         let index = self.output.len();
         self.output.push(OutputItem { id, body });
-        self.sink.emit(
+        self.sink.emit_wire(
             out,
             "response.output_item.added",
             ItemEvent {
@@ -1081,7 +1078,7 @@ impl ResponsesEncoder {
         };
         if !*part {
             *part = true;
-            self.sink.emit(
+            self.sink.emit_wire(
                 out,
                 "response.content_part.added",
                 PartEvent {
@@ -1124,18 +1121,14 @@ impl ResponsesEncoder {
                         logprobs: Empty,
                     },
                 );
-                self.sink.emit(
+                self.sink.emit_wire(
                     out,
                     "response.content_part.done",
                     PartEvent {
                         item_id,
                         output_index: index,
                         content_index: 0,
-                        part: PartOut::OutputText {
-                            text,
-                            annotations: Empty,
-                            logprobs: Empty,
-                        },
+                        part: PartOut::OutputText { text },
                     },
                 );
             }
@@ -1158,7 +1151,7 @@ impl ResponsesEncoder {
                             text,
                         },
                     );
-                    self.sink.emit(
+                    self.sink.emit_wire(
                         out,
                         "response.content_part.done",
                         PartEvent {
@@ -1183,7 +1176,7 @@ impl ResponsesEncoder {
             // Calls are finished as they are added.
             Body::FunctionCall { .. } | Body::CustomCall { .. } => {}
         }
-        self.sink.emit(
+        self.sink.emit_wire(
             out,
             "response.output_item.done",
             ItemEvent {
@@ -1438,7 +1431,7 @@ impl Encoder for ResponsesEncoder {
                     },
                 ),
             }
-            self.sink.emit(
+            self.sink.emit_wire(
                 out,
                 "response.output_item.done",
                 ItemEvent {
@@ -1588,15 +1581,6 @@ impl Echoed<'_> {
     }
 }
 
-/// A list of no or one element.
-struct ZeroOrOne<T>(Option<T>);
-
-impl<T: Serialize> Serialize for ZeroOrOne<T> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter())
-    }
-}
-
 /// Summary texts as `[{type: summary_text, text}]`.
 struct SummaryList<'a>(&'a [String]);
 
@@ -1621,18 +1605,36 @@ struct ResponseEvent<T> {
     response: T,
 }
 
-#[derive(Serialize)]
 struct ItemEvent<'a> {
     output_index: usize,
     item: ItemOut<'a>,
 }
 
-#[derive(Serialize)]
+impl Wire for ItemEvent<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.u64("output_index", self.output_index as u64);
+        self.item.write(o.name("item"));
+        o.end();
+    }
+}
+
 struct PartEvent<'a> {
     item_id: &'a str,
     output_index: usize,
     content_index: u32,
     part: PartOut<'a>,
+}
+
+impl Wire for PartEvent<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.value("item_id", self.item_id);
+        o.u64("output_index", self.output_index as u64);
+        o.u64("content_index", self.content_index.into());
+        self.part.write(o.name("part"));
+        o.end();
+    }
 }
 
 #[derive(Serialize)]
@@ -1701,53 +1703,122 @@ struct InputDoneEvent<'a> {
     input: &'a str,
 }
 
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// A content part (`type` first, as serde writes an internally tagged enum).
 enum PartOut<'a> {
-    OutputText {
-        text: &'a str,
-        annotations: Empty,
-        logprobs: Empty,
-    },
-    ReasoningText {
-        text: &'a str,
-    },
+    OutputText { text: &'a str },
+    ReasoningText { text: &'a str },
 }
 
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+impl PartOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        match self {
+            PartOut::OutputText { text } => {
+                o.plain("type", "output_text");
+                o.value("text", *text);
+                o.raw("annotations", "[]");
+                o.raw("logprobs", "[]");
+            }
+            PartOut::ReasoningText { text } => {
+                o.plain("type", "reasoning_text");
+                o.value("text", *text);
+            }
+        }
+        o.end();
+    }
+}
+
+/// An output item (`type` first, as serde writes an internally tagged enum).
 enum ItemOut<'a> {
     Message {
         id: &'a str,
         status: &'static str,
-        role: &'static str,
-        content: ZeroOrOne<PartOut<'a>>,
+        /// None while the message is being added.
+        content: Option<PartOut<'a>>,
     },
     Reasoning {
         id: &'a str,
         summary: SummaryList<'a>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        content: Option<ZeroOrOne<PartOut<'a>>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<PartOut<'a>>,
         encrypted_content: Option<&'a str>,
     },
-    FunctionCall {
+    /// A `function_call` (its `arguments` and `status`), or a
+    /// `custom_tool_call` (its `input`).
+    Call {
+        custom: bool,
         id: &'a str,
         call_id: &'a str,
         name: &'a str,
-        #[serde(skip_serializing_if = "Option::is_none")]
         namespace: Option<&'a str>,
-        arguments: &'a str,
+        payload: &'a str,
         status: &'static str,
     },
-    CustomToolCall {
-        id: &'a str,
-        call_id: &'a str,
-        name: &'a str,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        namespace: Option<&'a str>,
-        input: &'a str,
-    },
+}
+
+impl ItemOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        /// `content`: a list of no part or one.
+        fn content(o: &mut json::Object<'_>, part: Option<&PartOut<'_>>) {
+            o.list("content", part, |out, part| part.write(out));
+        }
+        let mut o = json::Object::new(out);
+        match self {
+            ItemOut::Message {
+                id,
+                status,
+                content: part,
+            } => {
+                o.plain("type", "message");
+                o.value("id", *id);
+                o.plain("status", status);
+                o.plain("role", "assistant");
+                content(&mut o, part.as_ref());
+            }
+            ItemOut::Reasoning {
+                id,
+                summary,
+                content: part,
+                encrypted_content,
+            } => {
+                o.plain("type", "reasoning");
+                o.value("id", *id);
+                o.value("summary", summary);
+                if part.is_some() {
+                    content(&mut o, part.as_ref());
+                }
+                o.optional("encrypted_content", *encrypted_content);
+            }
+            ItemOut::Call {
+                custom,
+                id,
+                call_id,
+                name,
+                namespace,
+                payload,
+                status,
+            } => {
+                o.plain(
+                    "type",
+                    if *custom {
+                        "custom_tool_call"
+                    } else {
+                        "function_call"
+                    },
+                );
+                o.value("id", *id);
+                o.value("call_id", *call_id);
+                o.value("name", *name);
+                o.optional("namespace", *namespace);
+                if *custom {
+                    o.value("input", *payload);
+                } else {
+                    o.value("arguments", *payload);
+                    o.plain("status", status);
+                }
+            }
+        }
+        o.end();
+    }
 }
 
 /// The items in `output`: finished, but for the one a failure cut off.
@@ -1756,15 +1827,15 @@ struct OutputList<'a> {
     cut: Option<usize>,
 }
 
-impl Serialize for OutputList<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.items.iter().enumerate().map(|(i, item)| {
-            item.wire(if self.cut == Some(i) {
-                Phase::Cut
-            } else {
-                Phase::Done
-            })
-        }))
+impl OutputList<'_> {
+    fn write(&self, o: &mut json::Object<'_>) {
+        o.list("output", self.items.iter().enumerate(), |out, (i, item)| {
+            let phase = match self.cut == Some(i) {
+                true => Phase::Cut,
+                false => Phase::Done,
+            };
+            item.wire(phase).write(out);
+        });
     }
 }
 
@@ -1830,7 +1901,7 @@ impl ResponseOut<'_> {
         o.value("instructions", &self.instructions);
         o.value("max_output_tokens", &self.max_output_tokens);
         o.value("model", self.model);
-        o.value("output", &self.output);
+        self.output.write(&mut o);
         o.bool("parallel_tool_calls", self.parallel_tool_calls);
         o.value("previous_response_id", &self.previous_response_id);
         o.value("prompt_cache_key", &self.prompt_cache_key);
