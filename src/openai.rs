@@ -101,7 +101,7 @@ impl RoutingPeek<'_> {
 
 // ------------------------------------------------------- upstream answers
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub struct Usage {
     #[serde(default)]
     pub prompt_tokens: u64,
