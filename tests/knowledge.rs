@@ -339,14 +339,17 @@ agents:
         lamp.starts_with(&format!("[1] docs / {}/remote.md", pages.url())),
         "{lamp}"
     );
-    let logs = proxy.logs();
     assert!(
-        logs.contains("knowledge source not fetched") && logs.contains("missing.md"),
-        "{logs}"
-    );
-    assert!(
-        logs.contains("knowledge source skipped") && logs.contains("broken.pdf"),
-        "{logs}"
+        proxy
+            .logged(&[
+                "knowledge source not fetched",
+                "missing.md",
+                "knowledge source skipped",
+                "broken.pdf"
+            ])
+            .await,
+        "{}",
+        proxy.logs()
     );
     if cfg!(feature = "pdf") {
         assert_eq!(
@@ -372,8 +375,11 @@ agents:
             json!({"status": "ready", "chunks": 1})
         );
         assert!(
-            logs.contains("build with the `pdf` feature") && logs.contains("guide.pdf"),
-            "{logs}"
+            proxy
+                .logged(&["build with the `pdf` feature", "guide.pdf"])
+                .await,
+            "{}",
+            proxy.logs()
         );
     }
 }
@@ -448,7 +454,7 @@ async fn replicas_share_one_postgres_index_and_embed_each_chunk_once() {
     );
     assert_eq!(table_texts(&postgres).len(), 3);
     assert!(
-        blind.logs().contains("as a source could not be read"),
+        blind.logged(&["as a source could not be read"]).await,
         "{}",
         blind.logs()
     );

@@ -796,7 +796,7 @@ agents:
         "helper",
         "an answer naming no agent falls back"
     );
-    assert!(proxy.logs().contains("auto routed"));
+    assert!(proxy.logged(&["auto routed"]).await);
 }
 
 #[tokio::test]

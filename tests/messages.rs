@@ -308,9 +308,11 @@ async fn claude_code_requests_are_accepted() {
         );
     }
     // Claude Code's session id is on the request's log line.
-    assert!(proxy
-        .logs()
-        .contains("8c11ba6a-dc9d-4234-8a2a-0d4d94b18cec"));
+    assert!(
+        proxy
+            .logged(&["8c11ba6a-dc9d-4234-8a2a-0d4d94b18cec"])
+            .await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -95,10 +95,12 @@ async fn round_robin_spreads_load_and_a_killed_replica_leaves_and_rejoins() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let logs = proxy.logs();
     assert!(
-        logs.contains("endpoint unhealthy") && logs.contains("endpoint healthy again"),
-        "{logs}"
+        proxy
+            .logged(&["endpoint unhealthy", "endpoint healthy again"])
+            .await,
+        "{}",
+        proxy.logs()
     );
 }
 

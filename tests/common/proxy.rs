@@ -129,6 +129,17 @@ impl Proxy {
         std::fs::read_to_string(self.dir.join("proxy.log")).unwrap_or_default()
     }
 
+    /// Whether every one of `texts` reaches the log within 5 s: the proxy's
+    /// log writer puts lines out a few milliseconds after they are logged,
+    /// so a line about what just happened may not be there yet.
+    pub async fn logged(&self, texts: &[&str]) -> bool {
+        wait_until(Duration::from_secs(5), || {
+            let logs = self.logs();
+            std::future::ready(texts.iter().all(|text| logs.contains(text)))
+        })
+        .await
+    }
+
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .arg(format!("-{signal}"))
