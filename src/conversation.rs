@@ -6,8 +6,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+
+use crate::json::Raw;
 
 pub use crate::openai::Usage;
 
@@ -257,29 +258,28 @@ impl FunctionTool {
 
 /// JSON text kept as it came (or as we wrote it): what the proxy only passes
 /// on is not parsed into values and written out again.
-#[derive(Debug, Clone)]
-pub struct JsonText(Box<RawValue>);
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonText(Box<str>);
 
 impl JsonText {
+    /// Text checked to be JSON where it was read or written.
+    fn new(json: Raw<'_>) -> JsonText {
+        JsonText(json.get().into())
+    }
+
     /// The length of its JSON text.
     pub fn json_len(&self) -> usize {
-        self.0.get().len()
+        self.0.len()
     }
 
     /// The text as [`json::write`](crate::json::write) writes it.
-    pub fn raw(&self) -> crate::json::Raw<'_> {
-        crate::json::Raw::checked(&self.0)
+    pub fn raw(&self) -> Raw<'_> {
+        Raw::written(&self.0)
     }
 
     /// What it reads as (for a test or a look inside).
     fn parse<T: serde::de::DeserializeOwned + Default>(&self) -> T {
-        serde_json::from_str(self.0.get()).unwrap_or_default()
-    }
-}
-
-impl PartialEq for JsonText {
-    fn eq(&self, other: &JsonText) -> bool {
-        self.0.get() == other.0.get()
+        serde_json::from_str(&self.0).unwrap_or_default()
     }
 }
 
@@ -295,16 +295,14 @@ impl Description {
         if text.is_empty() {
             return None;
         }
-        // A string always serializes.
-        let json = serde_json::value::to_raw_value(text).ok()?;
-        Some(Description(JsonText(json)))
+        Some(Description(JsonText(crate::json::to_string(text).into())))
     }
 
     /// A client's, as sent: none unless it is a JSON string.
-    pub fn from_json(json: &RawValue) -> Option<Description> {
+    pub fn from_json(json: Raw<'_>) -> Option<Description> {
         json.get()
             .starts_with('"')
-            .then(|| Description(JsonText(json.to_owned())))
+            .then(|| Description(JsonText::new(json)))
     }
 
     /// Its text.
@@ -330,8 +328,9 @@ pub struct Schema(JsonText);
 impl Schema {
     /// The schema of a function without arguments.
     pub fn empty() -> Schema {
-        let empty = RawValue::from_string(r#"{"type":"object","properties":{}}"#.to_owned());
-        Schema(JsonText(empty.unwrap_or_default()))
+        Schema(JsonText::new(Raw::written(
+            r#"{"type":"object","properties":{}}"#,
+        )))
     }
 
     /// The schema as JSON.
@@ -350,16 +349,13 @@ impl std::ops::Deref for Schema {
 
 impl From<&Value> for Schema {
     fn from(schema: &Value) -> Schema {
-        // A `Value` always serializes: its keys are strings.
-        Schema(JsonText(
-            serde_json::value::to_raw_value(schema).unwrap_or_default(),
-        ))
+        Schema(JsonText(crate::json::to_string(schema).into()))
     }
 }
 
-impl From<&RawValue> for Schema {
-    fn from(schema: &RawValue) -> Schema {
-        Schema(JsonText(schema.to_owned()))
+impl From<Raw<'_>> for Schema {
+    fn from(schema: Raw<'_>) -> Schema {
+        Schema(JsonText::new(schema))
     }
 }
 

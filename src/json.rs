@@ -14,6 +14,8 @@
 //! upstream's request) goes member by member through [`Object`], our
 //! constant names as they are, not through the escaper.
 
+pub mod scan;
+
 use std::cell::RefCell;
 use std::marker::PhantomData;
 

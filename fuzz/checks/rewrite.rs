@@ -1,7 +1,8 @@
 //! A client's request through each front decoder (chat, Responses,
 //! Messages), the agent rewrite and each upstream encoder: whatever decodes
 //! is rewritten without panicking into a valid request that carries the
-//! agent's instructions first and streams as the client asked.
+//! agent's instructions first and streams as the client asked; what is not
+//! JSON does not decode.
 //!
 //! Shared by the fuzz target and by `tests/fuzz_seeds.rs`, which replays
 //! the seed corpus on every test run.
@@ -39,6 +40,12 @@ fn decoded(data: &[u8]) -> Vec<Conversation> {
 }
 
 pub fn check(data: &[u8]) {
+    // What is not JSON is refused: the scanner that reads a body's tools
+    // passes their text on as it came.
+    if serde_json::from_slice::<&serde_json::value::RawValue>(data).is_err() {
+        assert!(front::responses::decode(data).is_err());
+        assert!(front::messages::decode(data).is_err());
+    }
     let agent = CONFIG.agent("a").expect("agent a");
     let toolset = ToolSet::of(agent, &CONFIG);
     for conversation in decoded(data) {

@@ -19,7 +19,7 @@ use crate::conversation::{
     Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
-use crate::json;
+use crate::json::{self, Raw};
 use crate::openai;
 use crate::sse;
 
@@ -78,8 +78,13 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
         };
         conversation.tools.push(Arc::new(FunctionTool {
             name,
-            description: description(function.description, at.field("description"))?,
-            parameters: function.parameters.map_or_else(Schema::empty, Schema::from),
+            description: description(
+                function.description.map(Raw::checked),
+                at.field("description"),
+            )?,
+            parameters: function
+                .parameters
+                .map_or_else(Schema::empty, |schema| Raw::checked(schema).into()),
             kind: CallKind::Function,
             // `strict`, …
             extra: function.rest,

@@ -14,14 +14,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::conversation::{Description, Finish, FunctionTool, Reasoning, Schema, ToolCall, Usage};
 use crate::error::ApiError;
+use crate::json::scan::{BadJson, ScanError, Scanner, MAX_DEPTH};
+use crate::json::Raw;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
 /// bytes to `out` as each call comes; non-streaming ones collect and write
@@ -118,21 +118,108 @@ fn random_alphanumerics() -> [u8; 20] {
     out
 }
 
-/// A request body, which must be a JSON object, parsed in one pass: the
+/// A request body, which must be a JSON object, read in one pass: the
 /// root's members named in `names` set apart ([`Picked`]), the others in a
 /// map, and its `tools` (most of a coding agent's request) each parsed but
-/// for its schema, kept as the text it came as (schemas go on as they came),
-/// and the tools it groups, read as tools: as `shape` names them.
+/// for its schema and description, only scanned and kept as the text they
+/// came as ([`scan`](crate::json::scan)), and the tools it groups, read as
+/// tools: as `shape` names them. A member given twice is the last.
 pub fn picked_object_and_tools<'a, const N: usize>(
     body: &'a [u8],
     shape: ToolShape,
     names: &'static [&'static str; N],
 ) -> Result<(Picked<N>, Map<String, Value>, Tools<'a>), ApiError> {
-    crate::json::from_bytes_seed(body, Top { shape, names }).map_err(not_json)
+    let text = std::str::from_utf8(body).map_err(|_| not_json(explain(body, None)))?;
+    let mut scan = Scanner::new(text);
+    let mut picked = Picked {
+        names,
+        values: std::array::from_fn(|_| None),
+    };
+    let mut parsed = Map::new();
+    let mut tools = Tools::None;
+    let read = scan.object(|scan, name| {
+        if name == "tools" {
+            tools = lenient(scan, shape, Nesting::List(0))?;
+        } else if let Some(slot) = picked.position(&name) {
+            picked.values[slot] = Some(scan.parse()?);
+        } else {
+            let value = scan.parse()?;
+            parsed.insert(name.into_owned(), value);
+        }
+        Ok::<_, BadJson>(())
+    });
+    read.and_then(|()| Ok(scan.end()?))
+        .map_err(|e| not_json(explain(body, Some(e))))?;
+    Ok((picked, parsed, tools))
 }
 
-fn not_json(e: serde_json::Error) -> ApiError {
-    ApiError::bad_request(format!("The request body is not a valid JSON object: {e}."))
+fn not_json(reason: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(format!(
+        "The request body is not a valid JSON object: {reason}."
+    ))
+}
+
+/// What is wrong with `body`, in serde_json's words as before the scanner:
+/// its own error where it parsed a value, else what its reading of the
+/// whole body finds.
+fn explain(body: &[u8], error: Option<BadJson>) -> String {
+    if let Some(BadJson::Parse { at, error }) = &error {
+        return at_body(body, *at, error);
+    }
+    match crate::json::from_bytes_seed(body, AnObject) {
+        Err(e) => e.to_string(),
+        // serde_json skips any depth, and strings it skips unchecked.
+        Ok(()) => match error {
+            Some(BadJson::Scan(ScanError { at })) => {
+                format!("arrays and objects nested deeper than {MAX_DEPTH} at byte {at}")
+            }
+            _ => "it is not UTF-8 text".to_owned(),
+        },
+    }
+}
+
+/// serde_json's `error` for a value parsed from byte `at`, its line and
+/// column made the body's.
+fn at_body(body: &[u8], at: usize, error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    let Some((what, _)) = message.rsplit_once(" at line ") else {
+        return message;
+    };
+    let before = &body[..at];
+    let lines = before.iter().filter(|&&byte| byte == b'\n').count();
+    let mut column = error.column();
+    if error.line() == 1 {
+        column += at
+            - before
+                .iter()
+                .rposition(|&byte| byte == b'\n')
+                .map_or(0, |i| i + 1);
+    }
+    format!("{what} at line {} column {column}", lines + error.line())
+}
+
+/// A body read for its error alone: an object of anything.
+struct AnObject;
+
+impl<'de> DeserializeSeed<'de> for AnObject {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, json: D) -> Result<(), D::Error> {
+        json.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AnObject {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
 }
 
 /// The members of a dialect's tool object read apart from the others.
@@ -273,8 +360,8 @@ pub enum Tools<'a> {
     /// read as tools.
     Object {
         fields: ToolFields,
-        schema: Option<&'a RawValue>,
-        description: Option<&'a RawValue>,
+        schema: Option<Raw<'a>>,
+        description: Option<Raw<'a>>,
         nested: Option<Box<Tools<'a>>>,
     },
     /// Anything else, as it came.
@@ -322,13 +409,13 @@ struct ToolObject<'a, 'b> {
     /// Kept as the text it came as; `null` is none.
     schema: Option<Schema>,
     /// As it came, whatever it is: see [`description`].
-    description: Option<&'a RawValue>,
+    description: Option<Raw<'a>>,
     /// The tools it groups.
     nested: Option<Box<Tools<'a>>>,
 }
 
 /// A tool's `description` (`at`) as sent, a JSON string; `null` is none.
-fn description(json: Option<&RawValue>, at: At) -> Result<Option<Description>, ApiError> {
+fn description(json: Option<Raw>, at: At) -> Result<Option<Description>, ApiError> {
     match json {
         None => Ok(None),
         Some(json) if json.get() == "null" => Ok(None),
@@ -397,53 +484,6 @@ fn nested_tools<'a>(nested: Option<Box<Tools<'a>>>, at: At) -> Result<Vec<Tools<
     tool_list(nested.map_or(Tools::None, |tools| *tools), at)
 }
 
-/// The body's root object: its members parsed into values, those `names`
-/// set apart, and `tools` read as tools.
-struct Top<const N: usize> {
-    shape: ToolShape,
-    names: &'static [&'static str; N],
-}
-
-impl<'de, const N: usize> DeserializeSeed<'de> for Top<N> {
-    type Value = (Picked<N>, Map<String, Value>, Tools<'de>);
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de, const N: usize> Visitor<'de> for Top<N> {
-    type Value = (Picked<N>, Map<String, Value>, Tools<'de>);
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut picked = Picked {
-            names: self.names,
-            values: std::array::from_fn(|_| None),
-        };
-        let mut parsed = Map::new();
-        // Given twice: the last.
-        let mut tools = Tools::None;
-        while let Some(Key(key)) = map.next_key()? {
-            if key == "tools" {
-                tools = map.next_value_seed(Lenient {
-                    shape: self.shape,
-                    tool: false,
-                })?;
-            } else if let Some(slot) = picked.position(&key) {
-                picked.values[slot] = Some(map.next_value()?);
-            } else {
-                let value = map.next_value()?;
-                parsed.insert(key.into_owned(), value);
-            }
-        }
-        Ok((picked, parsed, tools))
-    }
-}
-
 /// A member's name, borrowed from the body unless it has escapes.
 pub struct Key<'de>(pub Cow<'de, str>);
 
@@ -469,97 +509,61 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
-/// `tools` (or, `tool`, one of them) read whatever its shape: the wrong
-/// shape is kept as [`Tools::Other`], for the decoder to name (or, where it
-/// is no tool's list, to pass on).
+/// How deep [`lenient`] is: in a list of tools, or in one of them, nested
+/// in this many tools that group tools.
 #[derive(Clone, Copy)]
-struct Lenient {
+enum Nesting {
+    List(u32),
+    Tool(u32),
+}
+
+/// `tools` (or, `Nesting::Tool`, one of them) read whatever its shape: the
+/// wrong shape is kept as [`Tools::Other`], for the decoder to name (or,
+/// where it is no tool's list, to pass on).
+fn lenient<'a>(
+    scan: &mut Scanner<'a>,
     shape: ToolShape,
-    tool: bool,
-}
-
-impl<'de> DeserializeSeed<'de> for Lenient {
-    type Value = Tools<'de>;
-
-    fn deserialize<D: Deserializer<'de>>(self, json: D) -> Result<Tools<'de>, D::Error> {
-        json.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Lenient {
-    type Value = Tools<'de>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tools<'de>, A::Error> {
-        if self.tool {
-            return Value::deserialize(SeqAccessDeserializer::new(seq)).map(Tools::Other);
+    nesting: Nesting,
+) -> Result<Tools<'a>, BadJson> {
+    match (scan.peek(), nesting) {
+        (Some(b'['), Nesting::List(depth)) => {
+            let mut list = Vec::new();
+            scan.array(|scan| {
+                list.push(lenient(scan, shape, Nesting::Tool(depth))?);
+                Ok::<_, BadJson>(())
+            })?;
+            Ok(Tools::List(list))
         }
-        let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        let tool = Lenient { tool: true, ..self };
-        while let Some(read) = seq.next_element_seed(tool)? {
-            list.push(read);
+        (Some(b'{'), Nesting::Tool(depth)) => {
+            let mut fields = ToolFields::default();
+            let (mut schema, mut description, mut nested) = (None, None, None);
+            scan.object(|scan, name| {
+                if name == shape.schema {
+                    schema = Some(scan.value()?);
+                } else if name == "description" {
+                    description = Some(scan.value()?);
+                } else if Some(name.as_ref()) == shape.nested && depth < MAX_DEPTH {
+                    let list = lenient(scan, shape, Nesting::List(depth + 1))?;
+                    nested = Some(Box::new(list));
+                } else {
+                    let value = scan.parse()?;
+                    fields.insert(name.into_owned(), value);
+                }
+                Ok::<_, BadJson>(())
+            })?;
+            Ok(Tools::Object {
+                fields,
+                schema,
+                description,
+                nested,
+            })
         }
-        Ok(Tools::List(list))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tools<'de>, A::Error> {
-        if !self.tool {
-            return Value::deserialize(MapAccessDeserializer::new(map)).map(Tools::Other);
+        (Some(b'n'), Nesting::List(_)) => {
+            // `null`, or not JSON: the scan tells.
+            scan.value()?;
+            Ok(Tools::None)
         }
-        let mut fields = ToolFields::default();
-        let (mut schema, mut description, mut nested) = (None, None, None);
-        while let Some(key) = map.next_key::<String>()? {
-            if key == self.shape.schema {
-                schema = Some(map.next_value()?);
-            } else if key == "description" {
-                description = Some(map.next_value()?);
-            } else if Some(key.as_str()) == self.shape.nested {
-                let list = Lenient {
-                    tool: false,
-                    ..self
-                };
-                nested = Some(Box::new(map.next_value_seed(list)?));
-            } else {
-                let value = map.next_value()?;
-                fields.insert(key, value);
-            }
-        }
-        Ok(Tools::Object {
-            fields,
-            schema,
-            description,
-            nested,
-        })
-    }
-
-    fn visit_unit<E>(self) -> Result<Tools<'de>, E> {
-        Ok(match self.tool {
-            true => Tools::Other(Value::Null),
-            false => Tools::None,
-        })
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other(v.into()))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other(v.into()))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other(v.into()))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other(v.into()))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Tools<'de>, E> {
-        Ok(Tools::Other(v.into()))
+        _ => Ok(Tools::Other(scan.parse()?)),
     }
 }
 
