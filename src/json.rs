@@ -5,7 +5,10 @@
 //! chunk has a dozen strings or more, and those checks were 3–6% of an
 //! agent request's instructions. Text known to be UTF-8 is read without
 //! them, and one check of the whole text, with std's word-at-a-time ASCII
-//! path, costs less.
+//! path, costs less. A Responses or Messages body is read by [`scan`]: a
+//! tool's schema and description (most of a coding agent's request) are
+//! scanned 16 bytes at a time and kept as text, the rest parsed by
+//! serde_json where it stands.
 //!
 //! Writing: serde_json escapes a string a byte at a time, which was 30% of
 //! a coding agent's request (its prompts and histories are mostly text).
@@ -253,7 +256,8 @@ pub fn tagged(
 
 /// JSON text that [`write`](fn@write) writes as it is (a tool's schema, a call's
 /// arguments, a Response object written before): checked once, where it was
-/// read or written, and not parsed again on the way out.
+/// read (by serde_json or [`scan`]) or written, and not parsed again on the
+/// way out.
 #[derive(Clone, Copy)]
 pub struct Raw<'a>(&'a str);
 
@@ -263,7 +267,8 @@ impl<'a> Raw<'a> {
         Raw(raw.get())
     }
 
-    /// What [`to_string`] wrote: one JSON value.
+    /// Text known to be one JSON value: what [`to_string`] wrote, what a
+    /// [`JsonText`](crate::conversation::JsonText) holds.
     pub fn written(json: &'a str) -> Raw<'a> {
         Raw(json)
     }

@@ -3,9 +3,10 @@
 //! serde_json skips a value it keeps as text (a `RawValue`) at about five
 //! instructions a byte, breaking out of its word-at-a-time search at every
 //! escape; a coding agent's tools (Claude Code's: 31 KB of descriptions and
-//! schemas) were a quarter of its request's instructions. The scanner finds
-//! a string's end 16 bytes at a time and each escape within the same search,
-//! about half the instructions for the same text.
+//! schemas) were a quarter of its request's instructions. The scanner looks
+//! for the end of a string's plain run 16 bytes at a time (quotes,
+//! backslashes and control bytes in one SSE2 mask): the same 31 KB in 103k
+//! instructions, against serde_json's 163k.
 //!
 //! It accepts what serde_json's skipping accepts, no more: control bytes in
 //! strings, bad escapes, numbers off the grammar, unbalanced brackets and
