@@ -198,26 +198,21 @@ impl<'a> Scanner<'a> {
                     self.string()?;
                 }
                 Some(open @ (b'{' | b'[')) => {
-                    self.at += 1;
                     if depth == MAX_DEPTH {
                         return self.error();
                     }
-                    let level = 1u128 << depth;
-                    depth += 1;
-                    if open == b'[' {
-                        arrays |= level;
-                        if self.peek() != Some(b']') {
-                            continue;
-                        }
-                    } else {
-                        arrays &= !level;
-                        if self.peek() != Some(b'}') {
+                    let array = open == b'[';
+                    if self.open(open, closing(array))? {
+                        let level = 1u128 << depth;
+                        depth += 1;
+                        if array {
+                            arrays |= level;
+                        } else {
+                            arrays &= !level;
                             self.member_name()?;
-                            continue;
                         }
+                        continue;
                     }
-                    self.at += 1;
-                    depth -= 1;
                 }
                 Some(b't') => self.literal(b"true")?,
                 Some(b'f') => self.literal(b"false")?,
@@ -231,19 +226,12 @@ impl<'a> Scanner<'a> {
                     return Ok(());
                 }
                 let array = arrays & (1u128 << (depth - 1)) != 0;
-                match self.peek() {
-                    Some(b',') => {
-                        self.at += 1;
-                        if !array {
-                            self.member_name()?;
-                        }
-                        break;
+                if self.more(closing(array))? {
+                    if !array {
+                        self.member_name()?;
                     }
-                    Some(b']') if array => {}
-                    Some(b'}') if !array => {}
-                    _ => return self.error(),
+                    break;
                 }
-                self.at += 1;
                 depth -= 1;
             }
         }
@@ -337,6 +325,15 @@ impl<'a> Scanner<'a> {
             return self.error();
         }
         Ok(())
+    }
+}
+
+/// What closes an array, or an object.
+fn closing(array: bool) -> u8 {
+    if array {
+        b']'
+    } else {
+        b'}'
     }
 }
 
