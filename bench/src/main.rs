@@ -174,8 +174,10 @@ enum Ask {
     /// A chat completion for this model.
     Chat(&'static str),
     /// A Responses request for the agent `plain` (by way of the
-    /// [`delay_agent`] with the shape's delay).
-    Responses,
+    /// [`delay_agent`] with the shape's delay), its answer kept in the
+    /// response store (OpenAI's default, `store: true`) or not (`store:
+    /// false`, as Codex CLI asks).
+    Responses { stored: bool },
     /// The same as an Anthropic Messages request.
     Messages,
     /// A coding agent's real request (captured, in `tests/fixtures/clients`)
@@ -266,8 +268,15 @@ const AGENT_RESPONSES: Target = Target {
     name: "agent (responses)",
     host: Host::Proxy,
     path: "/v1/responses",
-    ask: Ask::Responses,
+    ask: Ask::Responses { stored: true },
     chunked: false,
+};
+/// The same, its answer not kept: the front door's cost without the
+/// response store's write.
+const AGENT_RESPONSES_UNSTORED: Target = Target {
+    name: "agent (responses, store: false)",
+    ask: Ask::Responses { stored: false },
+    ..AGENT_RESPONSES
 };
 /// The same agent through the Anthropic Messages front door.
 const AGENT_MESSAGES: Target = Target {
@@ -376,23 +385,19 @@ impl Bench {
                 .into(),
                 Answer::Chat,
             ),
-            Ask::Responses | Ask::Messages => {
+            Ask::Responses { stored } => {
                 let model = delay_agent(delay_us);
-                let body = if target.ask == Ask::Responses {
-                    format!(
-                        r#"{{"model":"{model}","input":"{PROMPT}","stream":{stream},"max_output_tokens":{tokens}}}"#
-                    )
-                } else {
-                    format!(
-                        r#"{{"model":"{model}","messages":[{{"role":"user","content":"{PROMPT}"}}],"stream":{stream},"max_tokens":{tokens}}}"#
-                    )
-                };
-                let answer = if target.ask == Ask::Responses {
-                    Answer::Responses
-                } else {
-                    Answer::Messages
-                };
-                (body.into(), answer)
+                let body = format!(
+                    r#"{{"model":"{model}","input":"{PROMPT}","stream":{stream},"max_output_tokens":{tokens},"store":{stored}}}"#
+                );
+                (body.into(), Answer::Responses)
+            }
+            Ask::Messages => {
+                let model = delay_agent(delay_us);
+                let body = format!(
+                    r#"{{"model":"{model}","messages":[{{"role":"user","content":"{PROMPT}"}}],"stream":{stream},"max_tokens":{tokens}}}"#
+                );
+                (body.into(), Answer::Messages)
             }
             Ask::Client(request) => {
                 let body = request.body(&delay_agent(delay_us), stream, tokens);
@@ -644,6 +649,7 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         AGENT_B,
         AGENT_RESPONSES,
         AGENT_RESPONSES_B,
+        AGENT_RESPONSES_UNSTORED,
         AGENT_MESSAGES,
         AGENT_CLAUDE_CODE,
         AGENT_CODEX,

@@ -142,6 +142,17 @@ impl Bar {
         }
     }
 
+    /// A figure that must stay within `most` times nginx's.
+    fn within(what: String, value: f64, nginx: f64, most: f64) -> Bar {
+        let ratio = value / nginx.max(1e-9);
+        Bar {
+            what,
+            required: format!("≤ {most:.2} × nginx"),
+            measured: format!("{ratio:.2} × nginx"),
+            met: ratio <= most,
+        }
+    }
+
     /// A figure that must stay at or under `limit`, in `unit`.
     fn at_most(what: String, value: f64, limit: f64, unit: &str) -> Bar {
         Bar {
@@ -154,7 +165,16 @@ impl Bar {
 }
 
 /// The agent path through each front door.
-const AGENTS: [&str; 2] = ["agent", "agent (responses)"];
+const AGENTS: [&str; 3] = [
+    "agent",
+    "agent (responses)",
+    "agent (responses, store: false)",
+];
+
+/// The bars on CPU per request and on a stream's first token, as
+/// ratios to nginx's.
+const CPU_RATIO: f64 = 1.5;
+const FIRST_TOKEN_RATIO: f64 = 1.5;
 
 fn find<'a>(runs: &'a [Run], target: &str, connections: usize) -> Option<&'a Run> {
     runs.iter()
@@ -191,6 +211,17 @@ impl Report {
                 200.0,
                 "µs",
             ));
+            let cpu = |run: &Run| {
+                Bar::within(
+                    format!("{} CPU per request, c{c}", run.target),
+                    run.cpu_ms_per_1k(),
+                    nginx.cpu_ms_per_1k(),
+                    CPU_RATIO,
+                )
+            };
+            if c > 1 {
+                bars.push(cpu(pass));
+            }
             for agent in AGENTS.iter().filter_map(|name| find(plain, name, c)) {
                 let name = agent.target;
                 bars.push(Bar::throughput(
@@ -198,6 +229,9 @@ impl Report {
                     agent.stats.throughput() / nginx_rate,
                     0.8,
                 ));
+                if c > 1 {
+                    bars.push(cpu(agent));
+                }
                 if c == 1 {
                     for (q, limit) in [(0.5, 100.0), (0.99, 300.0)] {
                         bars.push(Bar::at_most(
@@ -212,7 +246,9 @@ impl Report {
         }
         let streaming = &self.streaming;
         for c in Self::concurrencies(streaming) {
-            let Some(direct) = find(streaming, "direct", c) else {
+            let (Some(direct), Some(nginx)) =
+                (find(streaming, "direct", c), find(streaming, "nginx", c))
+            else {
                 continue;
             };
             for target in ["passthrough"].iter().chain(&AGENTS) {
@@ -224,6 +260,12 @@ impl Report {
                     run.first_token(0.99) - direct.first_token(0.99),
                     1000.0,
                     "µs",
+                ));
+                bars.push(Bar::within(
+                    format!("{target} stream: time to first token, p99, c{c}"),
+                    run.first_token(0.99),
+                    nginx.first_token(0.99),
+                    FIRST_TOKEN_RATIO,
                 ));
                 bars.push(Bar::at_most(
                     format!("{target} stream: added gap per chunk, median, c{c}"),
