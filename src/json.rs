@@ -34,6 +34,23 @@ pub fn from_bytes<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result
     from_bytes_seed(bytes, PhantomData)
 }
 
+/// Whether `bytes` is one JSON value, as [`from_bytes`] accepts it, the
+/// fault named as serde_json names it. Checked by the [`scan::Scanner`] (it
+/// accepts what serde_json's skipping accepts, 16 bytes at a time):
+/// serde_json's skip of a small chat request cost twice its instructions.
+/// What the scanner refuses is read by serde_json, which names the fault or
+/// accepts what only it does (nesting past [`scan::MAX_DEPTH`], a stray
+/// byte that is no UTF-8 in a string).
+pub fn check(bytes: &[u8]) -> serde_json::Result<()> {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        let mut scan = scan::Scanner::new(text);
+        if scan.value().and_then(|_| scan.end()).is_ok() {
+            return Ok(());
+        }
+    }
+    from_bytes::<serde::de::IgnoredAny>(bytes).map(drop)
+}
+
 /// [`from_bytes`] by a seed (a reader with state of its own).
 pub fn from_bytes_seed<'a, S: DeserializeSeed<'a>>(
     bytes: &'a [u8],
@@ -323,6 +340,34 @@ mod tests {
         }
         let value: Value = from_bytes(br#"{"a":[true,"x"]}"#).unwrap();
         assert_eq!(value, serde_json::json!({"a": [true, "x"]}));
+    }
+
+    #[test]
+    fn check_accepts_and_names_faults_as_serde_json_does() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let cases: [&[u8]; 12] = [
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1.5e3}"#,
+            b" [1, -0.5, true, false, null, \"\\u00e9\\n\"] ",
+            // Past the scanner's depth: serde_json's skip takes it.
+            deep.as_bytes(),
+            // Not UTF-8 in a string: serde_json's skip lets it pass.
+            b"{\"skip\":\"\xff\xfe\"}",
+            br#"{"a":01}"#,
+            br#"{"a":"\x"}"#,
+            b"{\"a\":\"\x01\"}",
+            br#"{"a":1} {}"#,
+            br#"{"a":[1,]}"#,
+            br#"{"a":1"#,
+            b"",
+            b"  ",
+        ];
+        for bytes in cases {
+            let ours = check(bytes).map_err(|e| e.to_string());
+            let theirs = serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+                .map(drop)
+                .map_err(|e| e.to_string());
+            assert_eq!(ours, theirs, "{}", String::from_utf8_lossy(bytes));
+        }
     }
 
     #[test]

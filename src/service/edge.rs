@@ -325,14 +325,12 @@ fn head_complete(head: &[u8], scanned: &mut usize) -> bool {
         .position(|b| !matches!(b, b'\r' | b'\n'))
         .unwrap_or(head.len());
     let from = (*scanned).max(start);
-    let found = head[from..]
-        .iter()
-        .enumerate()
-        .filter(|(_, &b)| b == b'\n')
-        .any(|(i, _)| {
-            let rest = &head[from + i + 1..];
-            rest.starts_with(b"\n") || rest.starts_with(b"\r\n")
-        });
+    // Line ends found by memchr's SIMD search: byte by byte, the scan was
+    // a thirtieth of a passthrough request's instructions.
+    let found = memchr::memchr_iter(b'\n', &head[from..]).any(|i| {
+        let rest = &head[from + i + 1..];
+        rest.starts_with(b"\n") || rest.starts_with(b"\r\n")
+    });
     // The last two bytes may begin a blank line the next read completes.
     *scanned = head.len().saturating_sub(2).max(start);
     found

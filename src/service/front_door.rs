@@ -180,7 +180,7 @@ async fn read_agent_request(
     let asked = match shape.model {
         Some(model) if serves(model) => model.to_owned(),
         Some(model) => {
-            if let Err(e) = crate::json::from_bytes::<serde::de::IgnoredAny>(&body) {
+            if let Err(e) = crate::json::check(&body) {
                 return Err(reject(session, dialect, &invalid(e)).await);
             }
             let other = Other {
