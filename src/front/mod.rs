@@ -133,7 +133,7 @@ pub fn picked_object_and_tools<'a, const N: usize>(
     let mut scan = Scanner::new(text);
     let mut picked = Picked {
         names,
-        values: std::array::from_fn(|_| None),
+        values: Box::new(std::array::from_fn(|_| None)),
     };
     let mut parsed = Map::new();
     let mut tools = Tools::None;
@@ -239,7 +239,9 @@ pub struct ToolShape {
 /// would hash it in and out again. What is not taken is dropped.
 pub struct Picked<const N: usize> {
     names: &'static [&'static str; N],
-    values: [Option<Value>; N],
+    /// Boxed: a Responses request picks 15 (1.2 KiB of values), and the
+    /// decoders hand the request on by value.
+    values: Box<[Option<Value>; N]>,
 }
 
 /// An object whose members a decoder takes out one by one.

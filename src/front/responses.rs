@@ -119,7 +119,7 @@ pub const TOOL: ToolShape = ToolShape {
 
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
-pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
+pub fn decode(body: &[u8]) -> Result<(Conversation, Box<Context>), ApiError> {
     let (read, top, tools) = picked_object_and_tools(body, TOOL, &READ)?;
     decode_object(read, top, tools)
 }
@@ -155,9 +155,10 @@ pub fn decode_object(
     mut read: Read,
     mut top: Map<String, Value>,
     tools: Tools,
-) -> Result<(Conversation, Context), ApiError> {
+) -> Result<(Conversation, Box<Context>), ApiError> {
     refuse_state(&read)?;
-    let mut ctx = Context::default();
+    // Boxed: it goes to the encoder through several hands, and is large.
+    let mut ctx = Box::<Context>::default();
     let mut conv = Conversation {
         origin: Dialect::Responses,
         model: take_str(&mut read, "model")?,
@@ -1970,7 +1971,7 @@ mod tests {
     const CODEX_ROUND2: &[u8] =
         include_bytes!("../../tests/fixtures/clients/codex-0.169.0-round2.request.json");
 
-    fn decode_json(body: Value) -> Result<(Conversation, Context), ApiError> {
+    fn decode_json(body: Value) -> Result<(Conversation, Box<Context>), ApiError> {
         decode(&serde_json::to_vec(&body).unwrap())
     }
 
@@ -2684,7 +2685,7 @@ mod tests {
             {"type": "custom", "name": "apply_patch"}
         ]}))
         .unwrap();
-        let mut enc = streaming(context);
+        let mut enc = streaming(*context);
         let mut out = Vec::new();
         enc.open(&mut out);
         enc.reasoning("Plan.", &mut out);
@@ -2976,7 +2977,7 @@ mod tests {
                        "tools": [{"type": "function", "name": "f"}]}]
         }))
         .unwrap();
-        let mut enc = ResponsesEncoder::new("coder", false, context);
+        let mut enc = ResponsesEncoder::new("coder", false, *context);
         assert!(!enc.streams());
         let mut out = Vec::new();
         enc.open(&mut out);
@@ -3013,7 +3014,7 @@ mod tests {
             {"type": "function", "name": "spawn", "parameters": {"type": "object"}}]},
             {"type": "custom", "name": "apply_patch"}]);
         let (_, context) = decode_json(json!({"input": "go", "tools": tools})).unwrap();
-        let mut enc = streaming(context);
+        let mut enc = streaming(*context);
         let mut out = Vec::new();
         enc.open(&mut out);
         enc.reasoning("Plan it.", &mut out);

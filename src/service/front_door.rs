@@ -391,7 +391,7 @@ async fn decode(
                 info!(tools = ?context.dropped_tools, "hosted tools dropped: the upstream cannot run them");
             }
             let stream = conversation.options.stream;
-            let encoder = EncoderFor::Responses(Box::new(context), stream, saving);
+            let encoder = EncoderFor::Responses(context, stream, saving);
             Ok((conversation, encoder))
         }
         Dialect::Messages => {

@@ -33,7 +33,7 @@ pub async fn decode(
     config: &Config,
     tenant: &str,
     body: &[u8],
-) -> Result<(Conversation, Context, Option<Saving>), ApiError> {
+) -> Result<(Conversation, Box<Context>, Option<Saving>), ApiError> {
     let (mut read, top, tools) = picked_object_and_tools(body, responses::TOOL, &responses::READ)?;
     let Some(store) = &config.store else {
         // No store: the decoder refuses a previous id, nothing is kept.
