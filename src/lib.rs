@@ -29,6 +29,7 @@ pub mod round;
 pub mod service;
 pub mod session;
 pub mod shutdown;
+pub mod socket;
 pub mod sse;
 pub mod store;
 pub mod tools;

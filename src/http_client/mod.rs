@@ -1,5 +1,6 @@
-//! The outbound HTTP client. pingora's connector connects (TCP, rustls,
-//! ALPN); an HTTP/1 exchange is written and read here (`h1`) and its idle
+//! The outbound HTTP client. pingora connects (its connector for TLS and
+//! ALPN; for plain HTTP its TCP connect, the socket then read and written as
+//! our [`Socket`]); an HTTP/1 exchange is written and read here (`h1`) and its idle
 //! connection waits in our own `pool`; HTTP/2 is pingora's session and pool.
 //! Model upstreams and HTTP tools both call out through an [`Endpoint`]; the
 //! upstream layer (`upstream/`) decides which endpoint and how often, and
@@ -21,11 +22,14 @@ use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
+use pingora::protocols::l4;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use pingora::utils::tls::{parse_x509, WrappedX509};
 use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncWriteExt;
+
+use crate::socket::Socket;
 
 mod h1;
 mod pool;
@@ -115,10 +119,7 @@ impl Peers {
             return Ok((Connection::H1(link), true, start));
         }
         let mut order = (0..self.count()).map(|k| (start + k) % self.count());
-        let attempt = |index: usize| async move {
-            let peer = self.peer(index);
-            (index, connector().get_http_session(&**peer).await)
-        };
+        let attempt = |index: usize| async move { (index, connect(self.peer(index)).await) };
         let mut racing = FuturesUnordered::new();
         racing.extend(order.next().map(attempt));
         let mut failure = None;
@@ -127,12 +128,8 @@ impl Peers {
             let more = order.len() > 0;
             tokio::select! {
                 Some((index, result)) = racing.next() => match result {
-                    Ok((session, reused)) => {
+                    Ok((connection, reused)) => {
                         self.connected(index);
-                        let connection = match session {
-                            HttpSession::H1(h1) => Connection::H1(h1::Link::new(h1.into_inner())),
-                            other => Connection::Other(Box::new(other)),
-                        };
                         return Ok((connection, reused, index));
                     }
                     Err(e) => {
@@ -152,6 +149,39 @@ impl Peers {
             }
         }
     }
+}
+
+/// A new connection to `peer`, and whether pingora's pool had it (an
+/// HTTP/2 one). Plain HTTP is a TCP connection of ours ([`Socket`]): its
+/// reads then skip pingora's stream (see [`crate::socket`]); the connect
+/// itself and its errors are pingora's, as for TLS, which is pingora's
+/// connector's throughout.
+async fn connect(peer: &HttpPeer) -> Result<(Connection, bool)> {
+    if let (false, Some(&addr)) = (peer.is_tls(), peer.address().as_inet()) {
+        let connecting = l4::ext::connect(&addr, None);
+        let stream = match peer.options.connection_timeout {
+            Some(limit) => pingora_timeout::timeout(limit, connecting)
+                .await
+                .map_err(|_| {
+                    Error::explain(
+                        ErrorType::ConnectTimedout,
+                        format!("timeout {limit:?} connecting to server {peer}"),
+                    )
+                })??,
+            None => connecting.await?,
+        };
+        stream
+            .set_nodelay(true)
+            .or_err(ErrorType::ConnectError, "setting TCP_NODELAY")?;
+        let link = h1::Link::new(Box::new(Socket::new(stream, addr)));
+        return Ok((Connection::H1(link), false));
+    }
+    let (session, reused) = connector().get_http_session(peer).await?;
+    let connection = match session {
+        HttpSession::H1(h1) => Connection::H1(h1::Link::new(h1.into_inner())),
+        other => Connection::Other(Box::new(other)),
+    };
+    Ok((connection, reused))
 }
 
 /// A connection to a peer: HTTP/1 ones are ours to read and write

@@ -8,36 +8,30 @@
 //! The socket is taken from, or registered in, pingora's table of listening
 //! sockets, so a binary upgrade (`--upgrade`) hands it over as before.
 //!
-//! Pingora sizes a connection's write buffer only in its own listener, so
-//! [`Connection`] adds one ([`WriteBuffer`]): a response's head and its body,
-//! or its first events, then leave in one write. Reads are not buffered (pingora's
-//! 64 KiB read buffer is there for TLS records): a request's head is read
-//! straight into the buffer `Edge` parses.
+//! A connection is our [`Socket`], not pingora's stream. Pingora sizes a
+//! connection's write buffer only in its own listener, so one is added
+//! ([`WriteBuffer`]): a response's head and its body, or its first events,
+//! then leave in one write. Reads are not buffered (pingora's 64 KiB read
+//! buffer is there for TLS records): a request's head is read straight into
+//! the buffer `Edge` parses.
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::raw_connect::ProxyDigest;
-use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
-    TimingDigest, UniqueID, UniqueIDType,
-};
 use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::Service;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Handle;
 use tracing::{debug, error, info};
 
 use super::write_buffer::{self, FlushDeferral, WriteBuffer};
 use super::Edge;
+use crate::socket::Socket;
 
 /// The kernel's queue of connections not yet accepted, as pingora sets it.
 const BACKLOG: u32 = 65535;
@@ -137,7 +131,8 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
                 },
             };
             let deferral = FlushDeferral::default();
-            let connection = Connection::new(socket, peer, deferral.clone());
+            let buffered = WriteBuffer::new(WRITE_BUFFER, socket, deferral.clone());
+            let connection = Socket::new(buffered, peer);
             write_buffer::serving(deferral, async move {
                 let mut next = edge.process_new(Box::new(connection), &shutdown).await;
                 while let Some(stream) = next {
@@ -251,108 +246,3 @@ impl Service for Listener {
         Some(vec![self.addr.clone()])
     }
 }
-
-/// A client connection: tokio's TCP stream, its writes buffered, with
-/// what pingora's traits ask of a connection. Not pingora's own stream: it
-/// reads the clock twice around each read that waits (to total the time
-/// reads wait, which nothing here reports), and reads through two layers
-/// of wrappers.
-#[derive(Debug)]
-struct Connection {
-    io: WriteBuffer<TcpStream>,
-    /// The client's address, known from accept() without another syscall.
-    digest: Arc<SocketDigest>,
-    established: SystemTime,
-}
-
-impl Connection {
-    fn new(socket: TcpStream, peer: SocketAddr, deferral: FlushDeferral) -> Self {
-        let digest = SocketDigest::from_raw_fd(socket.as_raw_fd());
-        let _ = digest.peer_addr.set(Some(peer.into()));
-        Connection {
-            io: WriteBuffer::new(WRITE_BUFFER, socket, deferral),
-            digest: Arc::new(digest),
-            established: SystemTime::now(),
-        }
-    }
-}
-
-impl AsyncRead for Connection {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Connection {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-#[async_trait]
-impl Shutdown for Connection {
-    async fn shutdown(&mut self) {
-        // Flushes what is buffered first.
-        let _ = AsyncWriteExt::shutdown(&mut self.io).await;
-    }
-}
-
-impl UniqueID for Connection {
-    fn id(&self) -> UniqueIDType {
-        self.io.get_ref().as_raw_fd()
-    }
-}
-
-impl Ssl for Connection {}
-
-impl GetTimingDigest for Connection {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        vec![Some(TimingDigest {
-            established_ts: self.established,
-            ..TimingDigest::default()
-        })]
-    }
-}
-
-impl GetProxyDigest for Connection {
-    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        None
-    }
-}
-
-impl GetSocketDigest for Connection {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        Some(self.digest.clone())
-    }
-}
-
-#[async_trait]
-impl Peek for Connection {}

@@ -15,6 +15,7 @@
 
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -78,6 +79,7 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
         }
     }
 
+    #[cfg(test)]
     pub fn get_ref(&self) -> &W {
         &self.inner
     }
@@ -140,6 +142,12 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
     /// nothing between events (1.4 KiB less per open stream, `ab.md`).
     fn release(&mut self) {
         self.held = Vec::new();
+    }
+}
+
+impl<W: AsRawFd> AsRawFd for WriteBuffer<W> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
     }
 }
 
