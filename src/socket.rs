@@ -4,8 +4,9 @@
 //! Not pingora's own stream: it reads the clock twice around each read that
 //! waits (to total the time reads wait, which nothing here reports), keeps
 //! a buffered layer and a rewind buffer in front of the socket, and reads
-//! through two layers of wrappers: about 300 instructions an upstream
-//! answer's read, a hundredth of a passthrough request.
+//! through two layers of wrappers. On an upstream connection that was about
+//! 700 instructions of a passthrough request (2%): the answer's read and the
+//! pool's check at reuse.
 
 use std::io;
 use std::net::SocketAddr;
