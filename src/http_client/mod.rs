@@ -605,8 +605,11 @@ fn happy_eyeballs_order(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
     ordered
 }
 
-/// One connector for every endpoint: it connects, and pools HTTP/2
-/// connections (HTTP/1 ones wait in [`pool`]).
+/// One connector for every endpoint that is not plain HTTP over TCP (TLS,
+/// and with it HTTP/2; a Unix socket): it connects, and pools HTTP/2
+/// connections (HTTP/1 ones wait in [`pool`]). Plain HTTP is connected by
+/// [`connect`] itself, with pingora's TCP connect and no options of the
+/// connector's (it is built with none).
 fn connector() -> &'static Connector {
     static SHARED: OnceLock<Connector> = OnceLock::new();
     SHARED.get_or_init(|| Connector::new(Some(ConnectorOptions::new(1024))))
