@@ -7,14 +7,13 @@ use std::pin::{pin, Pin};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
-use http::{HeaderMap, StatusCode};
-use pingora::http::ResponseHeader;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::StatusCode;
 use tokio::time::{Instant, Sleep};
 
 use crate::conversation::Dialect;
 use crate::error::ApiError;
-use crate::http1::{response_head, X_ACCEL_BUFFERING};
+use crate::http1::{field_bytes, X_ACCEL};
 use crate::metrics::StreamGuard;
 use crate::service::h1::Session;
 use crate::service::write_buffer;
@@ -108,16 +107,13 @@ impl<'s> Client<'s> {
 
     /// Sends the response header of an event stream.
     pub async fn start_event_stream(&mut self) -> Result<(), Gone> {
-        let mut fields = HeaderMap::with_capacity(4);
-        for (name, value) in [
-            (CONTENT_TYPE, "text/event-stream"),
-            (CACHE_CONTROL, "no-cache"),
-            (X_ACCEL_BUFFERING, "no"),
-            (TRANSFER_ENCODING, "chunked"),
-        ] {
-            fields.insert(name, http::HeaderValue::from_static(value));
-        }
-        self.send_header(response_head(StatusCode::OK, fields), false)
+        const EVENT_STREAM: [(&[u8], &[u8]); 4] = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            (X_ACCEL.as_bytes(), b"no"),
+            (b"transfer-encoding", b"chunked"),
+        ];
+        self.send_head(StatusCode::OK, EVENT_STREAM.into_iter(), false)
             .await?;
         self.mark_streaming();
         Ok(())
@@ -141,12 +137,19 @@ impl<'s> Client<'s> {
         self.streaming.get_or_insert_with(StreamGuard::open);
     }
 
-    /// Sends a response header (the session adds the request's id).
-    pub async fn send_header(&mut self, header: ResponseHeader, end: bool) -> Result<(), Gone> {
-        self.session
-            .write_response_header(Box::new(header), end)
-            .await
-            .map_err(|_| Gone)
+    /// Sends a response head of `status` and `fields` (the session adds the
+    /// request's id, `Date` and `Connection`).
+    pub async fn send_head<'f>(
+        &mut self,
+        status: StatusCode,
+        fields: impl Iterator<Item = (&'f [u8], &'f [u8])> + Clone,
+        end: bool,
+    ) -> Result<(), Gone> {
+        let head = self
+            .session
+            .response_head(status, fields)
+            .map_err(|_| Gone)?;
+        self.session.send_head(head, end).await.map_err(|_| Gone)
     }
 
     pub async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
@@ -164,17 +167,16 @@ impl<'s> Client<'s> {
         extra: &[(http::HeaderName, http::HeaderValue)],
     ) -> Result<(), Gone> {
         let status = StatusCode::from_u16(status).map_err(|_| Gone)?;
-        let mut fields = HeaderMap::with_capacity(2 + extra.len());
-        fields.insert(
-            CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        fields.insert(CONTENT_LENGTH, body.len().into());
-        for (name, value) in extra {
-            fields.insert(name.clone(), value.clone());
-        }
-        self.send_header(response_head(status, fields), body.is_empty())
-            .await?;
+        let typed = extra.iter().any(|(name, _)| name == CONTENT_TYPE);
+        let json = (!typed).then_some((&b"content-type"[..], &b"application/json"[..]));
+        let mut length = itoa::Buffer::new();
+        let length = (&b"content-length"[..], length.format(body.len()).as_bytes());
+        let extra = extra
+            .iter()
+            .filter(|(name, _)| name != CONTENT_LENGTH)
+            .map(|(name, value)| field_bytes((name, value)));
+        let fields = json.into_iter().chain([length]).chain(extra);
+        self.send_head(status, fields, body.is_empty()).await?;
         if !body.is_empty() {
             self.session
                 .write_response_body(body, true)

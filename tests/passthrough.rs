@@ -96,6 +96,61 @@ async fn non_agent_json_answer_and_error_pass_through() {
 }
 
 #[tokio::test]
+async fn an_answer_passed_on_keeps_its_fields_as_sent_but_the_hop_by_hop_ones() {
+    let answer = br#"{"error":{"message":"slow down","type":"rate_limit"}}"#;
+    let upstream = FakeServer::start(move |_, _| Reply::Json {
+        status: 429,
+        body: answer.to_vec(),
+        headers: [
+            ("Retry-After", "7"),
+            ("Set-Cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("Keep-Alive", "timeout=5"),
+            ("Connection", "keep-alive"),
+            ("X-Request-Id", "theirs"),
+            ("Date", "Thu, 01 Jan 1970 00:00:00 GMT"),
+            ("X-Tab", "a\tb"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .to_vec(),
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("x-request-id", "ours-1"),
+        ],
+        br#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(res.status, 429);
+    assert_eq!(res.body, answer);
+    let named = |name: &str| -> Vec<&str> {
+        let fields = res.headers.iter();
+        let named = fields.filter(|(k, _)| k.eq_ignore_ascii_case(name));
+        named.map(|(_, v)| v.as_str()).collect()
+    };
+    assert_eq!(named("set-cookie"), ["a=1", "b=2"], "both, in order");
+    assert_eq!(named("retry-after"), ["7"]);
+    assert_eq!(named("x-tab"), ["a\tb"]);
+    assert_eq!(named("content-type"), ["application/json"]);
+    assert_eq!(named("content-length"), [answer.len().to_string()]);
+    assert_eq!(
+        named("date"),
+        ["Thu, 01 Jan 1970 00:00:00 GMT"],
+        "theirs, not a second"
+    );
+    assert_eq!(named("keep-alive"), Vec::<&str>::new(), "hop-by-hop");
+    assert_eq!(named("transfer-encoding"), Vec::<&str>::new());
+    assert_eq!(named("connection"), ["keep-alive"], "ours, once");
+    assert_eq!(named("x-request-id"), ["ours-1"], "the request's id, once");
+}
+
+#[tokio::test]
 async fn other_paths_are_proxied() {
     let upstream = FakeServer::start(|req, _| match req.path.as_str() {
         "/v1/embeddings" => Reply::json(

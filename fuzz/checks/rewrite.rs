@@ -48,9 +48,9 @@ pub fn check(data: &[u8]) {
     }
     let agent = CONFIG.agent("a").expect("agent a");
     let toolset = ToolSet::of(agent, &CONFIG);
-    for conversation in decoded(data) {
-        let stream = conversation.options.stream;
-        let out = rewrite(agent, &toolset, conversation);
+    for mut out in decoded(data) {
+        let stream = out.options.stream;
+        rewrite(agent, &toolset, &mut out);
         assert!(out
             .system
             .as_deref()

@@ -11,16 +11,16 @@ use super::Agent;
 use crate::config::file::PromptMode;
 use crate::conversation::{Conversation, FunctionTool, Item, Role};
 
-/// Rewrites `conversation` for `agent`. Everything the rewrite does not own
-/// is kept as the client sent it.
-pub fn rewrite(agent: &Agent, toolset: &ToolSet, mut conversation: Conversation) -> Conversation {
-    combine_instructions(agent, &mut conversation);
+/// Rewrites `conversation` for `agent`, in place (it is moved no more: a
+/// move copies its half KiB). Everything the rewrite does not own is kept
+/// as the client sent it.
+pub fn rewrite(agent: &Agent, toolset: &ToolSet, conversation: &mut Conversation) {
+    combine_instructions(agent, conversation);
     merge_tools(agent, toolset, &mut conversation.tools);
     conversation.model = agent.model.clone();
     for (key, value) in &agent.params {
-        apply_param(&mut conversation, key, value);
+        apply_param(conversation, key, value);
     }
-    conversation
 }
 
 /// An agent `param` fills what the client left unset: the options the core
@@ -131,9 +131,9 @@ agents:
     /// The chat body the agent's upstream gets for a chat request `body`.
     fn rewrite_for(mode: &str, body: Value) -> Value {
         let (agent, toolset) = agent(mode);
-        let conversation = crate::front::chat::decode(&serde_json::to_vec(&body).unwrap()).unwrap();
-        let stream = conversation.options.stream;
-        let out = rewrite(&agent, &toolset, conversation);
+        let mut out = crate::front::chat::decode(&serde_json::to_vec(&body).unwrap()).unwrap();
+        let stream = out.options.stream;
+        rewrite(&agent, &toolset, &mut out);
         serde_json::from_slice(&crate::round::chat::encode(&out, stream)).unwrap()
     }
 

@@ -67,7 +67,7 @@ pub async fn run(
     started: Instant,
 ) -> Summary {
     let toolset = ToolSet::of(agent, &ctx.config);
-    *conversation = prepare(agent, &toolset, std::mem::take(conversation), ctx).await;
+    prepare(agent, &toolset, conversation, ctx).await;
     let show_reasoning =
         agent.reasoning == ReasoningMode::Pass && conversation.options.thinking != Some(false);
     let mut reply = Reply::new(encoder, show_reasoning);
@@ -105,17 +105,16 @@ pub async fn run(
 async fn prepare(
     agent: &Agent,
     toolset: &ToolSet,
-    conversation: Conversation,
+    conversation: &mut Conversation,
     ctx: &CallContext,
-) -> Conversation {
-    let mut conversation = rewrite(agent, toolset, conversation);
+) {
+    rewrite(agent, toolset, conversation);
     if let Some(memory) = &agent.memory {
-        super::memory::inject(&agent.id, memory, ctx, &mut conversation).await;
+        super::memory::inject(&agent.id, memory, ctx, conversation).await;
     }
     if agent.knowledge_auto {
-        crate::knowledge::retrieve_into(&agent.knowledge, &mut conversation).await;
+        crate::knowledge::retrieve_into(&agent.knowledge, conversation).await;
     }
-    conversation
 }
 
 /// Runs `agent` on `task` for another agent: its whole loop on its own
@@ -139,7 +138,7 @@ pub fn run_nested(
             .push(Item::Message(Message::text(Role::User, task)));
         // Streamed: the callee's text is the caller's progress as it comes.
         conversation.options.stream = true;
-        conversation = prepare(&agent, &toolset, std::mem::take(&mut conversation), &ctx).await;
+        prepare(&agent, &toolset, &mut conversation, &ctx).await;
         let mut client = Headless::new(ctx.request_id.clone());
         let mut reply = Reply::nested(ctx.progress.clone(), show_reasoning);
         let mut summary = Summary::default();
@@ -493,10 +492,7 @@ async fn read_round<D: Downstream>(
         .map_err(|e| from_upstream(&upstream.name, &e))?;
     let status = exchange.status();
     if !(200..300).contains(&status) {
-        let retry_after = exchange
-            .header()
-            .and_then(|h| h.headers.get(http::header::RETRY_AFTER))
-            .cloned();
+        let retry_after = exchange.field(&http::header::RETRY_AFTER);
         let body = reply
             .wait(
                 client,

@@ -19,15 +19,14 @@ use std::task::{ready, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
-use pingora::http::ResponseHeader;
+use http::header::CONTENT_LENGTH;
+use http::{StatusCode, Version};
 use pingora::protocols::Stream;
 use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::http1::{has_token, is_chunked, response_head, same_bytes, Body, Chunk, Decoded};
+use crate::http1::{has_token, is_chunked, is_name, Body, Chunk, Decoded, Fields};
 
 /// The most one read asks for: a large body's reads fill it.
 const MAX_READ_SIZE: usize = 64 * 1024;
@@ -39,7 +38,11 @@ const MAX_HEADERS: usize = 256;
 /// A response's status line and header fields, and how its body is framed.
 #[derive(Debug)]
 pub struct Head {
-    pub header: ResponseHeader,
+    pub status: StatusCode,
+    /// As sent, but a length beside a transfer coding.
+    pub fields: Fields,
+    /// Its `Content-Type` is an event stream's.
+    pub event_stream: bool,
     pub body: Body,
     /// Whether the server lets the connection serve another request.
     pub keep_alive: bool,
@@ -67,24 +70,18 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    // Room for the one field a forwarded answer may gain
-    // (`transfer-encoding`): a map sized to the fields alone grows, a
-    // reallocation, on it.
-    let mut fields = HeaderMap::with_capacity(response.headers.len() + 1);
-    // One copy of the head, the values sliced out of it: one allocation
-    // rather than one per value, and the read buffer stays the reader's.
+    // One copy of the head, the fields sliced out of it: one allocation,
+    // and the read buffer stays the reader's. No map: an answer passed on
+    // is written from these as they came.
     let raw = Bytes::copy_from_slice(&buf[..len]);
+    let mut fields = Fields::parse(raw, buf, response.headers)
+        .or_err_with(invalid(), || "response header value")?;
     let mut length: Option<u64> = None;
     let (mut chunked, mut encoded, mut close, mut keep_alive_asked) = (false, false, false, false);
-    for field in response.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .or_err(invalid(), "response header name")?;
-        // `or_err_with`: pingora's `or_err` on an `Option` makes (allocates)
-        // its error even when there is a value.
-        let value = same_bytes(&raw, buf, field.value)
-            .or_err_with(invalid(), || "response header value")?;
-        if name == CONTENT_LENGTH {
-            let parsed = std::str::from_utf8(&value)
+    let mut event_stream = false;
+    for (name, value) in fields.iter() {
+        if is_name(name, b"content-length") {
+            let parsed = std::str::from_utf8(value)
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .or_err_with(invalid(), || "response content-length")?;
@@ -92,19 +89,16 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
                 return Error::e_explain(invalid(), "response content-lengths differ");
             }
             length = Some(parsed);
-        } else if name == TRANSFER_ENCODING {
+        } else if is_name(name, b"transfer-encoding") {
             encoded = true;
             // Only the final coding frames the body (RFC 9112 §6.3).
-            chunked = is_chunked(&value);
-        } else if name == CONNECTION {
-            close |= has_token(&value, b"close");
-            keep_alive_asked |= has_token(&value, b"keep-alive");
+            chunked = is_chunked(value);
+        } else if is_name(name, b"connection") {
+            close |= has_token(value, b"close");
+            keep_alive_asked |= has_token(value, b"keep-alive");
+        } else if is_name(name, b"content-type") {
+            event_stream = value.starts_with(b"text/event-stream");
         }
-        let value =
-            HeaderValue::from_maybe_shared(value).or_err(invalid(), "response header value")?;
-        fields
-            .try_append(name, value)
-            .or_err(invalid(), "response header fields")?;
     }
     let mut keep_alive = !close && (version == Version::HTTP_11 || keep_alive_asked);
     let body = if head_request || matches!(status, 100..=199 | 204 | 304) {
@@ -115,7 +109,7 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         // trusted with another request; nor is an HTTP/1.0 one with a
         // coding (RFC 9112 §6.1).
         if length.is_some() || version == Version::HTTP_10 {
-            fields.remove(CONTENT_LENGTH);
+            fields.remove(&CONTENT_LENGTH);
             keep_alive = false;
         }
         if chunked {
@@ -133,11 +127,11 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
         keep_alive = false;
     }
     let status = StatusCode::from_u16(status).or_err(invalid(), "response status")?;
-    let mut header = response_head(status, fields);
-    header.set_version(version);
     Ok(Some((
         Head {
-            header,
+            status,
+            fields,
+            event_stream,
             body,
             keep_alive,
         },
@@ -152,9 +146,10 @@ fn invalid() -> ErrorType {
 /// A response being read off its connection.
 pub struct Response {
     conn: Conn,
-    /// Boxed: as large as the rest, and an open stream's future holds it.
+    status: StatusCode,
+    event_stream: bool,
     /// `None` once taken.
-    header: Option<Box<ResponseHeader>>,
+    fields: Option<Fields>,
     body: Body,
     keep_alive: bool,
 }
@@ -176,14 +171,16 @@ impl Response {
             if !conn.buf.is_empty() {
                 if let Some((head, len)) = parse_head(&conn.buf, head_request)? {
                     conn.buf.advance(len);
-                    match head.header.status.as_u16() {
+                    match head.status.as_u16() {
                         // We never ask to switch protocols.
                         101 => return Error::e_explain(invalid(), "unexpected protocol switch"),
                         100..=199 => continue,
                         _ => {
                             return Ok(Response {
                                 conn,
-                                header: Some(Box::new(head.header)),
+                                status: head.status,
+                                event_stream: head.event_stream,
+                                fields: Some(head.fields),
                                 body: head.body,
                                 keep_alive: head.keep_alive,
                             })
@@ -203,13 +200,21 @@ impl Response {
         }
     }
 
-    /// The head, until [`take_header`](Self::take_header).
-    pub fn header(&self) -> Option<&ResponseHeader> {
-        self.header.as_deref()
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 
-    pub fn take_header(&mut self) -> Option<Box<ResponseHeader>> {
-        self.header.take()
+    pub fn is_event_stream(&self) -> bool {
+        self.event_stream
+    }
+
+    /// The head's fields, until [`take_fields`](Self::take_fields).
+    pub fn fields(&self) -> Option<&Fields> {
+        self.fields.as_ref()
+    }
+
+    pub fn take_fields(&mut self) -> Option<Fields> {
+        self.fields.take()
     }
 
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
@@ -394,7 +399,7 @@ mod tests {
         }
         let rest: usize = buf.len() + pieces.map(<[u8]>::len).sum::<usize>();
         Ok(Decoding {
-            status: head.header.status.as_u16(),
+            status: head.status.as_u16(),
             body: data,
             reusable: head.keep_alive && rest == 0,
         })
@@ -490,7 +495,7 @@ mod tests {
     fn a_length_beside_a_transfer_coding_is_dropped_and_so_is_the_connection() {
         let wire = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
         let (head, _) = parse_head(wire, false).unwrap().unwrap();
-        assert!(head.header.headers.get(CONTENT_LENGTH).is_none());
+        assert!(head.fields.get(&CONTENT_LENGTH).is_none());
         assert_eq!(
             whole(wire),
             Decoding {
@@ -506,14 +511,36 @@ mod tests {
         let wire = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nX-Request-Id: abc\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nContent-Length: 0\r\n\r\n";
         let (head, len) = parse_head(wire, false).unwrap().unwrap();
         assert_eq!(len, wire.len());
-        assert_eq!(head.header.status, 429);
-        assert_eq!(head.header.headers["retry-after"], "7");
-        assert_eq!(head.header.headers["x-request-id"], "abc");
-        let cookies: Vec<_> = head.header.headers.get_all("set-cookie").iter().collect();
-        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(head.status, 429);
+        let fields: Vec<_> = head.fields.iter().collect();
+        assert_eq!(
+            fields,
+            [
+                (&b"Retry-After"[..], &b"7"[..]),
+                (b"X-Request-Id", b"abc"),
+                (b"Set-Cookie", b"a=1"),
+                (b"Set-Cookie", b"b=2"),
+                (b"Content-Length", b"0"),
+            ]
+        );
+        assert_eq!(head.fields.get(&http::header::RETRY_AFTER), Some(&b"7"[..]));
+        assert_eq!(head.fields.value(&http::header::SET_COOKIE).unwrap(), "a=1");
         assert!(parse_head(&wire[..wire.len() - 1], false)
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn a_field_folded_over_lines_is_refused_not_passed_on() {
+        // httparse accepts the fold; its line end must not reach a client.
+        let folded = b"HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n";
+        assert!(parse_head(folded, false).is_err());
+        let tab = b"HTTP/1.1 200 OK\r\nX-A: a\tb\r\nContent-Length: 0\r\n\r\n";
+        let (head, _) = parse_head(tab, false).unwrap().unwrap();
+        assert_eq!(
+            head.fields.get(&http::HeaderName::from_static("x-a")),
+            Some(&b"a\tb"[..])
+        );
     }
 
     #[test]

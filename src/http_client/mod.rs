@@ -29,6 +29,7 @@ use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncWriteExt;
 
+use crate::http1::Fields;
 use crate::socket::Socket;
 
 mod h1;
@@ -448,13 +449,11 @@ impl Endpoint {
                 }
             }
         };
-        let Some(header) = response.header() else {
+        let Some((status, event_stream)) = response.head() else {
             return Err(
                 Error::explain(ErrorType::InvalidHTTPHeader, "no response header").into_up(),
             );
         };
-        let status = header.status.as_u16();
-        let event_stream = is_event_stream(header);
         response.set_read_timeout(Some(self.timeouts.idle));
         Ok(Exchange {
             response: Some(response),
@@ -544,10 +543,14 @@ enum Response {
 }
 
 impl Response {
-    fn header(&self) -> Option<&ResponseHeader> {
+    /// The status, and whether the answer is an event stream.
+    fn head(&self) -> Option<(u16, bool)> {
         match self {
-            Response::H1(h1) => h1.header(),
-            Response::Other(session) => session.response_header(),
+            Response::H1(h1) => Some((h1.status().as_u16(), h1.is_event_stream())),
+            Response::Other(session) => {
+                let header = session.response_header()?;
+                Some((header.status.as_u16(), is_event_stream(header)))
+            }
         }
     }
 
@@ -675,19 +678,23 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// The response header, until the body has been read to its end (the
-    /// connection, which holds it, is back in the pool then).
-    pub fn header(&self) -> Option<&ResponseHeader> {
-        self.response.as_ref()?.header()
+    /// The first value of the response's field `name`, until the body has
+    /// been read to its end (the connection, which holds it, is back in the
+    /// pool then).
+    pub fn field(&self, name: &http::HeaderName) -> Option<http::HeaderValue> {
+        match self.response.as_ref()? {
+            Response::H1(h1) => h1.fields()?.value(name),
+            Response::Other(session) => session.response_header()?.headers.get(name).cloned(),
+        }
     }
 
-    /// The response header to keep (passed on as it is, say): without a
-    /// copy from an HTTP/1 response, whose [`header`](Self::header) is
-    /// `None` afterwards.
-    pub fn take_header(&mut self) -> Option<Box<ResponseHeader>> {
+    /// The response's fields to keep (passed on as they came, say): without
+    /// a copy from an HTTP/1 response, whose [`field`](Self::field)s are
+    /// gone afterwards.
+    pub fn take_fields(&mut self) -> Option<Fields> {
         match self.response.as_mut()? {
-            Response::H1(h1) => h1.take_header(),
-            Response::Other(session) => session.response_header().cloned().map(Box::new),
+            Response::H1(h1) => h1.take_fields(),
+            Response::Other(session) => Some(Fields::from_map(&session.response_header()?.headers)),
         }
     }
 
@@ -987,7 +994,7 @@ mod tests {
             assert_eq!(exchange.read().await.unwrap().unwrap(), "data: 2\n\n");
             assert_eq!(exchange.read().await.unwrap(), None);
             assert!(
-                exchange.header().is_none(),
+                exchange.field(&http::header::CONTENT_TYPE).is_none(),
                 "the connection is back in the pool"
             );
         }

@@ -155,8 +155,8 @@ async fn fetch(url: &str) -> Result<(Vec<u8>, String), String> {
         return Err(format!("HTTP {status}"));
     }
     let content_type = exchange
-        .header()
-        .and_then(|h| h.headers.get(http::header::CONTENT_TYPE))
+        .field(&http::header::CONTENT_TYPE)
+        .as_ref()
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_ascii_lowercase();

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
-use crate::http1::{response_head, Body, X_ACCEL_BUFFERING};
+use crate::http1::{is_name, Body, X_ACCEL};
 use crate::metrics::StreamGuard;
 use crate::upstream::Outbound;
 
@@ -38,8 +38,10 @@ static HOP_BY_HOP: [HeaderName; 7] = [
 /// Request headers the proxy sets itself for the upstream.
 static SET_BY_PROXY: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::EXPECT];
 
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
+fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|hop| is_name(name, hop.as_str().as_bytes()))
 }
 
 /// The largest body of a request for another route read whole to forward
@@ -116,7 +118,7 @@ async fn relay(
     let headers: Vec<_> = incoming
         .headers
         .iter()
-        .filter(|(name, _)| !is_hop_by_hop(name) && !SET_BY_PROXY.contains(name))
+        .filter(|(name, _)| !HOP_BY_HOP.contains(name) && !SET_BY_PROXY.contains(name))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     let outbound = Outbound {
@@ -135,39 +137,27 @@ async fn relay(
                 .await
         }
     };
-    let Some(header) = exchange.take_header() else {
+    let Some(fields) = exchange.take_fields() else {
         let missing = ApiError::bad_gateway("the upstream's response has no header");
         return client.respond_error_in(dialect, &missing).await;
     };
-    // Edited as `http`'s parts (see `response_head`). Ours is an HTTP/1.1
-    // answer, whatever the upstream spoke (h2).
-    let http::response::Parts {
-        status,
-        headers: mut fields,
-        ..
-    } = (*header).into();
-    // Looked for in one pass: most answers have one of them or none, and
-    // each removal hashes the name and shifts the map's entries.
-    let hop: Vec<HeaderName> = fields
-        .keys()
-        .filter(|n| is_hop_by_hop(n))
-        .cloned()
-        .collect();
-    for name in &hop {
-        fields.remove(name);
-    }
+    let Ok(status) = http::StatusCode::from_u16(exchange.status()) else {
+        let invalid = ApiError::bad_gateway("the upstream's response has an invalid status");
+        return client.respond_error_in(dialect, &invalid).await;
+    };
+    // Written as the upstream sent them, but for its hop-by-hop fields. Ours
+    // is an HTTP/1.1 answer, whatever the upstream spoke (h2).
     let event_stream = exchange.is_event_stream();
-    if !fields.contains_key(http::header::CONTENT_LENGTH) {
-        fields.insert(
-            http::header::TRANSFER_ENCODING,
-            http::HeaderValue::from_static("chunked"),
-        );
+    let (mut length, mut unbuffered) = (false, false);
+    for (name, _) in fields.iter() {
+        length |= is_name(name, b"content-length");
+        unbuffered |= is_name(name, X_ACCEL.as_bytes());
     }
-    if event_stream && !fields.contains_key(X_ACCEL_BUFFERING) {
-        fields.insert(X_ACCEL_BUFFERING, http::HeaderValue::from_static("no"));
-    }
+    let chunked = (!length).then_some((&b"transfer-encoding"[..], &b"chunked"[..]));
+    let unbuffered = (event_stream && !unbuffered).then_some((X_ACCEL.as_bytes(), &b"no"[..]));
+    let passed = fields.iter().filter(|(name, _)| !is_hop_by_hop(name));
     client
-        .send_header(response_head(status, fields), false)
+        .send_head(status, passed.chain(chunked).chain(unbuffered), false)
         .await?;
     // Counted, but no heartbeats: a passed-through stream stays byte for byte.
     let _stream = event_stream.then(StreamGuard::open);

@@ -433,13 +433,13 @@ pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result
         let forwarded = forward::forward(&mut client, &config, dialect, Some(body), Some(0));
         return handled(forwarded.await);
     };
-    let conversation = match front::messages::decode(&body) {
+    let mut conversation = match front::messages::decode(&body) {
         Ok((conversation, _)) => conversation,
         Err(error) => return reject(session, dialect, &error).await,
     };
     ctx.agent = Some(agent.id.clone());
     let toolset = ToolSet::of(&agent, &config);
-    let conversation = rewrite(&agent, &toolset, conversation);
+    rewrite(&agent, &toolset, &mut conversation);
     let request = crate::round::chat::encode(&conversation, false);
     let upstream = &agent.upstream;
     let mut client = Client::new(session, config.limits.heartbeat);

@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::authority::validate_request_authority;
@@ -31,7 +31,7 @@ use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::http1::{has_token, is_chunked, same_bytes, Body, Chunk, Decoded};
+use crate::http1::{field_bytes, has_token, is_chunked, is_name, same_bytes, Body, Chunk, Decoded};
 use crate::request_id;
 
 /// The longest request head accepted (pingora's limit).
@@ -148,7 +148,8 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
     }
     // Built from `http`'s parts: without pingora's case map, which our
     // HTTP/1 does not read, the fields go into `http`'s map as they are
-    // parsed, each name read once (see `http1::response_head`).
+    // parsed, each name read once (pingora's `insert_header` writes a name
+    // out in title case and parses it again, for that map).
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method =
         Method::from_bytes(request.method.unwrap_or_default().as_bytes()).map_err(|_| MALFORMED)?;
@@ -308,64 +309,95 @@ enum Out {
     Ended,
 }
 
-/// Decides how `header`'s body is framed for a client of `request`.
-/// `keep_alive` is cleared when the body runs to the connection's close.
+/// What a response head's own fields say, found in one pass over them.
+#[derive(Default)]
+struct Said {
+    length: bool,
+    /// The last `Transfer-Encoding` ends in `chunked`.
+    chunked: bool,
+    date: bool,
+    event_stream: bool,
+    /// The fields' bytes as written, at most.
+    size: usize,
+}
+
+impl Said {
+    fn of<'f>(fields: impl Iterator<Item = (&'f [u8], &'f [u8])>) -> Said {
+        let mut said = Said::default();
+        for (name, value) in fields {
+            said.size += name.len() + value.len() + 4;
+            if is_name(name, b"content-length") {
+                said.length = true;
+            } else if is_name(name, b"transfer-encoding") {
+                said.chunked = is_chunked(value);
+            } else if is_name(name, b"date") {
+                said.date = true;
+            } else if is_name(name, b"content-type") {
+                said.event_stream = value.starts_with(b"text/event-stream");
+            }
+        }
+        said
+    }
+}
+
+/// Decides how a body of `status` that `said` describes is framed for a
+/// client of `request`. `keep_alive` is cleared when the body runs to the
+/// connection's close.
 fn frame_response(
-    header: &mut ResponseHeader,
+    status: StatusCode,
+    said: &Said,
     request: &RequestHeader,
     keep_alive: &mut bool,
 ) -> Out {
-    let status = header.status;
     if request.method == Method::HEAD
         || matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED)
         || status.is_informational()
     {
         Out::Nothing
-    } else if header.headers.contains_key(CONTENT_LENGTH) {
+    } else if said.length {
         Out::Length
-    } else if request.version == Version::HTTP_11
-        && header
-            .headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .is_some_and(|v| is_chunked(v.as_bytes()))
-    {
+    } else if request.version == Version::HTTP_11 && said.chunked {
         Out::Chunked
     } else {
-        // An HTTP/1.0 client knows no chunks: the close ends the body.
-        header.remove_header(&TRANSFER_ENCODING);
+        // An HTTP/1.0 client knows no chunks: the close ends the body (and
+        // the head loses its `Transfer-Encoding`).
         *keep_alive = false;
         Out::Close
     }
 }
 
-/// The fields every response head gets as it is written, without a trip
-/// through its map: the request's id, `Date` (RFC 9110 §6.6.1, unless the
-/// upstream's answer has one) and `Connection`. The head's own
-/// `x-request-id` and `Connection` are not written: these are ours.
+/// The fields every response head gets as it is written: the request's id,
+/// `Date` (RFC 9110 §6.6.1, unless the head has one) and `Connection`. The
+/// head's own `x-request-id` and `Connection` are not written: these are
+/// ours; nor its `Transfer-Encoding` when the close ends the body.
 struct Stamp<'a> {
     request_id: Option<&'a HeaderValue>,
     date: bool,
     keep_alive: bool,
+    coded: bool,
 }
 
-/// `header` in HTTP/1.1's wire format with `stamp`'s fields, its blank
-/// line included.
-fn head_bytes(header: &ResponseHeader, stamp: &Stamp) -> BytesMut {
-    let reason = header.get_reason_phrase().unwrap_or_default();
+/// A head of `status` and `fields` in HTTP/1.1's wire format with `stamp`'s
+/// fields, its blank line included.
+fn head_bytes<'f>(
+    status: StatusCode,
+    fields: impl Iterator<Item = (&'f [u8], &'f [u8])>,
+    size: usize,
+    stamp: &Stamp,
+) -> BytesMut {
+    let reason = status.canonical_reason().unwrap_or_default();
     let date = stamp.date.then(get_cached_date);
-    let fields: usize = header
-        .headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum();
+    let written = |name: &[u8]| {
+        !is_name(name, b"connection")
+            && !is_name(name, request_id::HEADER.as_str().as_bytes())
+            && (stamp.coded || !is_name(name, b"transfer-encoding"))
+    };
     let stamped = stamp.request_id.map_or(0, |id| id.len() + 16)
         + date.as_ref().map_or(0, |d| d.len() + 8)
         + 24;
-    let mut buf = BytesMut::with_capacity(17 + reason.len() + fields + stamped);
+    let mut buf = BytesMut::with_capacity(17 + reason.len() + size + stamped);
     buf.put_slice(b"HTTP/1.1 ");
-    buf.put_slice(header.status.as_str().as_bytes());
+    buf.put_slice(status.as_str().as_bytes());
     buf.put_u8(b' ');
     buf.put_slice(reason.as_bytes());
     buf.put_slice(b"\r\n");
@@ -375,13 +407,8 @@ fn head_bytes(header: &ResponseHeader, stamp: &Stamp) -> BytesMut {
         buf.put_slice(value);
         buf.put_slice(b"\r\n");
     };
-    // Skipped here rather than removed from the map: a removal hashes the
-    // name and shifts the map's entries. Every head is built without case
-    // (`build_no_case`): names go out as the map has them.
-    for (name, value) in header.headers.iter() {
-        if name != CONNECTION && name != request_id::HEADER {
-            field(name.as_str().as_bytes(), value.as_bytes());
-        }
+    for (name, value) in fields.filter(|(name, _)| written(name)) {
+        field(name, value);
     }
     if let Some(id) = stamp.request_id {
         field(request_id::HEADER.as_str().as_bytes(), id.as_bytes());
@@ -397,6 +424,13 @@ fn head_bytes(header: &ResponseHeader, stamp: &Stamp) -> BytesMut {
     field(b"connection", connection);
     buf.put_slice(b"\r\n");
     buf
+}
+
+/// A written response head, as the request's log line tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answered {
+    pub status: StatusCode,
+    pub event_stream: bool,
 }
 
 /// How a connection is left once a response was written.
@@ -419,7 +453,7 @@ pub struct Session {
     buf: BytesMut,
     body: Body,
     keep_alive: bool,
-    response: Option<Box<ResponseHeader>>,
+    response: Option<Answered>,
     out: Out,
 }
 
@@ -545,18 +579,32 @@ impl Session {
     }
 
     /// The response head that was sent.
-    pub fn response_written(&self) -> Option<&ResponseHeader> {
-        self.response.as_deref()
+    pub fn response_written(&self) -> Option<Answered> {
+        self.response
     }
 
-    /// Sends the response head; `end`: there is no body. A head without a
-    /// `Content-Length` (an event stream) leaves at once, one with it with
-    /// the body.
+    /// Sends the response head `header`; `end`: there is no body.
     pub async fn write_response_header(
         &mut self,
-        mut header: Box<ResponseHeader>,
+        header: Box<ResponseHeader>,
         end: bool,
     ) -> Result<()> {
+        // `http`'s map iterator cannot be cloned: its fields, listed.
+        let fields: Vec<_> = header.headers.iter().map(field_bytes).collect();
+        let head = self.response_head(header.status, fields.iter().copied())?;
+        drop(fields);
+        drop(header);
+        self.send_head(head, end).await
+    }
+
+    /// The response head of `status` and `fields` in HTTP/1.1's wire
+    /// format, to [`send_head`](Self::send_head) next: no map is built for
+    /// it (an answer passed on goes out as it came).
+    pub fn response_head<'f>(
+        &mut self,
+        status: StatusCode,
+        fields: impl Iterator<Item = (&'f [u8], &'f [u8])> + Clone,
+    ) -> Result<BytesMut> {
         if self.out != Out::NotStarted {
             return Error::e_explain(ErrorType::InternalError, "a response head was sent already");
         }
@@ -564,14 +612,25 @@ impl Session {
         if !self.body_done() {
             self.keep_alive = false;
         }
-        self.out = frame_response(&mut header, &self.header, &mut self.keep_alive);
+        let said = Said::of(fields.clone());
+        self.out = frame_response(status, &said, &self.header, &mut self.keep_alive);
         let stamp = Stamp {
             request_id: self.header.headers.get(request_id::HEADER),
-            date: !header.headers.contains_key(DATE),
+            date: !said.date,
             keep_alive: self.keep_alive,
+            coded: self.out != Out::Close,
         };
-        let head = head_bytes(&header, &stamp);
-        self.response = Some(header);
+        self.response = Some(Answered {
+            status,
+            event_stream: said.event_stream,
+        });
+        Ok(head_bytes(status, fields, said.size, &stamp))
+    }
+
+    /// Sends a head made by [`response_head`](Self::response_head); `end`:
+    /// there is no body. A head without a `Content-Length` (an event
+    /// stream) leaves at once, one with it with the body.
+    pub async fn send_head(&mut self, head: BytesMut, end: bool) -> Result<()> {
         self.send(&head).await?;
         if end {
             self.end_body().await?;
@@ -698,18 +757,20 @@ impl Session {
 /// Answers a request that cannot be served with `status` and a JSON `body`,
 /// the connection to close after it.
 pub async fn refuse(stream: &mut Stream, status: u16, body: &[u8]) -> Result<()> {
-    let mut header = ResponseHeader::build_no_case(status, Some(2))?;
-    header.insert_header(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    )?;
-    header.insert_header(CONTENT_LENGTH, body.len())?;
+    let status = StatusCode::from_u16(status).or_err(ErrorType::InternalError, "status")?;
+    let mut length = itoa::Buffer::new();
+    let fields = [
+        (&b"content-type"[..], &b"application/json"[..]),
+        (b"content-length", length.format(body.len()).as_bytes()),
+    ];
     let stamp = Stamp {
         request_id: None,
         date: true,
         keep_alive: false,
+        coded: true,
     };
-    let head = head_bytes(&header, &stamp);
+    let size = fields.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+    let head = head_bytes(status, fields.into_iter(), size, &stamp);
     for bytes in [&head[..], body] {
         stream
             .write_all(bytes)

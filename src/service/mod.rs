@@ -203,13 +203,13 @@ impl AgentProxy {
     fn log(
         &self,
         req: &RequestHeader,
-        response: Option<&ResponseHeader>,
+        response: Option<h1::Answered>,
         error: Option<&Error>,
         ctx: &mut RequestCtx,
     ) {
         ctx.stream = None;
         let status = response.map_or(0, |h| h.status.as_u16());
-        let stream = response.is_some_and(is_event_stream);
+        let stream = response.is_some_and(|h| h.event_stream);
         let summary = ctx.summary.take().unwrap_or_default();
         let agent = ctx.agent.as_deref().unwrap_or_default();
         let elapsed = ctx.started.elapsed();
@@ -218,7 +218,7 @@ impl AgentProxy {
             .with_label_values(&[
                 ctx.route,
                 agent,
-                response.map_or("0", |h| h.status.as_str()),
+                response.as_ref().map_or("0", |h| h.status.as_str()),
                 if stream { "true" } else { "false" },
             ])
             .inc();
@@ -424,7 +424,11 @@ impl ProxyHttp for AgentProxy {
         error: Option<&Error>,
         ctx: &mut RequestCtx,
     ) {
-        self.log(session.req_header(), session.response_written(), error, ctx);
+        let response = session.response_written().map(|h| h1::Answered {
+            status: h.status,
+            event_stream: is_event_stream(h),
+        });
+        self.log(session.req_header(), response, error, ctx);
     }
 }
 
