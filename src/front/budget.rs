@@ -7,6 +7,10 @@
 //! stays a small constant times its bytes. The same pass reads where an
 //! agent's request goes, so that its front's decoder is its one parse.
 
+use std::borrow::Cow;
+
+use crate::json::scan::{ScanError, Scanner};
+
 /// What one pass over a request body tells before it is parsed: what the
 /// parse may cost, and where an agent's request goes. Not a validator: text
 /// that is not JSON gets some shape and fails to parse later.
@@ -65,8 +69,86 @@ enum Member {
     Other,
 }
 
+/// Where one pass over a request body sends it.
+pub enum Routed<'a> {
+    /// Read whole by [`Shape::of`]: its model, given once, is ours.
+    Ours(Shape<'a>),
+    /// Read whole by [`Shape::of`]: only a parse can tell its model.
+    Read(Shape<'a>),
+    /// Its first `model` is a string that is none of ours: the body was read
+    /// again by [`Shape::checked`], in the pass that checks it is JSON
+    /// (`None`: the scanner says it is not).
+    Other(Option<Shape<'a>>),
+}
+
 impl<'a> Shape<'a> {
     pub fn of(body: &'a [u8]) -> Shape<'a> {
+        Shape::read(body, None).0
+    }
+
+    /// [`Shape::of`], unless the root's first `model` is not `ours`: a
+    /// request passed on is checked to be JSON, and where it names its model
+    /// before the rest (Codex, Claude Code and most clients do), one pass
+    /// reads its shape and checks it, rather than one for each.
+    pub fn routed(body: &'a [u8], ours: &dyn Fn(&str) -> bool) -> Routed<'a> {
+        match Shape::read(body, Some(ours)) {
+            (_, Some(false)) => Routed::Other(Shape::checked(body)),
+            (shape, Some(true)) if shape.model.is_some() => Routed::Ours(shape),
+            (shape, _) => Routed::Read(shape),
+        }
+    }
+
+    /// The shape of a body that is JSON as [`json::scan`](crate::json::scan)
+    /// reads it, read by it, or `None`: what [`Shape::of`] reads of the same
+    /// body, in the pass that checks it.
+    pub fn checked(body: &'a [u8]) -> Option<Shape<'a>> {
+        let mut scan = Scanner::new(std::str::from_utf8(body).ok()?);
+        let mut shape = Shape {
+            values: 1,
+            model: None,
+            messages: Entries::Absent,
+            input: Entries::Absent,
+            stream: false,
+        };
+        let mut models = 0;
+        let mut member = |scan: &mut Scanner<'a>, name: Cow<'a, str>| {
+            // A name with escapes is none of these, as the text it came as.
+            let Cow::Borrowed(name) = name else {
+                return scan.value().map(drop);
+            };
+            match name {
+                "model" => {
+                    models += 1;
+                    let text = scan.value()?.get();
+                    let unquoted = text.strip_prefix('"').and_then(|t| t.strip_suffix('"'));
+                    shape.model = unquoted.filter(|model| !model.contains('\\'));
+                }
+                "messages" => shape.messages.met(entries(scan)?),
+                "input" => shape.input.met(entries(scan)?),
+                "stream" => {
+                    shape.stream = scan.peek() == Some(b't');
+                    scan.value()?;
+                }
+                _ => drop(scan.value()?),
+            }
+            Ok::<_, ScanError>(())
+        };
+        match scan.peek() {
+            Some(b'{') => scan.object(&mut member).ok()?,
+            _ => drop(scan.value().ok()?),
+        }
+        scan.end().ok()?;
+        if models != 1 {
+            shape.model = None;
+        }
+        shape.values += scan.marks();
+        Some(shape)
+    }
+
+    /// The shape, in one pass that does not check the JSON, and what `ours`
+    /// said of the root's first `model` if it is a string without escapes:
+    /// where it said no, the pass stopped there.
+    fn read(body: &'a [u8], ours: Option<&dyn Fn(&str) -> bool>) -> (Shape<'a>, Option<bool>) {
         let mut scan = Scan {
             shape: Shape {
                 values: 1,
@@ -83,6 +165,7 @@ impl<'a> Shape<'a> {
             value_next: false,
             entry_next: false,
         };
+        let mut said = None;
         let mut at = 0;
         while let Some(&byte) = body.get(at) {
             at += 1;
@@ -90,10 +173,15 @@ impl<'a> Shape<'a> {
                 b'"' => {
                     let start = at;
                     let Some(end) = skip_string(body, at) else {
-                        return scan.end(false);
+                        return (scan.end(false), said);
                     };
                     at = end;
-                    scan.string(&body[start..at - 1]);
+                    if scan.string(&body[start..at - 1]) && scan.models == 1 {
+                        said = ours.zip(scan.shape.model).map(|(ours, model)| ours(model));
+                        if said == Some(false) {
+                            return (scan.shape, said);
+                        }
+                    }
                 }
                 b'[' | b'{' => {
                     scan.shape.values += 1;
@@ -112,7 +200,7 @@ impl<'a> Shape<'a> {
                                 at = end;
                                 scan.depth -= 1;
                             }
-                            None => return scan.end(false),
+                            None => return (scan.end(false), said),
                         },
                     }
                 }
@@ -137,7 +225,7 @@ impl<'a> Shape<'a> {
             }
         }
         let closed = scan.depth == 0;
-        scan.end(closed)
+        (scan.end(closed), said)
     }
 }
 
@@ -190,6 +278,28 @@ fn skip_string(body: &[u8], start: usize) -> Option<usize> {
     }
 }
 
+/// A list member's entries, read by the scanner.
+fn entries(scan: &mut Scanner<'_>) -> Result<Entries, ScanError> {
+    Ok(match scan.peek() {
+        Some(b'"') => {
+            scan.value()?;
+            Entries::Text
+        }
+        Some(b'[') => {
+            let mut entries = 0;
+            scan.array(|scan| {
+                entries += 1;
+                scan.value().map(drop)
+            })?;
+            Entries::List(entries)
+        }
+        _ => {
+            scan.value()?;
+            Entries::Other
+        }
+    })
+}
+
 /// The state of [`Shape::of`] between bytes.
 struct Scan<'a> {
     shape: Shape<'a>,
@@ -207,8 +317,9 @@ struct Scan<'a> {
 }
 
 impl<'a> Scan<'a> {
+    /// Reads a string's text; whether it was a `model`'s.
     #[inline]
-    fn string(&mut self, text: &'a [u8]) {
+    fn string(&mut self, text: &'a [u8]) -> bool {
         if self.depth == 1 && self.key_next {
             self.key_next = false;
             // A name with escapes is none of these, as the text it came as.
@@ -219,9 +330,10 @@ impl<'a> Scan<'a> {
                 b"stream" => Member::Stream,
                 _ => Member::Other,
             };
-            return;
+            return false;
         }
-        if self.depth == 1 && self.value_next && self.member == Member::Model {
+        let model = self.depth == 1 && self.value_next && self.member == Member::Model;
+        if model {
             self.models += 1;
             // With escapes, only a parse can tell.
             self.shape.model = std::str::from_utf8(text)
@@ -229,6 +341,7 @@ impl<'a> Scan<'a> {
                 .filter(|_| !text.contains(&b'\\'));
         }
         self.begins(b'"');
+        model
     }
 
     /// A value begins with `byte` (or a scalar goes on, for which nothing
@@ -424,7 +537,73 @@ mod tests {
             prop_assert_eq!(shape.messages, messages, "{}", text);
             prop_assert_eq!(shape.input, input, "{}", text);
             prop_assert_eq!(shape.stream, stream, "{}", text);
+            // The pass that checks reads the same, and routes by the model.
+            prop_assert_eq!(Shape::checked(text.as_bytes()), Some(shape.clone()), "{}", text);
+            let routed = Shape::routed(text.as_bytes(), &|model| model == "ours");
+            match (routed, shape.model) {
+                (Routed::Other(other), Some(model)) => {
+                    prop_assert_ne!(model, "ours");
+                    prop_assert_eq!(other, Some(shape), "{}", text);
+                }
+                (Routed::Ours(read) | Routed::Read(read), _) => {
+                    prop_assert_eq!(read, shape, "{}", text)
+                }
+                // Stopped at a first `model` a later one makes ambiguous.
+                (Routed::Other(other), None) => {
+                    prop_assert_eq!(other, Some(shape), "{}", text)
+                }
+            }
         }
+
+        #[test]
+        fn what_the_checking_pass_takes_is_json_and_read_as_of_reads_it(
+            body in prop::collection::vec(
+                prop::sample::select(vec![
+                    &b"\""[..], b"\\", b",", b"{", b"}", b"[", b"]", b":", b"1", b"true",
+                    b"\"model\"", b"\"messages\"", b" ", br"\u00e9",
+                ]),
+                0..24,
+            ).prop_map(|parts| parts.concat()),
+        ) {
+            if let Some(shape) = Shape::checked(&body) {
+                prop_assert!(crate::json::check(&body).is_ok(), "{}", String::from_utf8_lossy(&body));
+                prop_assert_eq!(shape, Shape::of(&body));
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_for_another_model_is_read_in_the_pass_that_checks_it() {
+        let ours = |model: &str| model == "agent";
+        let other =
+            br#"{"model":"other","messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+        let Routed::Other(Some(shape)) = Shape::routed(other, &ours) else {
+            panic!("not routed elsewhere");
+        };
+        assert_eq!(shape, Shape::of(other));
+        assert_eq!(
+            (shape.model, shape.messages, shape.stream),
+            (Some("other"), Entries::List(1), true)
+        );
+        // Not JSON: the caller reads it again, and the check names the fault.
+        let broken = br#"{"model":"other","messages":[}"#;
+        assert!(matches!(Shape::routed(broken, &ours), Routed::Other(None)));
+        // Ours, or only a parse can tell: read whole, unchecked.
+        let agent = br#"{"model":"agent","messages":[]}"#;
+        assert!(matches!(Shape::routed(agent, &ours), Routed::Ours(_)));
+        for body in [
+            &br#"{"model":"\u0061gent","messages":[]}"#[..],
+            br#"{"messages":[],"model":5}"#,
+            br#"{"model":"agent","model":"agent"}"#,
+        ] {
+            assert!(matches!(Shape::routed(body, &ours), Routed::Read(_)));
+        }
+        // A second `model` after another's: ambiguous, left to the parse.
+        let twice = br#"{"model":"other","model":"agent"}"#;
+        let Routed::Other(Some(shape)) = Shape::routed(twice, &ours) else {
+            panic!("not routed elsewhere");
+        };
+        assert_eq!(shape.model, None);
     }
 
     #[test]

@@ -48,11 +48,20 @@ impl From<ScanError> for BadJson {
 pub struct Scanner<'a> {
     text: &'a str,
     at: usize,
+    /// The `[`, `{`, `,` and `:` taken so far: what [`Shape`]'s count of
+    /// values adds up.
+    ///
+    /// [`Shape`]: crate::front::budget::Shape
+    marks: usize,
 }
 
 impl<'a> Scanner<'a> {
     pub fn new(text: &'a str) -> Scanner<'a> {
-        Scanner { text, at: 0 }
+        Scanner {
+            text,
+            at: 0,
+            marks: 0,
+        }
     }
 
     fn bytes(&self) -> &'a [u8] {
@@ -80,6 +89,18 @@ impl<'a> Scanner<'a> {
             return self.error();
         }
         self.at += 1;
+        Ok(())
+    }
+
+    /// How many `[`, `{`, `,` and `:` were taken so far.
+    pub fn marks(&self) -> usize {
+        self.marks
+    }
+
+    /// Takes a member's colon.
+    fn colon(&mut self) -> Result<(), ScanError> {
+        self.expect(b':')?;
+        self.marks += 1;
         Ok(())
     }
 
@@ -124,7 +145,7 @@ impl<'a> Scanner<'a> {
         let mut more = self.open(b'{', b'}')?;
         while more {
             let name = self.name()?;
-            self.expect(b':')?;
+            self.colon()?;
             member(self, name)?;
             more = self.more(b'}')?;
         }
@@ -147,6 +168,7 @@ impl<'a> Scanner<'a> {
     /// Takes `open`: whether something comes before `close` (taken if not).
     fn open(&mut self, open: u8, close: u8) -> Result<bool, ScanError> {
         self.expect(open)?;
+        self.marks += 1;
         if self.peek() == Some(close) {
             self.at += 1;
             return Ok(false);
@@ -160,6 +182,7 @@ impl<'a> Scanner<'a> {
         match self.peek() {
             Some(b',') => {
                 self.at += 1;
+                self.marks += 1;
                 Ok(true)
             }
             Some(byte) if byte == close => {
@@ -241,7 +264,7 @@ impl<'a> Scanner<'a> {
     fn member_name(&mut self) -> Result<(), ScanError> {
         self.expect(b'"')?;
         self.string()?;
-        self.expect(b':')
+        self.colon()
     }
 
     /// The rest of a string, its opening quote taken: whether it has escapes.

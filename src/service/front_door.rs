@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
-use crate::front::budget::{Entries, Shape};
+use crate::front::budget::{Entries, Routed, Shape};
 use crate::front::{self, chat::ChatEncoder, Encoder};
 use crate::limits::{client_key, StreamSlot};
 use crate::openai::RoutingPeek;
@@ -160,8 +160,20 @@ async fn read_agent_request(
         Ok(body) => body,
         Err(error) => return Err(reject(session, dialect, &error).await),
     };
+    let serves =
+        |model: &str| config.agent(model).is_some() || (model == AUTO && config.router.is_some());
     // Before any parse: even the routing peek holds one entry per message.
-    let shape = Shape::of(&body);
+    // A request for another model is checked to be JSON before it is
+    // forwarded as it came; named first, the model lets one pass both read
+    // the shape and check (`Shape::routed`).
+    let (shape, ours, checked) = match Shape::routed(&body, &serves) {
+        Routed::Ours(shape) => (shape, true, false),
+        Routed::Read(shape) => (shape, false, false),
+        Routed::Other(Some(shape)) => (shape, false, true),
+        // Read again as before: the check below names the fault (or, where
+        // only serde_json takes it, lets it pass).
+        Routed::Other(None) => (Shape::of(&body), false, false),
+    };
     if shape.values > config.limits.max_json_values {
         let error = ApiError::too_many_json_values(config.limits.max_json_values);
         return Err(reject(session, dialect, &error).await);
@@ -170,17 +182,19 @@ async fn read_agent_request(
         Dialect::Responses => shape.input,
         _ => shape.messages,
     };
-    let serves =
-        |model: &str| config.agent(model).is_some() || (model == AUTO && config.router.is_some());
     // An agent's request is parsed once, by its front's decoder: the body's
-    // shape tells where it goes. Any other is checked to be JSON before it
-    // is forwarded as it came: where the shape names its model, without
-    // building what the routing peek holds (one entry per message).
+    // shape tells where it goes. Any other, where the shape names its model,
+    // is passed on without building what the routing peek holds (one entry
+    // per message).
     let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON body: {e}"));
     let asked = match shape.model {
-        Some(model) if serves(model) => model.to_owned(),
+        Some(model) if ours || serves(model) => model.to_owned(),
         Some(model) => {
-            if let Err(e) = crate::json::check(&body) {
+            let valid = match checked {
+                true => Ok(()),
+                false => crate::json::check(&body),
+            };
+            if let Err(e) = valid {
                 return Err(reject(session, dialect, &invalid(e)).await);
             }
             let other = Other {
