@@ -5,7 +5,10 @@
 //! A body is counted before it is parsed (one pass, no allocation) and
 //! refused when it holds more values than the limit, so memory per request
 //! stays a small constant times its bytes. The same pass reads where an
-//! agent's request goes, so that its front's decoder is its one parse.
+//! agent's request goes, so that its front's decoder is its one parse; a
+//! request for another model, which is checked to be JSON before it goes
+//! on as it came, is read by the checking scanner instead once its model
+//! is known ([`Shape::routed`]).
 
 use std::borrow::Cow;
 
