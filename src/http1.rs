@@ -103,11 +103,8 @@ impl Fields {
 
     /// The first value of `name`, as a header value sharing these bytes.
     pub fn value(&self, name: &HeaderName) -> Option<HeaderValue> {
-        let name = name.as_str().as_bytes();
-        let &[.., at, end] = self.spans.iter().find(|&&[name_at, name_end, ..]| {
-            self.raw[name_at as usize..name_end as usize].eq_ignore_ascii_case(name)
-        })?;
-        HeaderValue::from_maybe_shared(self.raw.slice(at as usize..end as usize)).ok()
+        let value = self.raw.slice_ref(self.get(name)?);
+        HeaderValue::from_maybe_shared(value).ok()
     }
 
     /// Removes every field of `name`.
@@ -132,6 +129,11 @@ pub fn is_name(name: &[u8], known: &[u8]) -> bool {
         && name.iter().zip(known).fold(0, |differ, (&byte, &lower)| {
             differ | ((byte | 0x20) ^ lower)
         }) == 0
+}
+
+/// Whether a `Content-Type` value is an event stream's.
+pub fn is_event_stream(content_type: &[u8]) -> bool {
+    content_type.starts_with(b"text/event-stream")
 }
 
 /// A map's field as the bytes [`Fields`] hold.

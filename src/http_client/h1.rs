@@ -26,7 +26,7 @@ use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::http1::{has_token, is_chunked, is_name, Body, Chunk, Decoded, Fields};
+use crate::http1::{has_token, is_chunked, is_event_stream, is_name, Body, Chunk, Decoded, Fields};
 
 /// The most one read asks for: a large body's reads fill it.
 const MAX_READ_SIZE: usize = 64 * 1024;
@@ -97,7 +97,7 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(Head, usize)
             close |= has_token(value, b"close");
             keep_alive_asked |= has_token(value, b"keep-alive");
         } else if is_name(name, b"content-type") {
-            event_stream = value.starts_with(b"text/event-stream");
+            event_stream = is_event_stream(value);
         }
     }
     let mut keep_alive = !close && (version == Version::HTTP_11 || keep_alive_asked);

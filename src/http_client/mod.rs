@@ -532,7 +532,7 @@ pub fn is_event_stream(header: &ResponseHeader) -> bool {
     header
         .headers
         .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+        .is_some_and(|v| crate::http1::is_event_stream(v.as_bytes()))
 }
 
 /// A response being read: HTTP/1 by us, HTTP/2 by pingora (boxed: rare,

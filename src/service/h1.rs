@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
-use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::http::RequestHeader;
 use pingora::protocols::http::authority::validate_request_authority;
 use pingora::protocols::http::date::get_cached_date;
 use pingora::protocols::Stream;
@@ -31,7 +31,9 @@ use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::http1::{field_bytes, has_token, is_chunked, is_name, same_bytes, Body, Chunk, Decoded};
+use crate::http1::{
+    has_token, is_chunked, is_event_stream, is_name, same_bytes, Body, Chunk, Decoded,
+};
 use crate::request_id;
 
 /// The longest request head accepted (pingora's limit).
@@ -333,7 +335,7 @@ impl Said {
             } else if is_name(name, b"date") {
                 said.date = true;
             } else if is_name(name, b"content-type") {
-                said.event_stream = value.starts_with(b"text/event-stream");
+                said.event_stream = is_event_stream(value);
             }
         }
         said
@@ -581,20 +583,6 @@ impl Session {
     /// The response head that was sent.
     pub fn response_written(&self) -> Option<Answered> {
         self.response
-    }
-
-    /// Sends the response head `header`; `end`: there is no body.
-    pub async fn write_response_header(
-        &mut self,
-        header: Box<ResponseHeader>,
-        end: bool,
-    ) -> Result<()> {
-        // `http`'s map iterator cannot be cloned: its fields, listed.
-        let fields: Vec<_> = header.headers.iter().map(field_bytes).collect();
-        let head = self.response_head(header.status, fields.iter().copied())?;
-        drop(fields);
-        drop(header);
-        self.send_head(head, end).await
     }
 
     /// The response head of `status` and `fields` in HTTP/1.1's wire
@@ -941,18 +929,17 @@ mod tests {
         )
     }
 
-    fn json_header(len: usize) -> Box<ResponseHeader> {
-        let mut header = ResponseHeader::build_no_case(200, None).unwrap();
-        header.insert_header("content-length", len).unwrap();
-        Box::new(header)
+    /// Writes a 200 head of `fields`; `end`: no body follows.
+    async fn write_head(s: &mut Session, fields: &[(&str, &str)], end: bool) {
+        let fields = fields.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()));
+        let head = s.response_head(StatusCode::OK, fields).unwrap();
+        s.send_head(head, end).await.unwrap();
     }
 
     /// The client's view of `{}` answered to `request` with a length.
     async fn json_reply(request: &str) -> (String, bool) {
         let (mut s, client) = session(request);
-        s.write_response_header(json_header(2), false)
-            .await
-            .unwrap();
+        write_head(&mut s, &[("content-length", "2")], false).await;
         s.write_response_body(Bytes::from_static(b"{}"), true)
             .await
             .unwrap();
@@ -964,13 +951,7 @@ mod tests {
     /// write, which sends nothing).
     async fn one_event(request: &str) -> (String, bool) {
         let (mut s, client) = session(request);
-        let mut header = ResponseHeader::build_no_case(200, None).unwrap();
-        header
-            .insert_header("transfer-encoding", "chunked")
-            .unwrap();
-        s.write_response_header(Box::new(header), false)
-            .await
-            .unwrap();
+        write_head(&mut s, &[("transfer-encoding", "chunked")], false).await;
         s.write_response_body(Bytes::from_static(b"data: 1\n\n"), false)
             .await
             .unwrap();
@@ -1010,15 +991,13 @@ mod tests {
     #[tokio::test]
     async fn every_head_carries_the_request_id_and_an_upstream_s_date() {
         let (mut s, client) = session("GET /x HTTP/1.1\r\nHost: a\r\nX-Request-Id: ours\r\n\r\n");
-        let mut header = json_header(0);
-        for (name, value) in [
+        let fields = [
+            ("content-length", "0"),
             ("x-request-id", "upstream's"),
             ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
             ("connection", "keep-alive"),
-        ] {
-            header.insert_header(name, value).unwrap();
-        }
-        s.write_response_header(header, true).await.unwrap();
+        ];
+        write_head(&mut s, &fields, true).await;
         let (out, _) = response(s, client).await;
         assert!(out.contains("x-request-id: ours\r\n"), "{out}");
         assert!(!out.contains("upstream's"), "{out}");
@@ -1038,7 +1017,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_left_unread_closes_the_connection() {
         let (mut s, client) = session("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nab");
-        s.write_response_header(json_header(0), true).await.unwrap();
+        write_head(&mut s, &[("content-length", "0")], true).await;
         let (out, reusable) = response(s, client).await;
         assert!(out.contains("connection: close\r\n"), "{out}");
         assert!(!reusable);
@@ -1051,7 +1030,7 @@ mod tests {
         );
         assert_eq!(s.read_request_body().await.unwrap().unwrap(), "abc");
         assert_eq!(s.read_request_body().await.unwrap(), None);
-        s.write_response_header(json_header(0), true).await.unwrap();
+        write_head(&mut s, &[("content-length", "0")], true).await;
         let Finished::Reusable(_, read) = s.finish().await else {
             panic!("not reusable")
         };
@@ -1125,7 +1104,7 @@ mod tests {
         let (mut s, mut client) = session("GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
         client.write_all(b"GET /next").await.unwrap();
         s.idle().await.unwrap();
-        s.write_response_header(json_header(0), true).await.unwrap();
+        write_head(&mut s, &[("content-length", "0")], true).await;
         let Finished::Reusable(_, read) = s.finish().await else {
             panic!("not reusable")
         };
