@@ -131,6 +131,35 @@ pub fn is_name(name: &[u8], known: &[u8]) -> bool {
         }) == 0
 }
 
+/// The field names `Connection` fields list (RFC 9110 §7.6.1): fields for
+/// this hop alone, which a proxy does not pass on. Its own options (`close`,
+/// `keep-alive`) are left out of the list, so the common head (none, or
+/// `keep-alive`) allocates nothing.
+#[derive(Debug, Default)]
+pub struct ConnectionListed<'a>(Vec<&'a [u8]>);
+
+impl<'a> ConnectionListed<'a> {
+    /// The names in `values`, the `Connection` fields' values.
+    pub fn of(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let tokens = values
+            .into_iter()
+            .flat_map(|value| value.split(|&b| b == b','));
+        ConnectionListed(
+            tokens
+                .map(<[u8]>::trim_ascii)
+                .filter(|t| !t.is_empty() && !is_name(t, b"close") && !is_name(t, b"keep-alive"))
+                .collect(),
+        )
+    }
+
+    /// Whether the field `name` is listed, in any case.
+    pub fn names(&self, name: &[u8]) -> bool {
+        self.0
+            .iter()
+            .any(|listed| listed.eq_ignore_ascii_case(name))
+    }
+}
+
 /// Whether a `Content-Type` value is an event stream's.
 pub fn is_event_stream(content_type: &[u8]) -> bool {
     content_type.starts_with(b"text/event-stream")
@@ -304,6 +333,17 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connection_lists_the_fields_of_this_hop_but_not_its_own_options() {
+        let listed = ConnectionListed::of([&b"keep-alive, X-Foo ,,close"[..], b"x-bar"]);
+        assert!(listed.names(b"x-foo") && listed.names(b"X-BAR"));
+        assert!(!listed.names(b"keep-alive") && !listed.names(b"close"));
+        assert!(!listed.names(b"x-baz") && !listed.names(b""));
+        assert!(ConnectionListed::of([&b"Keep-Alive"[..], b" close "])
+            .0
+            .is_empty());
+    }
 
     #[test]
     fn a_known_name_matches_in_any_case_as_lower_casing_does() {

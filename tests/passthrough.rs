@@ -96,7 +96,8 @@ async fn non_agent_json_answer_and_error_pass_through() {
 }
 
 #[tokio::test]
-async fn an_answer_passed_on_keeps_its_fields_as_sent_but_the_hop_by_hop_ones() {
+async fn a_request_and_its_answer_are_passed_on_with_their_fields_as_sent_but_the_hop_by_hop_ones()
+{
     let answer = br#"{"error":{"message":"slow down","type":"rate_limit"}}"#;
     let upstream = FakeServer::start(move |_, _| Reply::Json {
         status: 429,
@@ -106,7 +107,8 @@ async fn an_answer_passed_on_keeps_its_fields_as_sent_but_the_hop_by_hop_ones() 
             ("Set-Cookie", "a=1"),
             ("set-cookie", "b=2"),
             ("Keep-Alive", "timeout=5"),
-            ("Connection", "keep-alive"),
+            ("Connection", "keep-alive, X-Upstream-Hop"),
+            ("X-Upstream-Hop", "for us alone"),
             ("X-Request-Id", "theirs"),
             ("Date", "Thu, 01 Jan 1970 00:00:00 GMT"),
             ("X-Tab", "a\tb"),
@@ -123,10 +125,20 @@ async fn an_answer_passed_on_keeps_its_fields_as_sent_but_the_hop_by_hop_ones() 
         &[
             ("content-type", "application/json"),
             ("x-request-id", "ours-1"),
+            ("connection", "X-Client-Hop"),
+            ("x-client-hop", "for the proxy alone"),
+            ("x-kept", "yes"),
         ],
         br#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#,
     )
     .await;
+    let sent = &upstream.requests()[0];
+    assert_eq!(
+        sent.header("x-client-hop"),
+        None,
+        "named by the client's Connection"
+    );
+    assert_eq!(sent.header("x-kept"), Some("yes"));
     assert_eq!(res.status, 429);
     assert_eq!(res.body, answer);
     let named = |name: &str| -> Vec<&str> {
@@ -145,6 +157,11 @@ async fn an_answer_passed_on_keeps_its_fields_as_sent_but_the_hop_by_hop_ones() 
         "theirs, not a second"
     );
     assert_eq!(named("keep-alive"), Vec::<&str>::new(), "hop-by-hop");
+    assert_eq!(
+        named("x-upstream-hop"),
+        Vec::<&str>::new(),
+        "named by its Connection"
+    );
     assert_eq!(named("transfer-encoding"), Vec::<&str>::new());
     assert_eq!(named("connection"), ["keep-alive"], "ours, once");
     assert_eq!(named("x-request-id"), ["ours-1"], "the request's id, once");

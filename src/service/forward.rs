@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::{from_upstream, ApiError};
-use crate::http1::{is_name, Body, X_ACCEL};
+use crate::http1::{is_name, Body, ConnectionListed, X_ACCEL};
 use crate::metrics::StreamGuard;
 use crate::upstream::Outbound;
 
@@ -115,10 +115,16 @@ async fn relay(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
+    let connection = incoming.headers.get_all(header::CONNECTION);
+    let listed = ConnectionListed::of(connection.iter().map(http::HeaderValue::as_bytes));
     let headers: Vec<_> = incoming
         .headers
         .iter()
-        .filter(|(name, _)| !HOP_BY_HOP.contains(name) && !SET_BY_PROXY.contains(name))
+        .filter(|(name, _)| {
+            !HOP_BY_HOP.contains(name)
+                && !SET_BY_PROXY.contains(name)
+                && !listed.names(name.as_str().as_bytes())
+        })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     let outbound = Outbound {
@@ -145,8 +151,9 @@ async fn relay(
         let invalid = ApiError::bad_gateway("the upstream's response has an invalid status");
         return client.respond_error_in(dialect, &invalid).await;
     };
-    // Written as the upstream sent them, but for its hop-by-hop fields. Ours
-    // is an HTTP/1.1 answer, whatever the upstream spoke (h2).
+    // Written as the upstream sent them, but for its hop-by-hop fields and
+    // those its `Connection` lists. Ours is an HTTP/1.1 answer, whatever the
+    // upstream spoke (h2).
     let event_stream = exchange.is_event_stream();
     let (mut length, mut unbuffered) = (false, false);
     for (name, _) in fields.iter() {
@@ -155,7 +162,13 @@ async fn relay(
     }
     let chunked = (!length).then_some((&b"transfer-encoding"[..], &b"chunked"[..]));
     let unbuffered = (event_stream && !unbuffered).then_some((X_ACCEL.as_bytes(), &b"no"[..]));
-    let passed = fields.iter().filter(|(name, _)| !is_hop_by_hop(name));
+    let connection = fields
+        .iter()
+        .filter(|(name, _)| is_name(name, b"connection"));
+    let listed = ConnectionListed::of(connection.map(|(_, value)| value));
+    let passed = fields
+        .iter()
+        .filter(|(name, _)| !is_hop_by_hop(name) && !listed.names(name));
     client
         .send_head(status, passed.chain(chunked).chain(unbuffered), false)
         .await?;
