@@ -361,35 +361,35 @@ fn closing(array: bool) -> u8 {
 }
 
 /// Where the first `"`, `\` or control byte of `text` is (its length if
-/// none): what ends a string's plain run.
+/// none): what ends a string's plain run. Most strings end within 16 bytes
+/// (names, types, roles), which one SSE2 step finds; a long one (a prompt,
+/// a tool's description: most of a coding agent's request) runs on in AVX2
+/// steps of 64 bytes, where the CPU has it.
+#[inline]
 fn special(text: &[u8]) -> usize {
     let mut at = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{
-            __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8,
-            _mm_or_si128, _mm_set1_epi8,
-        };
-        // SAFETY: SSE2 is part of every x86_64 CPU; each load reads the 16
-        // bytes at `at`, which the loop's condition keeps within `text`,
-        // and an unaligned load may start anywhere.
-        unsafe {
-            let quote = _mm_set1_epi8(b'"' as i8);
-            let backslash = _mm_set1_epi8(b'\\' as i8);
-            let control = _mm_set1_epi8(0x1f);
+        if text.len() >= 16 {
+            // SAFETY: SSE2 is part of every x86_64 CPU; the 16 bytes read
+            // are within `text`.
+            let first = unsafe { specials_sse2(text, 0) };
+            if first != 0 {
+                return first.trailing_zeros() as usize;
+            }
+            at = 16;
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2, just checked.
+                at = unsafe { special_avx2(text, at) };
+                if at < text.len() && is_special(text[at]) {
+                    return at;
+                }
+            }
             while at + 16 <= text.len() {
-                let chunk = _mm_loadu_si128(text.as_ptr().add(at).cast::<__m128i>());
-                let found = _mm_or_si128(
-                    _mm_or_si128(
-                        _mm_cmpeq_epi8(chunk, quote),
-                        _mm_cmpeq_epi8(chunk, backslash),
-                    ),
-                    // A byte at most 0x1f is its own minimum with 0x1f.
-                    _mm_cmpeq_epi8(_mm_min_epu8(chunk, control), chunk),
-                );
-                let mask = _mm_movemask_epi8(found) as u32;
-                if mask != 0 {
-                    return at + mask.trailing_zeros() as usize;
+                // SAFETY: as above.
+                let found = unsafe { specials_sse2(text, at) };
+                if found != 0 {
+                    return at + found.trailing_zeros() as usize;
                 }
                 at += 16;
             }
@@ -397,8 +397,80 @@ fn special(text: &[u8]) -> usize {
     }
     at + text[at..]
         .iter()
-        .position(|&byte| byte == b'"' || byte == b'\\' || byte < 0x20)
+        .position(|&byte| is_special(byte))
         .unwrap_or(text.len() - at)
+}
+
+fn is_special(byte: u8) -> bool {
+    byte == b'"' || byte == b'\\' || byte < 0x20
+}
+
+/// A bit for each special byte of the 16 at `at`, which must be in `text`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn specials_sse2(text: &[u8], at: usize) -> u32 {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+    debug_assert!(at + 16 <= text.len());
+    // An unaligned load may start anywhere.
+    let chunk = _mm_loadu_si128(text.as_ptr().add(at).cast::<__m128i>());
+    let found = _mm_or_si128(
+        _mm_or_si128(
+            _mm_cmpeq_epi8(chunk, _mm_set1_epi8(b'"' as i8)),
+            _mm_cmpeq_epi8(chunk, _mm_set1_epi8(b'\\' as i8)),
+        ),
+        // A byte at most 0x1f is its own minimum with 0x1f.
+        _mm_cmpeq_epi8(_mm_min_epu8(chunk, _mm_set1_epi8(0x1f)), chunk),
+    );
+    _mm_movemask_epi8(found) as u32
+}
+
+/// From `at`, where the first special byte of `text` is, or where fewer
+/// than 32 bytes are left: 64 bytes a step, then 32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn special_avx2(text: &[u8], mut at: usize) -> usize {
+    use std::arch::x86_64::{
+        __m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_min_epu8, _mm256_movemask_epi8,
+        _mm256_or_si256, _mm256_set1_epi8, _mm256_testz_si256,
+    };
+    let quote = _mm256_set1_epi8(b'"' as i8);
+    let backslash = _mm256_set1_epi8(b'\\' as i8);
+    let control = _mm256_set1_epi8(0x1f);
+    // SAFETY (of each load): the loop's condition keeps the 32 bytes read
+    // within `text`; an unaligned load may start anywhere.
+    let load = |at: usize| unsafe { _mm256_loadu_si256(text.as_ptr().add(at).cast::<__m256i>()) };
+    let specials = |chunk: __m256i| {
+        _mm256_or_si256(
+            _mm256_or_si256(
+                _mm256_cmpeq_epi8(chunk, quote),
+                _mm256_cmpeq_epi8(chunk, backslash),
+            ),
+            _mm256_cmpeq_epi8(_mm256_min_epu8(chunk, control), chunk),
+        )
+    };
+    while at + 64 <= text.len() {
+        let (low, high) = (specials(load(at)), specials(load(at + 32)));
+        let either = _mm256_or_si256(low, high);
+        if _mm256_testz_si256(either, either) == 0 {
+            let low = _mm256_movemask_epi8(low) as u32;
+            if low != 0 {
+                return at + low.trailing_zeros() as usize;
+            }
+            return at + 32 + (_mm256_movemask_epi8(high) as u32).trailing_zeros() as usize;
+        }
+        at += 64;
+    }
+    while at + 32 <= text.len() {
+        let found = _mm256_movemask_epi8(specials(load(at))) as u32;
+        if found != 0 {
+            return at + found.trailing_zeros() as usize;
+        }
+        at += 32;
+    }
+    at
 }
 
 #[cfg(test)]
@@ -544,6 +616,24 @@ mod tests {
         ) {
             let plain = text.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
             prop_assert_eq!(special(&text), plain.unwrap_or(text.len()));
+        }
+
+        /// A long plain run (a prompt) through every width of step, and
+        /// maybe a special byte after it.
+        #[test]
+        fn finds_the_special_byte_after_a_long_plain_run(
+            run in prop::collection::vec(prop_oneof![32u8..=33, 35u8..=91, 93u8..=255], 0..300),
+            end in prop::option::of(prop_oneof![Just(b'"'), Just(b'\\'), 0u8..0x20]),
+            rest in prop::collection::vec(any::<u8>(), 0..70),
+        ) {
+            let mut text = run.clone();
+            text.extend(end);
+            text.extend(&rest);
+            let plain = text.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+            prop_assert_eq!(special(&text), plain.unwrap_or(text.len()));
+            if end.is_some() {
+                prop_assert_eq!(special(&text), run.len());
+            }
         }
     }
 }
