@@ -105,7 +105,7 @@ impl<'a> Shape<'a> {
     /// reads it, read by it, or `None`: what [`Shape::of`] reads of the same
     /// body, in the pass that checks it.
     pub fn checked(body: &'a [u8]) -> Option<Shape<'a>> {
-        let mut scan = Scanner::new(std::str::from_utf8(body).ok()?);
+        let mut scan = Scanner::new(crate::json::utf8(body)?);
         let mut shape = Shape {
             values: 1,
             model: None,

@@ -129,7 +129,7 @@ pub fn picked_object_and_tools<'a, const N: usize>(
     shape: ToolShape,
     names: &'static [&'static str; N],
 ) -> Result<(Picked<N>, Map<String, Value>, Tools<'a>), ApiError> {
-    let text = std::str::from_utf8(body).map_err(|_| not_json(explain(body, None)))?;
+    let text = crate::json::utf8(body).ok_or_else(|| not_json(explain(body, None)))?;
     let mut scan = Scanner::new(text);
     let mut picked = Picked {
         names,
