@@ -394,3 +394,43 @@ async fn the_model_is_read_as_a_json_parser_reads_it() {
     assert_eq!(res.status, 400, "{}", res.text());
     assert_eq!(upstream.requests().len(), 2);
 }
+
+/// A request of unknown length goes by pingora's proxy path; neither it nor
+/// its answer carries the fields of one hop to the next.
+#[tokio::test]
+async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
+    let upstream = FakeServer::start(|_, _| Reply::Json {
+        status: 200,
+        body: b"{}".to_vec(),
+        headers: [
+            ("Connection", "X-Upstream-Hop"),
+            ("X-Upstream-Hop", "1"),
+            ("Keep-Alive", "timeout=5"),
+            ("X-Kept", "1"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .to_vec(),
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let res = raw_request(
+        proxy.port,
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\
+          Connection: close, X-Client-Hop\r\nX-Client-Hop: 1\r\nKeep-Alive: 5\r\nTE: trailers\r\n\
+          Proxy-Connection: keep-alive\r\nX-Kept: 1\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let has = |fields: &[(String, String)], name: &str| {
+        fields.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
+    };
+    for hop in ["x-upstream-hop", "keep-alive"] {
+        assert!(!has(&res.headers, hop), "{hop} reached the client");
+    }
+    assert!(has(&res.headers, "x-kept"));
+    let sent = &upstream.requests()[0].headers;
+    for hop in ["x-client-hop", "keep-alive", "te", "proxy-connection"] {
+        assert!(!has(sent, hop), "{hop} reached the upstream");
+    }
+    assert!(has(sent, "x-kept"));
+}

@@ -9,7 +9,7 @@ use std::pin::pin;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
-use pingora::http::RequestHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::Result;
 
 use super::front_door::read_body;
@@ -42,6 +42,35 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP
         .iter()
         .any(|hop| is_name(name, hop.as_str().as_bytes()))
+}
+
+/// An answer pingora's proxy path passes on, without the fields of the
+/// upstream's hop (RFC 9110 §7.6.1): those named hop-by-hop and those its
+/// `Connection` lists. pingora writes the head as it is left here, so the
+/// fields that frame its body (`Transfer-Encoding`, `Content-Length`) stay,
+/// and its own `Connection` replaces the upstream's. A 101 keeps `Upgrade`:
+/// it names the protocol switched to.
+pub fn drop_hop_fields(answer: &mut ResponseHeader) {
+    let switching = answer.status == http::StatusCode::SWITCHING_PROTOCOLS;
+    let connection = answer.headers.get_all(header::CONNECTION);
+    let listed = ConnectionListed::of(connection.iter().map(http::HeaderValue::as_bytes));
+    let framing = [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::CONTENT_LENGTH,
+    ];
+    let doomed: Vec<HeaderName> = answer
+        .headers
+        .keys()
+        .filter(|name| {
+            let hop = HOP_BY_HOP.contains(name) || listed.names(name.as_str().as_bytes());
+            hop && !framing.contains(name) && !(switching && *name == header::UPGRADE)
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        answer.remove_header(&name);
+    }
 }
 
 /// The largest body of a request for another route read whole to forward
