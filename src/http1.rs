@@ -141,15 +141,21 @@ pub struct ConnectionListed<'a>(Vec<&'a [u8]>);
 impl<'a> ConnectionListed<'a> {
     /// The names in `values`, the `Connection` fields' values.
     pub fn of(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let tokens = values
-            .into_iter()
-            .flat_map(|value| value.split(|&b| b == b','));
-        ConnectionListed(
-            tokens
-                .map(<[u8]>::trim_ascii)
-                .filter(|t| !t.is_empty() && !is_name(t, b"close") && !is_name(t, b"keep-alive"))
-                .collect(),
-        )
+        let mut listed = ConnectionListed::default();
+        for value in values {
+            listed.add(value);
+        }
+        listed
+    }
+
+    /// The names in `value`, one `Connection` field's value.
+    pub fn add(&mut self, value: &'a [u8]) {
+        for token in value.split(|&b| b == b',') {
+            let token = token.trim_ascii();
+            if !token.is_empty() && !is_name(token, b"close") && !is_name(token, b"keep-alive") {
+                self.0.push(token);
+            }
+        }
     }
 
     /// Whether the field `name` is listed, in any case.

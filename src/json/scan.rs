@@ -5,8 +5,9 @@
 //! escape; a coding agent's tools (Claude Code's: 31 KB of descriptions and
 //! schemas) were a quarter of its request's instructions. The scanner looks
 //! for the end of a string's plain run 16 bytes at a time (quotes,
-//! backslashes and control bytes in one SSE2 mask): the same 31 KB in 103k
-//! instructions, against serde_json's 163k.
+//! backslashes and control bytes in one SSE2 mask), and 64 at a time with
+//! AVX2 past a long string's first 16: the same 31 KB in 103k instructions
+//! with SSE2 alone, against serde_json's 163k.
 //!
 //! It accepts what serde_json's skipping accepts, no more: control bytes in
 //! strings, bad escapes, numbers off the grammar, unbalanced brackets and

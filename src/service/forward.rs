@@ -185,16 +185,16 @@ async fn relay(
     // upstream spoke (h2).
     let event_stream = exchange.is_event_stream();
     let (mut length, mut unbuffered) = (false, false);
-    for (name, _) in fields.iter() {
+    let mut listed = ConnectionListed::default();
+    for (name, value) in fields.iter() {
         length |= is_name(name, b"content-length");
         unbuffered |= is_name(name, X_ACCEL.as_bytes());
+        if is_name(name, b"connection") {
+            listed.add(value);
+        }
     }
     let chunked = (!length).then_some((&b"transfer-encoding"[..], &b"chunked"[..]));
     let unbuffered = (event_stream && !unbuffered).then_some((X_ACCEL.as_bytes(), &b"no"[..]));
-    let connection = fields
-        .iter()
-        .filter(|(name, _)| is_name(name, b"connection"));
-    let listed = ConnectionListed::of(connection.map(|(_, value)| value));
     let passed = fields
         .iter()
         .filter(|(name, _)| !is_hop_by_hop(name) && !listed.names(name));
