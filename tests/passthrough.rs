@@ -434,3 +434,86 @@ async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
     }
     assert!(has(sent, "x-kept"));
 }
+
+/// A WebSocket (as OpenAI's Realtime API opens one) goes by pingora's proxy
+/// path: the 101 keeps its `Upgrade`, `Connection: upgrade` and accept key,
+/// loses the upstream's other hop fields, and then bytes flow both ways.
+#[tokio::test]
+async fn an_upgrade_switches_and_carries_bytes_both_ways() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::{TcpListener, TcpStream};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let upstream = tokio::spawn(async move {
+        // The first connection with a request in it (a health probe may
+        // connect and send nothing).
+        let (mut socket, head) = loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut socket = BufReader::new(socket);
+            let mut head = String::new();
+            while !head.ends_with("\r\n\r\n") {
+                if socket.read_line(&mut head).await.unwrap_or(0) == 0 {
+                    break;
+                }
+            }
+            if head.ends_with("\r\n\r\n") {
+                break (socket, head);
+            }
+        };
+        socket
+            .get_mut()
+            .write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                  Connection: Upgrade, X-Upstream-Hop\r\nX-Upstream-Hop: 1\r\n\
+                  Keep-Alive: timeout=5\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        // An echo of bytes, as the switched protocol: frames are no
+        // business of the proxy's.
+        let mut byte = [0u8; 1];
+        while socket.read_exact(&mut byte).await.is_ok() {
+            socket.get_mut().write_all(&byte).await.unwrap();
+        }
+        head
+    });
+    let config = format!(
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\" }}\n"
+    );
+    let proxy = Proxy::start(&config).await;
+    let mut client = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+    client
+        .write_all(
+            b"GET /v1/realtime?model=m HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+              Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+              Sec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut client = BufReader::new(client);
+    let mut answer = String::new();
+    while !answer.ends_with("\r\n\r\n") {
+        let read = tokio::time::timeout(Duration::from_secs(10), client.read_line(&mut answer));
+        assert!(read.await.unwrap().unwrap() > 0, "{answer}");
+    }
+    let lower = answer.to_ascii_lowercase();
+    assert!(lower.starts_with("http/1.1 101"), "{answer}");
+    assert!(lower.contains("\r\nupgrade: websocket\r\n"), "{answer}");
+    assert!(lower.contains("\r\nconnection: upgrade\r\n"), "{answer}");
+    assert!(lower.contains("\r\nsec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo=\r\n"));
+    assert!(
+        !lower.contains("x-upstream-hop") && !lower.contains("keep-alive"),
+        "{answer}"
+    );
+    client.get_mut().write_all(b"ping").await.unwrap();
+    let mut echoed = [0u8; 4];
+    let read = tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut echoed));
+    read.await.unwrap().unwrap();
+    assert_eq!(&echoed, b"ping");
+    drop(client);
+    let sent = upstream.await.unwrap().to_ascii_lowercase();
+    assert!(sent.starts_with("get /v1/realtime?model=m "), "{sent}");
+    assert!(sent.contains("\r\nupgrade: websocket\r\n"), "{sent}");
+    assert!(sent.contains("\r\nsec-websocket-key: dghlihnhbxbszsbub25jzq==\r\n"));
+}

@@ -48,9 +48,9 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
 /// upstream's hop (RFC 9110 §7.6.1): those named hop-by-hop and those its
 /// `Connection` lists. pingora writes the head as it is left here, so the
 /// fields that frame its body (`Transfer-Encoding`, `Content-Length`) stay,
-/// and its own `Connection` replaces the upstream's. A 101 keeps `Upgrade`:
-/// it names the protocol switched to.
-pub fn drop_hop_fields(answer: &mut ResponseHeader) {
+/// and the client's connection gets a `Connection` of ours. A 101 keeps
+/// `Upgrade`, the protocol switched to, with `Connection: Upgrade` alone.
+pub fn drop_hop_fields(answer: &mut ResponseHeader) -> Result<()> {
     let switching = answer.status == http::StatusCode::SWITCHING_PROTOCOLS;
     let connection = answer.headers.get_all(header::CONNECTION);
     let listed = ConnectionListed::of(connection.iter().map(http::HeaderValue::as_bytes));
@@ -71,6 +71,10 @@ pub fn drop_hop_fields(answer: &mut ResponseHeader) {
     for name in doomed {
         answer.remove_header(&name);
     }
+    if switching {
+        answer.insert_header(header::CONNECTION, "Upgrade")?;
+    }
+    Ok(())
 }
 
 /// The largest body of a request for another route read whole to forward

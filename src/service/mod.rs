@@ -380,7 +380,7 @@ impl ProxyHttp for AgentProxy {
                 upstream_response.status.as_u16(),
             );
         }
-        forward::drop_hop_fields(upstream_response);
+        forward::drop_hop_fields(upstream_response)?;
         upstream_response.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
         if is_event_stream(upstream_response) {
             ctx.stream = Some(StreamGuard::open());
