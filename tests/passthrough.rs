@@ -439,7 +439,7 @@ async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
 /// path: the 101 keeps its `Upgrade`, `Connection: upgrade` and accept key,
 /// loses the upstream's other hop fields, and then bytes flow both ways.
 #[tokio::test]
-async fn an_upgrade_switches_and_carries_bytes_both_ways() {
+async fn a_websocket_switches_and_carries_bytes_both_ways() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     use tokio::net::{TcpListener, TcpStream};
 
@@ -511,8 +511,10 @@ async fn an_upgrade_switches_and_carries_bytes_both_ways() {
     let read = tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut echoed));
     read.await.unwrap().unwrap();
     assert_eq!(&echoed, b"ping");
+    // The client's close ends the upstream's side too.
     drop(client);
-    let sent = upstream.await.unwrap().to_ascii_lowercase();
+    let upstream = tokio::time::timeout(Duration::from_secs(10), upstream);
+    let sent = upstream.await.unwrap().unwrap().to_ascii_lowercase();
     assert!(sent.starts_with("get /v1/realtime?model=m "), "{sent}");
     assert!(sent.contains("\r\nupgrade: websocket\r\n"), "{sent}");
     assert!(sent.contains("\r\nsec-websocket-key: dghlihnhbxbszsbub25jzq==\r\n"));
