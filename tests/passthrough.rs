@@ -99,10 +99,8 @@ async fn non_agent_json_answer_and_error_pass_through() {
 async fn a_request_and_its_answer_are_passed_on_with_their_fields_as_sent_but_the_hop_by_hop_ones()
 {
     let answer = br#"{"error":{"message":"slow down","type":"rate_limit"}}"#;
-    let upstream = FakeServer::start(move |_, _| Reply::Json {
-        status: 429,
-        body: answer.to_vec(),
-        headers: [
+    let upstream = FakeServer::start(move |_, _| {
+        let fields = [
             ("Retry-After", "7"),
             ("Set-Cookie", "a=1"),
             ("set-cookie", "b=2"),
@@ -112,9 +110,8 @@ async fn a_request_and_its_answer_are_passed_on_with_their_fields_as_sent_but_th
             ("X-Request-Id", "theirs"),
             ("Date", "Thu, 01 Jan 1970 00:00:00 GMT"),
             ("X-Tab", "a\tb"),
-        ]
-        .map(|(name, value)| (name.to_owned(), value.to_owned()))
-        .to_vec(),
+        ];
+        Reply::with_fields(429, answer, &fields)
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "")).await;
@@ -399,17 +396,14 @@ async fn the_model_is_read_as_a_json_parser_reads_it() {
 /// its answer carries the fields of one hop to the next.
 #[tokio::test]
 async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
-    let upstream = FakeServer::start(|_, _| Reply::Json {
-        status: 200,
-        body: b"{}".to_vec(),
-        headers: [
+    let upstream = FakeServer::start(|_, _| {
+        let fields = [
             ("Connection", "X-Upstream-Hop"),
             ("X-Upstream-Hop", "1"),
             ("Keep-Alive", "timeout=5"),
             ("X-Kept", "1"),
-        ]
-        .map(|(name, value)| (name.to_owned(), value.to_owned()))
-        .to_vec(),
+        ];
+        Reply::with_fields(200, b"{}", &fields)
     })
     .await;
     let proxy = Proxy::start(&config(&upstream, "")).await;

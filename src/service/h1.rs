@@ -757,7 +757,7 @@ pub async fn refuse(stream: &mut Stream, status: u16, body: &[u8]) -> Result<()>
         keep_alive: false,
         coded: true,
     };
-    let size = fields.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+    let size = Said::of(fields.into_iter()).size;
     let head = head_bytes(status, fields.into_iter(), size, &stamp);
     for bytes in [&head[..], body] {
         stream

@@ -128,6 +128,18 @@ impl Reply {
         }
     }
 
+    /// `body` with header `fields` of its own, in order and as written.
+    pub fn with_fields(status: u16, body: &[u8], fields: &[(&str, &str)]) -> Reply {
+        let fields = fields
+            .iter()
+            .map(|(name, value)| ((*name).into(), (*value).into()));
+        Reply::Json {
+            status,
+            body: body.to_vec(),
+            headers: fields.collect(),
+        }
+    }
+
     /// Each JSON value as one `data:` event, then `[DONE]`.
     pub fn events(events: Vec<Value>) -> Reply {
         let mut steps: Vec<Step> = events
