@@ -442,8 +442,13 @@ impl Bench {
             .iter()
             .map(|t| Run::new(t.name, connections))
             .collect();
-        for _ in 0..self.rounds {
-            for (target, run) in targets.iter().zip(&mut runs) {
+        for round in 0..self.rounds as usize {
+            // Each round starts one target further on: no target always
+            // follows the same one, or runs furthest from nginx's turn.
+            let start = round % targets.len().max(1);
+            let order = (start..targets.len()).chain(0..start);
+            for i in order {
+                let (target, run) = (&targets[i], &mut runs[i]);
                 let mut load = self.load(*target, shape, connections);
                 tune(&mut load);
                 let process = self.process(target.host);
@@ -462,6 +467,7 @@ impl Bench {
                 let ours = rig + (self.targets_cpu() - targets);
                 run.foreign_cpu += (procs::machine_busy() - busy).saturating_sub(ours);
                 run.wall += started.elapsed();
+                run.rounds.push(stats.throughput());
                 run.stats.merge(&stats);
             }
         }

@@ -25,6 +25,10 @@ pub struct Run {
     /// the runs' wall time: what else ran on the machine meanwhile.
     pub foreign_cpu: Duration,
     pub wall: Duration,
+    /// Requests a second in each round, in the rounds' order: the machine's
+    /// speed moves within seconds, and a target's round is compared with
+    /// nginx's of the same round.
+    pub rounds: Vec<f64>,
 }
 
 impl Run {
@@ -37,7 +41,22 @@ impl Run {
             rig_cpu: Duration::ZERO,
             foreign_cpu: Duration::ZERO,
             wall: Duration::ZERO,
+            rounds: Vec::new(),
         }
+    }
+
+    /// The lowest and highest of this run's rounds, each over the same
+    /// round of `reference`.
+    fn round_ratios(&self, reference: &Run) -> Option<(f64, f64)> {
+        let ratios = self
+            .rounds
+            .iter()
+            .zip(&reference.rounds)
+            .map(|(ours, theirs)| ours / theirs.max(1e-9));
+        ratios.fold(None, |range, ratio| match range {
+            None => Some((ratio, ratio)),
+            Some((low, high)) => Some((f64::min(low, ratio), f64::max(high, ratio))),
+        })
     }
 
     fn p(&self, q: f64) -> f64 {
@@ -349,7 +368,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers); rig CPU is what the fake model and the load generator spent per request meanwhile (they share the cores: the fewer requests a target lets through, the fewer each of their wake-ups finds, and the more each request costs them; a target that made them work harder per request than its throughput explains would show there); foreign CPU is what every other process on the machine used meanwhile, in % of one core (the benchmark's own processes excluded): high values mean the figures of that row are disturbed.\n\n| target | conns | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req | rig CPU ms per 1k req | foreign CPU % |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers); rig CPU is what the fake model and the load generator spent per request meanwhile (they share the cores: the fewer requests a target lets through, the fewer each of their wake-ups finds, and the more each request costs them; a target that made them work harder per request than its throughput explains would show there); foreign CPU is what every other process on the machine used meanwhile, in % of one core (the benchmark's own processes excluded): high values mean the figures of that row are disturbed. \"by round\" is the lowest and the highest of the target's rounds, each over nginx's in the same round: how far the machine's own speed moved the ratio meanwhile (it does so within seconds, for nginx as for the others).\n\n| target | conns | req/s | × nginx | by round | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req | rig CPU ms per 1k req | foreign CPU % |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.plain {
             let c = run.connections;
@@ -364,9 +383,13 @@ impl Report {
             } else {
                 format!("{:.1}", run.cpu_ms_per_1k())
             };
+            let by_round = match run.round_ratios(nginx) {
+                Some((low, high)) if run.target != "nginx" => format!("{low:.2}–{high:.2}"),
+                _ => "–".to_owned(),
+            };
             let _ = writeln!(
                 md,
-                "| {} | {c} | {:.0} | {:.2} | {:.0} | {:.0} | {:+.0} | {:+.0} | {cpu} | {:.1} | {:.1} |",
+                "| {} | {c} | {:.0} | {:.2} | {by_round} | {:.0} | {:.0} | {:+.0} | {:+.0} | {cpu} | {:.1} | {:.1} |",
                 run.target,
                 run.stats.throughput(),
                 run.stats.throughput() / nginx.stats.throughput(),
