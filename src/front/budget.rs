@@ -264,9 +264,25 @@ fn deep(body: &[u8], mut at: usize, values: &mut usize) -> Option<usize> {
 /// escaped when an odd run of backslashes comes right before it. Prose has
 /// an escape (`\n`, `\"`) every line or so, and a search for either byte
 /// stopped at each.
+///
+/// Most strings are short (a schema's names and types: hundreds of them in
+/// a coding agent's request), and a call to `memchr` cost them about 50
+/// instructions each: the first 16 bytes are searched in one SSE2 step.
 #[inline]
 fn skip_string(body: &[u8], start: usize) -> Option<usize> {
     let mut at = start;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(quotes) = quotes_in_16(body, start) {
+        if quotes == 0 {
+            at += 16;
+        } else {
+            let quote = start + quotes.trailing_zeros() as usize;
+            // An odd run of backslashes before it ends right before it.
+            if quote == start || body[quote - 1] != b'\\' {
+                return Some(quote + 1);
+            }
+        }
+    }
     loop {
         let quote = at + memchr::memchr(b'"', body.get(at..)?)?;
         let backslashes = body[start..quote]
@@ -279,6 +295,23 @@ fn skip_string(body: &[u8], start: usize) -> Option<usize> {
         }
         at = quote + 1;
     }
+}
+
+/// A bit for each `"` of the 16 bytes at `at` (`None`: fewer are left).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn quotes_in_16(body: &[u8], at: usize) -> Option<u32> {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+    };
+    let block = body.get(at..at.checked_add(16)?)?;
+    // SAFETY: SSE2 is part of every x86_64 CPU; the 16 bytes read are
+    // `block`'s, and an unaligned load may start anywhere.
+    let quotes = unsafe {
+        let chunk = _mm_loadu_si128(block.as_ptr().cast::<__m128i>());
+        _mm_movemask_epi8(_mm_cmpeq_epi8(chunk, _mm_set1_epi8(b'"' as i8)))
+    };
+    Some(quotes as u32)
 }
 
 /// A list member's entries, read by the scanner.
@@ -471,6 +504,34 @@ mod tests {
             // Never less than the values; at most three times (an object
             // member counts its `,`, its `:` and, a container, its bracket).
             prop_assert!(count >= exact && count <= 3 * exact + 1, "{count} for {exact}: {text}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_string_ends_where_byte_by_byte_it_does(
+            body in prop::collection::vec(
+                // Quotes rare enough that a run of 16 bytes often has none.
+                prop_oneof![1 => Just(b'"'), 2 => Just(b'\\'), 6 => Just(b'a'), 2 => any::<u8>()],
+                0..80,
+            ),
+            start in 0usize..80,
+        ) {
+            let start = start.min(body.len());
+            // The first quote not escaped by an odd run of backslashes.
+            let mut escaped = false;
+            let mut reference = None;
+            for (at, &byte) in body.iter().enumerate().skip(start) {
+                match byte {
+                    b'"' if !escaped => {
+                        reference = Some(at + 1);
+                        break;
+                    }
+                    b'\\' => escaped = !escaped,
+                    _ => escaped = false,
+                }
+            }
+            prop_assert_eq!(skip_string(&body, start), reference);
         }
     }
 
