@@ -139,11 +139,11 @@ pub fn is_name(name: &[u8], known: &[u8]) -> bool {
 pub struct ConnectionListed<'a>(Vec<&'a [u8]>);
 
 impl<'a> ConnectionListed<'a> {
-    /// The names in `values`, the `Connection` fields' values.
-    pub fn of(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
+    /// The names the `Connection` fields of `headers` list.
+    pub fn of(headers: &'a HeaderMap) -> Self {
         let mut listed = ConnectionListed::default();
-        for value in values {
-            listed.add(value);
+        for value in headers.get_all(http::header::CONNECTION) {
+            listed.add(value.as_bytes());
         }
         listed
     }
@@ -342,13 +342,23 @@ mod tests {
 
     #[test]
     fn connection_lists_the_fields_of_this_hop_but_not_its_own_options() {
-        let listed = ConnectionListed::of([&b"keep-alive, X-Foo ,,close"[..], b"x-bar"]);
+        let connection = |values: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(http::header::CONNECTION, HeaderValue::from_static(value));
+            }
+            headers
+        };
+        let headers = connection(&["keep-alive, X-Foo ,,close", "x-bar"]);
+        let listed = ConnectionListed::of(&headers);
         assert!(listed.names(b"x-foo") && listed.names(b"X-BAR"));
         assert!(!listed.names(b"keep-alive") && !listed.names(b"close"));
         assert!(!listed.names(b"x-baz") && !listed.names(b""));
-        assert!(ConnectionListed::of([&b"Keep-Alive"[..], b" close "])
-            .0
-            .is_empty());
+        assert!(
+            ConnectionListed::of(&connection(&["Keep-Alive", " close "]))
+                .0
+                .is_empty()
+        );
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! keeps is UTF-8, with a call per string: a small request or a streamed
 //! chunk has a dozen strings or more, and those checks were 3–6% of an
 //! agent request's instructions. Text known to be UTF-8 is read without
-//! them, and one check of the whole text ([`utf8`], simdutf8's) costs less. A Responses or Messages body is read by [`scan`]: a
-//! tool's schema and description (most of a coding agent's request) are
-//! scanned 16 to 64 bytes at a time and kept as text, the rest parsed by
-//! serde_json where it stands.
+//! them, and one check of the whole text ([`utf8`], simdutf8's) costs less.
+//! A Responses or Messages body is read by [`scan`]: a tool's schema and
+//! description (most of a coding agent's request) are scanned 16 to 64
+//! bytes at a time and kept as text, the rest parsed by serde_json where it
+//! stands.
 //!
 //! Writing: serde_json escapes a string a byte at a time, which was 30% of
 //! a coding agent's request (its prompts and histories are mostly text).
@@ -42,9 +43,9 @@ pub fn utf8(bytes: &[u8]) -> Option<&str> {
 
 /// Whether `bytes` is one JSON value, as [`from_bytes`] accepts it, the
 /// fault named as serde_json names it. Checked by the [`scan::Scanner`] (it
-/// accepts what serde_json's skipping accepts, 16 to 64 bytes at a time): a fifth
-/// fewer instructions than serde_json's skip on a small chat request, and
-/// half on a coding agent's.
+/// accepts what serde_json's skipping accepts, 16 to 64 bytes at a time): a
+/// fifth fewer instructions than serde_json's skip on a small chat request,
+/// and half on a coding agent's.
 /// What the scanner refuses is read by serde_json, which names the fault or
 /// accepts what only it does (nesting past [`scan::MAX_DEPTH`], a stray
 /// byte that is no UTF-8 in a string).

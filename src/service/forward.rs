@@ -52,8 +52,7 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
 /// `Upgrade`, the protocol switched to, with `Connection: Upgrade` alone.
 pub fn drop_hop_fields(answer: &mut ResponseHeader) -> Result<()> {
     let switching = answer.status == http::StatusCode::SWITCHING_PROTOCOLS;
-    let connection = answer.headers.get_all(header::CONNECTION);
-    let listed = ConnectionListed::of(connection.iter().map(http::HeaderValue::as_bytes));
+    let listed = ConnectionListed::of(&answer.headers);
     let framing = [
         header::CONNECTION,
         header::TRANSFER_ENCODING,
@@ -148,8 +147,7 @@ async fn relay(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let connection = incoming.headers.get_all(header::CONNECTION);
-    let listed = ConnectionListed::of(connection.iter().map(http::HeaderValue::as_bytes));
+    let listed = ConnectionListed::of(&incoming.headers);
     let headers: Vec<_> = incoming
         .headers
         .iter()
