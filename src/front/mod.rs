@@ -141,9 +141,9 @@ pub fn picked_object_and_tools<'a, const N: usize>(
         if name == "tools" {
             tools = lenient(scan, shape, Nesting::List(0))?;
         } else if let Some(slot) = picked.position(&name) {
-            picked.values[slot] = Some(scan.parse()?);
+            picked.values[slot] = Some(scan.parse_value()?);
         } else {
-            let value = scan.parse()?;
+            let value = scan.parse_value()?;
             parsed.insert(name.into_owned(), value);
         }
         Ok::<_, BadJson>(())
@@ -548,7 +548,7 @@ fn lenient<'a>(
                     let list = lenient(scan, shape, Nesting::List(depth + 1))?;
                     nested = Some(Box::new(list));
                 } else {
-                    let value = scan.parse()?;
+                    let value = scan.parse_value()?;
                     fields.insert(name.into_owned(), value);
                 }
                 Ok::<_, BadJson>(())
@@ -565,7 +565,7 @@ fn lenient<'a>(
             scan.value()?;
             Ok(Tools::None)
         }
-        _ => Ok(Tools::Other(scan.parse()?)),
+        _ => Ok(Tools::Other(scan.parse_value()?)),
     }
 }
 
