@@ -18,6 +18,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
+use super::known_tools::Declared;
 use super::{
     description, function_tools, invalid, new_id, note_dropped, picked_object_and_tools,
     required_str, system_prompt, take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder,
@@ -81,6 +82,7 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 
 /// A tool's schema, kept as the text it came as.
 const TOOL: ToolShape = ToolShape {
+    dialect: Dialect::Messages,
     schema: "input_schema",
     nested: None,
 };
@@ -100,7 +102,9 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     let mut system = decode_system(read.take("system"))?;
     decode_messages(read.take("messages"), &mut conv.items, &mut system)?;
     conv.system = system_prompt(system);
-    conv.tools = decode_tools(tools, &mut ctx)?;
+    let declared = tools.declared(Dialect::Messages, decode_tools)?;
+    conv.tools.clone_from(&declared.tools);
+    ctx.dropped_tools.clone_from(&declared.dropped);
     conv.options = decode_options(&mut read, &mut top, &mut conv.params)?;
     // Claude Code's carries its session id; an app's, its user.
     conv.session.clone_from(&conv.options.user);
@@ -359,8 +363,9 @@ fn decode_image(block: Map<String, Value>) -> Part {
 }
 
 /// Custom tools become functions; server tools (any other `type`) are dropped.
-fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>>, ApiError> {
-    function_tools(tools, |tool, out| {
+fn decode_tools(tools: Tools) -> Result<Declared, ApiError> {
+    let mut dropped = Vec::new();
+    let tools = function_tools(tools, |tool, out| {
         let ToolObject {
             param,
             fields: mut tool,
@@ -372,7 +377,7 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>
             None => {}
             Some(kind) if kind == "custom" => {}
             Some(kind) => {
-                note_dropped(&mut ctx.dropped_tools, kind);
+                note_dropped(&mut dropped, kind);
                 return Ok(());
             }
         }
@@ -387,6 +392,11 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>
             extra: tool.into_map(),
         }));
         Ok(())
+    })?;
+    Ok(Declared {
+        tools,
+        dropped,
+        ..Declared::default()
     })
 }
 
@@ -1725,6 +1735,27 @@ mod tests {
         assert_eq!(decode(b"{\"messages\": ").unwrap_err().status, 400);
         // No `max_tokens`: fine here, whatever Anthropic says.
         assert!(decode_json(json!({"messages": hi})).is_ok());
+    }
+
+    #[test]
+    fn tools_known_from_an_earlier_request_decode_as_read_afresh() {
+        let round2 = fixture("claude-code-2.1.330-tool-round2.request.json");
+        let body = round2.clone();
+        // A thread of its own: nothing known yet.
+        let fresh = std::thread::spawn(move || decode(&body).unwrap())
+            .join()
+            .unwrap();
+        decode(&fixture("claude-code-2.1.330-plain.request.json")).unwrap();
+        let text = std::str::from_utf8(&round2).unwrap();
+        let tools = text.find("\"tools\":").unwrap() + "\"tools\":".len();
+        assert!(
+            super::super::known_tools::find(Dialect::Messages, text[tools..].trim_start())
+                .is_some()
+        );
+        let (known, ctx) = decode(&round2).unwrap();
+        assert_eq!(format!("{known:?}"), format!("{:?}", fresh.0));
+        assert_eq!(ctx.dropped_tools, fresh.1.dropped_tools);
+        assert!(known.tools.len() > 10);
     }
 
     #[test]

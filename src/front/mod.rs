@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod chat;
+pub mod known_tools;
 pub mod messages;
 pub mod responses;
 
@@ -18,10 +19,13 @@ use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
-use crate::conversation::{Description, Finish, FunctionTool, Reasoning, Schema, ToolCall, Usage};
+use crate::conversation::{
+    Description, Dialect, Finish, FunctionTool, Reasoning, Schema, ToolCall, Usage,
+};
 use crate::error::ApiError;
 use crate::json::scan::{BadJson, ScanError, Scanner, MAX_DEPTH};
 use crate::json::Raw;
+use known_tools::Declared;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
 /// bytes to `out` as each call comes; non-streaming ones collect and write
@@ -128,7 +132,7 @@ pub fn picked_object_and_tools<'a, const N: usize>(
     body: &'a [u8],
     shape: ToolShape,
     names: &'static [&'static str; N],
-) -> Result<(Picked<N>, Map<String, Value>, Tools<'a>), ApiError> {
+) -> Result<(Picked<N>, Map<String, Value>, ReadTools<'a>), ApiError> {
     let text = crate::json::utf8(body).ok_or_else(|| not_json(explain(body, None)))?;
     let mut scan = Scanner::new(text);
     let mut picked = Picked {
@@ -136,10 +140,27 @@ pub fn picked_object_and_tools<'a, const N: usize>(
         values: Box::new(std::array::from_fn(|_| None)),
     };
     let mut parsed = Map::new();
-    let mut tools = Tools::None;
+    let mut tools = ReadTools::Read {
+        tools: Tools::None,
+        text: "",
+    };
     let read = scan.object(|scan, name| {
         if name == "tools" {
-            tools = lenient(scan, shape, Nesting::List(0))?;
+            let rest = scan.rest();
+            tools = match known_tools::find(shape.dialect, rest) {
+                Some((len, declared)) => {
+                    scan.pass(len);
+                    ReadTools::Known(declared)
+                }
+                None => {
+                    let start = scan.offset();
+                    let read = lenient(scan, shape, Nesting::List(0))?;
+                    ReadTools::Read {
+                        tools: read,
+                        text: &rest[..scan.offset() - start],
+                    }
+                }
+            };
         } else if let Some(slot) = picked.position(&name) {
             picked.values[slot] = Some(scan.parse_value()?);
         } else {
@@ -225,6 +246,9 @@ impl<'de> Visitor<'de> for AnObject {
 /// The members of a dialect's tool object read apart from the others.
 #[derive(Clone, Copy)]
 pub struct ToolShape {
+    /// Whose tools: the lists a front decoded are known to it alone
+    /// ([`known_tools`]).
+    pub dialect: Dialect,
     /// A function's schema (`parameters`, `input_schema`): kept as text.
     pub schema: &'static str,
     /// The tools a tool groups (a Responses `namespace`'s `tools`), read
@@ -344,6 +368,32 @@ impl Take for ToolFields {
         match Self::slot(key).and_then(|slot| self.named[slot].take()) {
             Some(text) => Some(Value::String(text)),
             None => self.rest.remove(key),
+        }
+    }
+}
+
+/// A request's `tools`: a list decoded before, known by its text, or what
+/// the body's one pass read.
+pub enum ReadTools<'a> {
+    Known(Arc<Declared>),
+    Read { tools: Tools<'a>, text: &'a str },
+}
+
+impl<'a> ReadTools<'a> {
+    /// The tools declared: a known list's, else what `decode` makes of
+    /// them, then known to the requests that follow.
+    pub fn declared(
+        self,
+        dialect: Dialect,
+        decode: impl FnOnce(Tools<'a>) -> Result<Declared, ApiError>,
+    ) -> Result<Arc<Declared>, ApiError> {
+        match self {
+            ReadTools::Known(declared) => Ok(declared),
+            ReadTools::Read { tools, text } => {
+                let declared = Arc::new(decode(tools)?);
+                known_tools::keep(dialect, text, &declared);
+                Ok(declared)
+            }
         }
     }
 }

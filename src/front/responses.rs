@@ -17,10 +17,12 @@ use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use super::known_tools::Declared;
 use super::{
     description, each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
     picked_object_and_tools, required_str, system_prompt, take_bool, take_f64, take_str,
-    take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
+    take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, Picked, ReadTools, Take, ToolObject,
+    ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -41,7 +43,7 @@ pub struct Context {
     pub dropped_tools: Vec<String>,
     /// Flattened function name (`<namespace>__<name>`) → (namespace, name
     /// as the client declared it): the encoder puts them back on calls.
-    pub namespaced: HashMap<String, (String, String)>,
+    pub namespaced: Arc<HashMap<String, (String, String)>>,
     /// Request fields the Response object repeats.
     pub echo: Echo,
 }
@@ -113,6 +115,7 @@ impl Default for Echo {
 /// A function tool's schema, kept as the text it came as, and a
 /// namespace's tools, read as tools.
 pub const TOOL: ToolShape = ToolShape {
+    dialect: Dialect::Responses,
     schema: "parameters",
     nested: Some("tools"),
 };
@@ -154,7 +157,7 @@ pub type Read = Picked<{ READ.len() }>;
 pub fn decode_object(
     mut read: Read,
     mut top: Map<String, Value>,
-    tools: Tools,
+    tools: ReadTools,
 ) -> Result<(Conversation, Box<Context>), ApiError> {
     refuse_state(&read)?;
     // Boxed: it goes to the encoder through several hands, and is large.
@@ -167,7 +170,10 @@ pub fn decode_object(
     let instructions = take_str(&mut read, "instructions")?;
     let options = decode_options(&mut read, &mut top, &mut ctx)?;
 
-    conv.tools = decode_tools(tools, &mut ctx)?;
+    let declared = tools.declared(Dialect::Responses, decode_tools)?;
+    conv.tools.clone_from(&declared.tools);
+    ctx.dropped_tools.clone_from(&declared.dropped);
+    ctx.namespaced = declared.namespaced.clone();
 
     let mut system: Vec<String> = instructions
         .iter()
@@ -335,11 +341,14 @@ fn decode_format(format: Value) -> Result<Option<Format>, ApiError> {
     })
 }
 
-fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>>, ApiError> {
-    function_tools(tools, |mut tool, out| {
+fn decode_tools(tools: Tools) -> Result<Declared, ApiError> {
+    let (mut dropped, mut namespaced) = (Vec::new(), Arc::default());
+    let tools = function_tools(tools, |mut tool, out| {
         let kind = required_str(&mut tool.fields, "type", tool.param)?;
         match kind.as_str() {
-            "function" | "custom" => out.push(Arc::new(function_tool(tool, &kind, None, ctx)?)),
+            "function" | "custom" => {
+                out.push(Arc::new(function_tool(tool, &kind, None, &mut namespaced)?))
+            }
             "namespace" => {
                 let namespace = required_str(&mut tool.fields, "name", tool.param)?;
                 let list = tool.param.field("tools");
@@ -347,16 +356,22 @@ fn decode_tools(tools: Tools, ctx: &mut Context) -> Result<Vec<Arc<FunctionTool>
                 each_tool(nested_tools(tool.nested, list)?, list, |mut inner| {
                     let kind = required_str(&mut inner.fields, "type", inner.param)?;
                     if kind == "function" || kind == "custom" {
-                        out.push(Arc::new(function_tool(inner, &kind, namespace, ctx)?));
+                        let tool = function_tool(inner, &kind, namespace, &mut namespaced)?;
+                        out.push(Arc::new(tool));
                     } else {
-                        note_dropped(&mut ctx.dropped_tools, kind);
+                        note_dropped(&mut dropped, kind);
                     }
                     Ok(())
                 })?;
             }
-            _ => note_dropped(&mut ctx.dropped_tools, kind),
+            _ => note_dropped(&mut dropped, kind),
         }
         Ok(())
+    })?;
+    Ok(Declared {
+        tools,
+        dropped,
+        namespaced,
     })
 }
 
@@ -367,7 +382,7 @@ fn function_tool(
     tool: ToolObject,
     kind: &str,
     namespace: Option<&str>,
-    ctx: &mut Context,
+    namespaced: &mut Namespaced,
 ) -> Result<FunctionTool, ApiError> {
     let ToolObject {
         param,
@@ -400,7 +415,7 @@ fn function_tool(
     };
     Ok(FunctionTool {
         name: match namespace {
-            Some(namespace) => flatten(ctx, namespace, name),
+            Some(namespace) => flatten(namespaced, namespace, name),
             None => name,
         },
         description,
@@ -411,13 +426,18 @@ fn function_tool(
 }
 
 /// `<namespace>__<name>`, remembered so calls can be handed back as sent.
-fn flatten(ctx: &mut Context, namespace: &str, name: String) -> String {
+fn flatten(namespaced: &mut Namespaced, namespace: &str, name: String) -> String {
     let flat = [namespace, NAMESPACE_SEPARATOR, &name].concat();
-    ctx.namespaced
-        .entry(flat.clone())
-        .or_insert_with(|| (namespace.to_owned(), name));
+    // Shared with the tools' decoding (see `known_tools`): copied only for
+    // a name of a call's own.
+    if !namespaced.contains_key(&flat) {
+        Arc::make_mut(namespaced).insert(flat.clone(), (namespace.to_owned(), name));
+    }
     flat
 }
+
+/// Flattened function name → (namespace, name as the client declared it).
+type Namespaced = Arc<HashMap<String, (String, String)>>;
 
 fn decode_input(
     input: Option<Value>,
@@ -590,7 +610,7 @@ fn decode_item(item: Value, param: At<'_>, ctx: &mut Context) -> Result<Option<I
             let mut name = required_str(&mut item, "name", param)?;
             let namespace = take_str_at(&mut item, "namespace", param.field("namespace"))?;
             if let Some(namespace) = namespace {
-                name = flatten(ctx, &namespace, name);
+                name = flatten(&mut ctx.namespaced, &namespace, name);
             }
             let (field, kind) = if kind == "function_call" {
                 ("arguments", CallKind::Function)
@@ -1965,6 +1985,7 @@ impl From<Usage> for UsageOut {
 mod tests {
     use super::*;
     use crate::conversation::Description;
+    use crate::front::known_tools;
 
     const CODEX_ROUND1: &[u8] =
         include_bytes!("../../tests/fixtures/clients/codex-0.169.0-round1.request.json");
@@ -2495,6 +2516,33 @@ mod tests {
         let e = decode(b"{\"input\": ").unwrap_err();
         assert_eq!((e.status, e.param), (400, None));
         assert_eq!(decode(b"[1]").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn tools_known_from_an_earlier_request_decode_as_read_afresh() {
+        // A thread of its own: nothing known yet.
+        let fresh = std::thread::spawn(|| decode(CODEX_ROUND2).unwrap())
+            .join()
+            .unwrap();
+        let (_, ctx) = decode(CODEX_ROUND1).unwrap();
+        let body = std::str::from_utf8(CODEX_ROUND2).unwrap();
+        let tools = body.find("\"tools\":").unwrap() + "\"tools\":".len();
+        assert!(known_tools::find(Dialect::Responses, body[tools..].trim_start()).is_some());
+        let (known, known_ctx) = decode(CODEX_ROUND2).unwrap();
+        assert_eq!(format!("{known:?}"), format!("{:?}", fresh.0));
+        assert_eq!(known_ctx.namespaced, fresh.1.namespaced);
+        assert_eq!(known_ctx.dropped_tools, fresh.1.dropped_tools);
+        assert!(!ctx.namespaced.is_empty());
+        // A list that differs from the known text is read anew.
+        let mut other: Value = serde_json::from_slice(CODEX_ROUND2).unwrap();
+        other["tools"].as_array_mut().unwrap().remove(0);
+        let other = serde_json::to_vec(&other).unwrap();
+        let (fewer, _) = decode(&other).unwrap();
+        let fresh = std::thread::spawn(move || decode(&other).unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(format!("{fewer:?}"), format!("{:?}", fresh.0));
+        assert!(fewer.tools.len() < known.tools.len());
     }
 
     #[test]

@@ -94,6 +94,23 @@ impl<'a> Scanner<'a> {
         Ok(())
     }
 
+    /// The text from the next value on, whitespace taken.
+    pub fn rest(&mut self) -> &'a str {
+        self.peek();
+        &self.text[self.at..]
+    }
+
+    /// How far the scanner is in the text, in bytes.
+    pub fn offset(&self) -> usize {
+        self.at
+    }
+
+    /// Takes the next `len` bytes of [`rest`](Self::rest), which the caller
+    /// knows to be one whole value.
+    pub fn pass(&mut self, len: usize) {
+        self.at = (self.at + len).min(self.text.len());
+    }
+
     /// How many `[`, `{`, `,` and `:` were taken so far.
     pub fn marks(&self) -> usize {
         self.marks

@@ -1,0 +1,119 @@
+//! The tool lists of recent requests, decoded, by their text. A coding
+//! agent sends the same tools with every request of a session (Claude
+//! Code's: 32 KB of schemas and descriptions), and reading them was a
+//! quarter of its request's instructions: each string scanned, each schema
+//! checked to be JSON. A request whose `tools` begin with the text of a
+//! list decoded before takes that list's decoding and moves past its text.
+//!
+//! The text decoded before was a whole JSON array, checked, so the same
+//! bytes at the same place read as the same value to the same end: a match
+//! skips nothing the scanner would have refused. Only lists decoded without
+//! error are kept.
+//!
+//! Each thread keeps its own few (no lock on the request path), the last
+//! used kept longest. Bounded: [`KEPT`] lists per thread of at most
+//! [`LARGEST`] bytes of text each; lists under [`SMALLEST`] are read again,
+//! cheaper than kept.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::conversation::{Dialect, FunctionTool};
+
+/// Lists kept per thread.
+const KEPT: usize = 4;
+/// A list's text, at least, to be kept.
+const SMALLEST: usize = 1024;
+/// A list's text, at most, to be kept.
+const LARGEST: usize = 128 * 1024;
+
+/// A request's tools as a front decoded them, with what decoding them
+/// learned.
+#[derive(Debug, Default)]
+pub struct Declared {
+    pub tools: Vec<Arc<FunctionTool>>,
+    /// Types of the hosted tools dropped (the upstream cannot run them).
+    pub dropped: Vec<String>,
+    /// Responses: flattened name (`<namespace>__<name>`) → (namespace, name).
+    pub namespaced: Arc<HashMap<String, (String, String)>>,
+}
+
+struct Known {
+    dialect: Dialect,
+    text: Box<str>,
+    declared: Arc<Declared>,
+}
+
+thread_local! {
+    /// Least recently used first.
+    static KNOWN: RefCell<Vec<Known>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The list `dialect`'s decoder made of the text `rest` begins with, and
+/// that text's length.
+pub fn find(dialect: Dialect, rest: &str) -> Option<(usize, Arc<Declared>)> {
+    KNOWN.with_borrow_mut(|known| {
+        let at = known.iter().rposition(|k| {
+            k.dialect == dialect && rest.as_bytes().starts_with(k.text.as_bytes())
+        })?;
+        let hit = known.remove(at);
+        let found = (hit.text.len(), hit.declared.clone());
+        known.push(hit);
+        Some(found)
+    })
+}
+
+/// Keeps what `dialect`'s decoder made of `text`, a JSON array read whole.
+pub fn keep(dialect: Dialect, text: &str, declared: &Arc<Declared>) {
+    if !(SMALLEST..=LARGEST).contains(&text.len()) {
+        return;
+    }
+    KNOWN.with_borrow_mut(|known| {
+        if known.len() == KEPT {
+            known.remove(0);
+        }
+        known.push(Known {
+            dialect,
+            text: text.into(),
+            declared: declared.clone(),
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(n: usize) -> String {
+        format!("[{}]", "{\"name\":\"t\"},".repeat(n) + "{}")
+    }
+
+    #[test]
+    fn a_list_is_found_by_its_text_and_dialect_and_the_last_used_kept_longest() {
+        let (a, b) = (list(100), list(101));
+        let declared = Arc::new(Declared::default());
+        keep(Dialect::Messages, &a, &declared);
+        keep(Dialect::Messages, &b, &declared);
+        let body = format!("{a}, \"model\": \"m\"}}");
+        assert_eq!(find(Dialect::Messages, &body).map(|f| f.0), Some(a.len()));
+        assert!(find(Dialect::Responses, &body).is_none());
+        assert!(find(Dialect::Messages, &a[..a.len() - 1]).is_none());
+        // `a` was used last: three more lists push `b` out first.
+        for n in 0..3 {
+            keep(Dialect::Responses, &list(200 + n), &declared);
+        }
+        assert!(find(Dialect::Messages, &b).is_none());
+        assert!(find(Dialect::Messages, &a).is_some());
+    }
+
+    #[test]
+    fn small_and_large_lists_are_not_kept() {
+        let declared = Arc::new(Declared::default());
+        let (small, large) = (list(2), list(LARGEST / 12));
+        keep(Dialect::Messages, &small, &declared);
+        keep(Dialect::Messages, &large, &declared);
+        assert!(find(Dialect::Messages, &small).is_none());
+        assert!(find(Dialect::Messages, &large).is_none());
+    }
+}
