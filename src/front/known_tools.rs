@@ -48,6 +48,12 @@ struct Known {
 thread_local! {
     /// Least recently used first.
     static KNOWN: RefCell<Vec<Known>> = const { RefCell::new(Vec::new()) };
+    static NONE: Arc<Declared> = Arc::default();
+}
+
+/// No tools: what most requests declare, without an allocation each.
+pub fn none() -> Arc<Declared> {
+    NONE.with(Arc::clone)
 }
 
 /// The list `dialect`'s decoder made of the text `rest` begins with, and

@@ -389,6 +389,10 @@ impl<'a> ReadTools<'a> {
     ) -> Result<Arc<Declared>, ApiError> {
         match self {
             ReadTools::Known(declared) => Ok(declared),
+            ReadTools::Read {
+                tools: Tools::None,
+                ..
+            } => Ok(known_tools::none()),
             ReadTools::Read { tools, text } => {
                 let declared = Arc::new(decode(tools)?);
                 known_tools::keep(dialect, text, &declared);
