@@ -69,6 +69,7 @@ enum Member {
     Messages,
     Input,
     Stream,
+    Tools,
     Other,
 }
 
@@ -186,6 +187,21 @@ impl<'a> Shape<'a> {
                         }
                     }
                 }
+                b'[' if scan.depth == 1 && scan.value_next && scan.member == Member::Tools => {
+                    // A list of tools decoded before: its count is known.
+                    scan.begins(byte);
+                    match super::known_tools::values(&body[at - 1..]) {
+                        Some((len, values)) => {
+                            scan.shape.values += values;
+                            at += len - 1;
+                        }
+                        None => {
+                            scan.shape.values += 1;
+                            scan.depth += 1;
+                            scan.entry_next = true;
+                        }
+                    }
+                }
                 b'[' | b'{' => {
                     scan.shape.values += 1;
                     scan.begins(byte);
@@ -230,6 +246,13 @@ impl<'a> Shape<'a> {
         let closed = scan.depth == 0;
         (scan.end(closed), said)
     }
+}
+
+/// The values in `list`, a JSON array, as [`Shape::of`] counts them.
+pub fn values_in(list: &[u8]) -> usize {
+    let mut values = 1;
+    deep(list, 1, &mut values);
+    values
 }
 
 /// Counts the values of an array or object from just inside its opening
@@ -364,6 +387,7 @@ impl<'a> Scan<'a> {
                 b"messages" => Member::Messages,
                 b"input" => Member::Input,
                 b"stream" => Member::Stream,
+                b"tools" => Member::Tools,
                 _ => Member::Other,
             };
             return false;
@@ -533,6 +557,30 @@ mod tests {
             }
             prop_assert_eq!(skip_string(&body, start), reference);
         }
+    }
+
+    #[test]
+    fn a_known_tools_list_counts_as_read() {
+        let tool = |i| {
+            serde_json::json!({"name": format!("t{i}"), "description": "a, b: [c]",
+                "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}}})
+        };
+        let tools = serde_json::to_string(&(0..30).map(tool).collect::<Vec<_>>()).unwrap();
+        let body = format!(
+            r#"{{"model":"m","tools": {tools} ,"messages":[{{"role":"user","content":"hi"}}],"stream":true}}"#
+        );
+        let fresh = {
+            let body = body.clone();
+            std::thread::spawn(move || format!("{:?}", Shape::of(body.as_bytes())))
+                .join()
+                .unwrap()
+        };
+        let declared = std::sync::Arc::default();
+        super::super::known_tools::keep(crate::conversation::Dialect::Messages, &tools, &declared);
+        assert!(super::super::known_tools::values(tools.as_bytes()).is_some());
+        assert_eq!(format!("{:?}", Shape::of(body.as_bytes())), fresh);
+        // Its `[` and what follows a mark in it; the reference adds a root.
+        assert_eq!(values_in(tools.as_bytes()) + 1, reference(tools.as_bytes()));
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct Declared {
 struct Known {
     dialect: Dialect,
     text: Box<str>,
+    /// The values in it, as the body's shape pass counts them.
+    values: usize,
     declared: Arc<Declared>,
 }
 
@@ -70,6 +72,15 @@ pub fn find(dialect: Dialect, rest: &str) -> Option<(usize, Arc<Declared>)> {
     })
 }
 
+/// The length of the known list `rest` begins with (any front's), and the
+/// values in it: what the body's shape pass counts without reading it.
+pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
+    KNOWN.with_borrow(|known| {
+        let k = known.iter().find(|k| rest.starts_with(k.text.as_bytes()))?;
+        Some((k.text.len(), k.values))
+    })
+}
+
 /// Keeps what `dialect`'s decoder made of `text`, a JSON array read whole.
 pub fn keep(dialect: Dialect, text: &str, declared: &Arc<Declared>) {
     if !(SMALLEST..=LARGEST).contains(&text.len()) {
@@ -82,6 +93,7 @@ pub fn keep(dialect: Dialect, text: &str, declared: &Arc<Declared>) {
         known.push(Known {
             dialect,
             text: text.into(),
+            values: super::budget::values_in(text.as_bytes()),
             declared: declared.clone(),
         });
     });

@@ -390,8 +390,7 @@ impl<'a> ReadTools<'a> {
         match self {
             ReadTools::Known(declared) => Ok(declared),
             ReadTools::Read {
-                tools: Tools::None,
-                ..
+                tools: Tools::None, ..
             } => Ok(known_tools::none()),
             ReadTools::Read { tools, text } => {
                 let declared = Arc::new(decode(tools)?);
