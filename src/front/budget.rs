@@ -576,8 +576,8 @@ mod tests {
                 .unwrap()
         };
         let declared = std::sync::Arc::default();
-        super::super::known_tools::keep(crate::conversation::Dialect::Messages, &tools, &declared);
-        assert!(super::super::known_tools::values(tools.as_bytes()).is_some());
+        crate::front::known_tools::keep(crate::conversation::Dialect::Messages, &tools, &declared);
+        assert!(crate::front::known_tools::values(tools.as_bytes()).is_some());
         assert_eq!(format!("{:?}", Shape::of(body.as_bytes())), fresh);
         // Its `[` and what follows a mark in it; the reference adds a root.
         assert_eq!(values_in(tools.as_bytes()) + 1, reference(tools.as_bytes()));

@@ -3,7 +3,8 @@
 //! Code's: 32 KB of schemas and descriptions), and reading them was a
 //! quarter of its request's instructions: each string scanned, each schema
 //! checked to be JSON. A request whose `tools` begin with the text of a
-//! list decoded before takes that list's decoding and moves past its text.
+//! list decoded before takes that list's decoding and moves past its text;
+//! the body's shape pass, before it, adds the list's count of values.
 //!
 //! The text decoded before was a whole JSON array, checked, so the same
 //! bytes at the same place read as the same value to the same end: a match
@@ -35,9 +36,13 @@ pub struct Declared {
     pub tools: Vec<Arc<FunctionTool>>,
     /// Types of the hosted tools dropped (the upstream cannot run them).
     pub dropped: Vec<String>,
-    /// Responses: flattened name (`<namespace>__<name>`) → (namespace, name).
-    pub namespaced: Arc<HashMap<String, (String, String)>>,
+    /// Responses' namespaced functions.
+    pub namespaced: Namespaced,
 }
+
+/// Flattened function name (`<namespace>__<name>`) → (namespace, name as
+/// the client declared it), shared by the requests declaring them.
+pub type Namespaced = Arc<HashMap<String, (String, String)>>;
 
 struct Known {
     dialect: Dialect,

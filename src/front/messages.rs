@@ -1749,7 +1749,7 @@ mod tests {
         let text = std::str::from_utf8(&round2).unwrap();
         let tools = text.find("\"tools\":").unwrap() + "\"tools\":".len();
         assert!(
-            super::super::known_tools::find(Dialect::Messages, text[tools..].trim_start())
+            crate::front::known_tools::find(Dialect::Messages, text[tools..].trim_start())
                 .is_some()
         );
         let (known, ctx) = decode(&round2).unwrap();

@@ -10,14 +10,13 @@
 //! is `previous_response_id` when it reaches the decoder (no store). Hosted tools are dropped; `namespace` tools are flattened to
 //! `<namespace>__<name>` functions and restored on the calls handed back.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::known_tools::Declared;
+use super::known_tools::{Declared, Namespaced};
 use super::{
     description, each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
     picked_object_and_tools, required_str, system_prompt, take_bool, take_f64, take_str,
@@ -41,9 +40,9 @@ pub struct Context {
     /// Types of the hosted tools the client declared (`web_search`, `mcp`,
     /// …): the proxy cannot run them, so they are dropped; the caller logs them.
     pub dropped_tools: Vec<String>,
-    /// Flattened function name (`<namespace>__<name>`) → (namespace, name
-    /// as the client declared it): the encoder puts them back on calls.
-    pub namespaced: Arc<HashMap<String, (String, String)>>,
+    /// The namespaced functions declared or called: the encoder puts
+    /// their names back on calls.
+    pub namespaced: Namespaced,
     /// Request fields the Response object repeats.
     pub echo: Echo,
 }
@@ -435,9 +434,6 @@ fn flatten(namespaced: &mut Namespaced, namespace: &str, name: String) -> String
     }
     flat
 }
-
-/// Flattened function name → (namespace, name as the client declared it).
-type Namespaced = Arc<HashMap<String, (String, String)>>;
 
 fn decode_input(
     input: Option<Value>,
