@@ -170,58 +170,29 @@ impl<'a> Scanner<'a> {
                 Value::String(self.string_value()?)
             }
             b'[' if depth < BUILD_DEPTH => {
-                self.at += 1;
                 let mut items = Vec::new();
-                if self.peek()? == b']' {
-                    self.at += 1;
-                } else {
-                    loop {
-                        items.push(self.build(depth + 1)?);
-                        match self.peek()? {
-                            b',' => self.at += 1,
-                            b']' => {
-                                self.at += 1;
-                                break;
-                            }
-                            _ => return None,
-                        }
-                    }
+                let mut more = self.open(b'[', b']').ok()?;
+                while more {
+                    items.push(self.build(depth + 1)?);
+                    more = self.more(b']').ok()?;
                 }
                 Value::Array(items)
             }
             b'{' if depth < BUILD_DEPTH => {
-                self.at += 1;
                 let mut members = Map::new();
-                if self.peek()? == b'}' {
-                    self.at += 1;
-                    return Some(Value::Object(members));
-                }
-                loop {
-                    if self.peek()? != b'"' {
-                        return None;
-                    }
-                    self.at += 1;
+                let mut more = self.open(b'{', b'}').ok()?;
+                while more {
+                    self.expect(b'"').ok()?;
                     let name = self.string_value()?;
                     // serde_json reads an object led by its raw value's
                     // token as the JSON text it holds.
                     if members.is_empty() && name == RAW_VALUE_TOKEN {
                         return None;
                     }
-                    if self.peek()? != b':' {
-                        return None;
-                    }
-                    self.at += 1;
-                    let value = self.build(depth + 1)?;
+                    self.expect(b':').ok()?;
                     // A name given twice keeps its place and the last value.
-                    members.insert(name, value);
-                    match self.peek()? {
-                        b',' => self.at += 1,
-                        b'}' => {
-                            self.at += 1;
-                            break;
-                        }
-                        _ => return None,
-                    }
+                    members.insert(name, self.build(depth + 1)?);
+                    more = self.more(b'}').ok()?;
                 }
                 Value::Object(members)
             }
