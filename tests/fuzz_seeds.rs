@@ -8,6 +8,8 @@ use std::path::Path;
 
 #[path = "../fuzz/checks/config.rs"]
 mod config;
+#[path = "../fuzz/checks/json_values.rs"]
+mod json_values;
 #[path = "../fuzz/checks/request_head.rs"]
 mod request_head;
 #[path = "../fuzz/checks/rewrite.rs"]
@@ -63,4 +65,9 @@ fn round_decoders_seeds() {
 #[test]
 fn request_head_seeds() {
     replay("request_head", request_head::check);
+}
+
+#[test]
+fn json_values_seeds() {
+    replay("json_values", json_values::check);
 }
