@@ -12,9 +12,8 @@
 //! error are kept.
 //!
 //! Each thread keeps its own few (no lock on the request path), the last
-//! used kept longest. Bounded: [`KEPT`] lists per thread of at most
-//! [`LARGEST`] bytes of text each; lists under [`SMALLEST`] are read again,
-//! cheaper than kept.
+//! used kept longest. Bounded: 4 lists per thread of at most 128 KiB of
+//! text each; lists under 1 KiB are read again, cheaper than kept.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

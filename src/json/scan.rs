@@ -11,9 +11,10 @@
 //!
 //! It accepts what serde_json's skipping accepts, no more: control bytes in
 //! strings, bad escapes, numbers off the grammar, unbalanced brackets and
-//! trailing text are errors. Values the caller keeps as values are parsed by
-//! serde_json where they stand ([`Scanner::parse`]), so nothing is read
-//! twice. One bound of ours: nesting deeper than [`MAX_DEPTH`] is refused.
+//! trailing text are errors. Values the caller keeps as values are built
+//! where they stand ([`Scanner::parse_value`]: serde_json's values and
+//! errors), so nothing is read twice. One bound of ours: nesting deeper
+//! than [`MAX_DEPTH`] is refused.
 
 use std::borrow::Cow;
 
