@@ -187,22 +187,14 @@ impl<'a> Shape<'a> {
                         }
                     }
                 }
-                b'[' if scan.depth == 1 && scan.value_next && scan.member == Member::Tools => {
-                    // A list of tools decoded before: its count is known.
-                    scan.begins(byte);
-                    match super::known_tools::values(&body[at - 1..]) {
-                        Some((len, values)) => {
-                            scan.shape.values += values;
-                            at += len - 1;
-                        }
-                        None => {
-                            scan.shape.values += 1;
-                            scan.depth += 1;
-                            scan.entry_next = true;
-                        }
-                    }
-                }
                 b'[' | b'{' => {
+                    if let Some((len, values)) = scan.known_tools(&body[at - 1..]) {
+                        // A list of tools decoded before: its count is known.
+                        scan.begins(byte);
+                        scan.shape.values += values;
+                        at += len - 1;
+                        continue;
+                    }
                     scan.shape.values += 1;
                     scan.begins(byte);
                     scan.depth += 1;
@@ -402,6 +394,16 @@ impl<'a> Scan<'a> {
         }
         self.begins(b'"');
         model
+    }
+
+    /// Where the root's `tools` begin (`rest`), a list decoded before: its
+    /// length and its values ([`known_tools`](super::known_tools)).
+    fn known_tools(&self, rest: &[u8]) -> Option<(usize, usize)> {
+        let tools = self.depth == 1 && self.value_next && self.member == Member::Tools;
+        if tools && rest.first() == Some(&b'[') {
+            return super::known_tools::values(rest);
+        }
+        None
     }
 
     /// A value begins with `byte` (or a scalar goes on, for which nothing
