@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand};
 
 use load::{Answer, Load};
 use procs::Process;
-use report::{Memory, Report, Run, StreamCost, ToolRound};
+use report::{Memory, Peers, Report, Run, StreamCost, ToolRound};
 
 #[derive(Parser)]
 #[command(about = "Benchmarks agent-proxy against a direct upstream and nginx")]
@@ -183,9 +183,11 @@ enum Ask {
     /// The same as an Anthropic Messages request.
     Messages,
     /// A coding agent's real request (captured, in `tests/fixtures/clients`)
-    /// in its own dialect, for the agent with the shape's delay: its tools
-    /// offered with `tool_choice: none`, so the answer is text.
-    Client(ClientRequest),
+    /// in its own dialect: its tools offered with `tool_choice: none`, so
+    /// the answer is text. For the agent with the shape's delay, or (`agent:
+    /// false`) for the model `bench`, which no proxy knows as an agent: the
+    /// same bytes carried to the fake model as they are.
+    Client { request: ClientRequest, agent: bool },
     /// The fake HTTP tool's own request.
     Tool,
 }
@@ -244,6 +246,9 @@ struct Target {
     ask: Ask,
     /// The request body goes chunked (see [`load::Load::chunked`]).
     chunked: bool,
+    /// The targets it is measured against: the same request sent straight
+    /// and through nginx.
+    peers: Peers,
 }
 
 impl Target {
@@ -255,6 +260,24 @@ impl Target {
             path: "/v1/chat/completions",
             ask: Ask::Chat(model),
             chunked: false,
+            peers: Peers::SMALL,
+        }
+    }
+
+    /// A coding agent's request, served by `host` (to the agent, or as it
+    /// is), measured against the same request sent straight and through nginx.
+    const fn client(name: &'static str, host: Host, request: ClientRequest, agent: bool) -> Target {
+        let (path, peers) = match request {
+            ClientRequest::ClaudeCode => ("/v1/messages", Peers::CLAUDE_CODE),
+            ClientRequest::Codex => ("/v1/responses", Peers::CODEX),
+        };
+        Target {
+            name,
+            host,
+            path,
+            ask: Ask::Client { request, agent },
+            chunked: false,
+            peers,
         }
     }
 }
@@ -272,6 +295,7 @@ const AGENT_RESPONSES: Target = Target {
     path: "/v1/responses",
     ask: Ask::Responses { stored: true },
     chunked: false,
+    peers: Peers::SMALL,
 };
 /// The same, its answer not kept: the front door's cost without the
 /// response store's write.
@@ -287,23 +311,55 @@ const AGENT_MESSAGES: Target = Target {
     path: "/v1/messages",
     ask: Ask::Messages,
     chunked: false,
+    peers: Peers::SMALL,
 };
-/// The agent asked Claude Code's real request, tools and all.
-const AGENT_CLAUDE_CODE: Target = Target {
-    name: "agent (Claude Code's request)",
-    host: Host::Proxy,
-    path: "/v1/messages",
-    ask: Ask::Client(ClientRequest::ClaudeCode),
-    chunked: false,
-};
-/// The agent asked Codex CLI's real request.
-const AGENT_CODEX: Target = Target {
-    name: "agent (Codex's request)",
-    host: Host::Proxy,
-    path: "/v1/responses",
-    ask: Ask::Client(ClientRequest::Codex),
-    chunked: false,
-};
+/// Claude Code's real request, tools and all: to the agent, and as it is
+/// (straight, through nginx, passed through).
+const AGENT_CLAUDE_CODE: Target = Target::client(
+    "agent (Claude Code's request)",
+    Host::Proxy,
+    ClientRequest::ClaudeCode,
+    true,
+);
+const DIRECT_CLAUDE_CODE: Target = Target::client(
+    Peers::CLAUDE_CODE.direct,
+    Host::Upstream,
+    ClientRequest::ClaudeCode,
+    false,
+);
+const NGINX_CLAUDE_CODE: Target = Target::client(
+    Peers::CLAUDE_CODE.nginx,
+    Host::Nginx,
+    ClientRequest::ClaudeCode,
+    false,
+);
+const PASSTHROUGH_CLAUDE_CODE: Target = Target::client(
+    "passthrough (Claude Code's request)",
+    Host::Proxy,
+    ClientRequest::ClaudeCode,
+    false,
+);
+/// Codex CLI's real request, the same four ways.
+const AGENT_CODEX: Target = Target::client(
+    "agent (Codex's request)",
+    Host::Proxy,
+    ClientRequest::Codex,
+    true,
+);
+const DIRECT_CODEX: Target = Target::client(
+    Peers::CODEX.direct,
+    Host::Upstream,
+    ClientRequest::Codex,
+    false,
+);
+const NGINX_CODEX: Target =
+    Target::client(Peers::CODEX.nginx, Host::Nginx, ClientRequest::Codex, false);
+const PASSTHROUGH_CODEX: Target = Target::client(
+    "passthrough (Codex's request)",
+    Host::Proxy,
+    ClientRequest::Codex,
+    false,
+);
 /// The same three through `--baseline-bin`.
 const PASSTHROUGH_B: Target = Target::chat("passthrough (B)", Host::ProxyB, "bench");
 const AGENT_B: Target = Target::chat("agent (B)", Host::ProxyB, "plain");
@@ -327,6 +383,7 @@ const TOOL: Target = Target {
     path: "/tool",
     ask: Ask::Tool,
     chunked: false,
+    peers: Peers::SMALL,
 };
 
 /// The processes under test and how long to measure each.
@@ -401,9 +458,9 @@ impl Bench {
                 );
                 (body.into(), Answer::Messages)
             }
-            Ask::Client(request) => {
-                let body = request.body(&delay_agent(delay_us), stream, tokens);
-                (body, request.answer())
+            Ask::Client { request, agent } => {
+                let model = if agent { delay_agent(delay_us) } else { "bench".into() };
+                (request.body(&model, stream, tokens), request.answer())
             }
             Ask::Tool => (
                 Bytes::from_static(br#"{"city":"Paris"}"#),
@@ -440,7 +497,7 @@ impl Bench {
             .collect();
         let mut runs: Vec<Run> = targets
             .iter()
-            .map(|t| Run::new(t.name, connections))
+            .map(|t| Run::new(t.name, t.peers, connections))
             .collect();
         for round in 0..self.rounds as usize {
             // Each round starts one target further on: no target always
@@ -659,7 +716,13 @@ async fn measure(args: &RunArgs, proxy_bin: &Path, work: &Path) -> anyhow::Resul
         AGENT_RESPONSES_B,
         AGENT_RESPONSES_UNSTORED,
         AGENT_MESSAGES,
+        DIRECT_CLAUDE_CODE,
+        NGINX_CLAUDE_CODE,
+        PASSTHROUGH_CLAUDE_CODE,
         AGENT_CLAUDE_CODE,
+        DIRECT_CODEX,
+        NGINX_CODEX,
+        PASSTHROUGH_CODEX,
         AGENT_CODEX,
     ];
 
@@ -814,7 +877,9 @@ fn git_commit() -> String {
 }
 
 /// nginx as people run it in front of a model server: keep-alive upstream
-/// connections, no buffering (so SSE flows), no access log unless
+/// connections, no buffering (so SSE flows), a request body of up to 1 MiB
+/// kept in memory (by default one past 16 KiB, as every coding agent's is,
+/// goes to a temporary file first), no access log unless
 /// `access_log` (agent-proxy runs at `RUST_LOG=warn`, without its
 /// per-request line, to match).
 fn nginx_conf(work: &Path, listen: SocketAddr, upstream: SocketAddr, access_log: bool) -> String {
@@ -831,6 +896,7 @@ events {{ worker_connections 10000; }}
 http {{
   access_log {log};
   keepalive_requests 1000000;
+  client_body_buffer_size 1m;
   client_body_temp_path {tmp};
   proxy_temp_path {tmp};
   upstream model {{ server {upstream}; keepalive 512; }}

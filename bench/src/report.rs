@@ -12,6 +12,8 @@ use crate::load::Stats;
 /// One target under one load, summed over the rounds.
 pub struct Run {
     pub target: &'static str,
+    /// What it is measured against.
+    pub peers: Peers,
     pub connections: usize,
     pub stats: Stats,
     /// CPU time the target's process spent over the runs, warm-up included.
@@ -31,10 +33,35 @@ pub struct Run {
     pub rounds: Vec<f64>,
 }
 
+/// The targets a run is measured against: its request sent straight to the
+/// fake model ("added" latency) and through nginx ("× nginx"). A coding
+/// agent's request (50 KB and more) has its own.
+#[derive(Clone, Copy)]
+pub struct Peers {
+    pub direct: &'static str,
+    pub nginx: &'static str,
+}
+
+impl Peers {
+    pub const SMALL: Peers = Peers {
+        direct: "direct",
+        nginx: "nginx",
+    };
+    pub const CLAUDE_CODE: Peers = Peers {
+        direct: "direct (Claude Code's request)",
+        nginx: "nginx (Claude Code's request)",
+    };
+    pub const CODEX: Peers = Peers {
+        direct: "direct (Codex's request)",
+        nginx: "nginx (Codex's request)",
+    };
+}
+
 impl Run {
-    pub fn new(target: &'static str, connections: usize) -> Self {
+    pub fn new(target: &'static str, peers: Peers, connections: usize) -> Self {
         Run {
             target,
+            peers,
             connections,
             stats: Stats::new(),
             cpu: Duration::ZERO,
@@ -368,23 +395,23 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers); rig CPU is what the fake model and the load generator spent per request meanwhile (they share the cores: the fewer requests a target lets through, the fewer each of their wake-ups finds, and the more each request costs them; a target that made them work harder per request than its throughput explains would show there); foreign CPU is what every other process on the machine used meanwhile, in % of one core (the benchmark's own processes excluded): high values mean the figures of that row are disturbed. \"by round\" is the lowest and the highest of the target's rounds, each over nginx's in the same round: how far the machine's own speed moved the ratio meanwhile (it does so within seconds, for nginx as for the others).\n\n| target | conns | req/s | × nginx | by round | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req | rig CPU ms per 1k req | foreign CPU % |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "\n## Non-streaming (16 tokens)\n\nChat completions, but for *agent (responses)* and *agent (messages)*: the same agent through `POST /v1/responses` and `POST /v1/messages`; and for the rows of *Claude Code's request* (`POST /v1/messages`, 49 KB) and *Codex's request* (`POST /v1/responses`, 40 KB): the captured request, to the agent or, for the model `bench`, as it is (straight to the fake model, through nginx, passed through), each row of them compared with its own direct and nginx rows. \"added\" is over direct at the same concurrency; CPU is the target's own process (nginx: master and workers); rig CPU is what the fake model and the load generator spent per request meanwhile (they share the cores: the fewer requests a target lets through, the fewer each of their wake-ups finds, and the more each request costs them; a target that made them work harder per request than its throughput explains would show there); foreign CPU is what every other process on the machine used meanwhile, in % of one core (the benchmark's own processes excluded): high values mean the figures of that row are disturbed. \"by round\" is the lowest and the highest of the target's rounds, each over nginx's in the same round: how far the machine's own speed moved the ratio meanwhile (it does so within seconds, for nginx as for the others).\n\n| target | conns | req/s | × nginx | by round | p50 µs | p99 µs | added p50 µs | added p99 µs | CPU ms per 1k req | rig CPU ms per 1k req | foreign CPU % |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.plain {
             let c = run.connections;
             let (Some(direct), Some(nginx)) = (
-                find(&self.plain, "direct", c),
-                find(&self.plain, "nginx", c),
+                find(&self.plain, run.peers.direct, c),
+                find(&self.plain, run.peers.nginx, c),
             ) else {
                 continue;
             };
-            let cpu = if run.target == "direct" {
+            let cpu = if run.target == run.peers.direct {
                 "–".to_owned()
             } else {
                 format!("{:.1}", run.cpu_ms_per_1k())
             };
             let by_round = match run.round_ratios(nginx) {
-                Some((low, high)) if run.target != "nginx" => format!("{low:.2}–{high:.2}"),
+                Some((low, high)) if run.target != run.peers.nginx => format!("{low:.2}–{high:.2}"),
                 _ => "–".to_owned(),
             };
             let _ = writeln!(

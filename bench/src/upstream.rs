@@ -8,6 +8,12 @@
 //! When the request offers tools (and `tool_choice` is not `none`) and the
 //! last message is not a tool result, the answer is one call of the first
 //! tool instead, so an agent with a tool runs exactly one tool round. `POST /tool` is the fake HTTP tool.
+//!
+//! `POST /v1/messages` and `POST /v1/responses` answer a whole Message or
+//! Response object of `max_tokens` (`max_output_tokens`) tokens: a coding
+//! agent's own request, sent straight or through nginx, gets the answer an
+//! agent would send back, so the proxies are compared carrying the same
+//! bytes.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -49,6 +55,7 @@ struct Probe<'a> {
     #[serde(default)]
     stream: bool,
     max_tokens: Option<u32>,
+    max_output_tokens: Option<u32>,
     #[serde(default)]
     bench_delay_us: u64,
     #[serde(default, borrow)]
@@ -76,15 +83,49 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Reply>, Infallibl
     Ok(match path.as_str() {
         // The legacy path too: agent-proxy sends it down pingora's own proxy
         // path, a reference for what pingora alone costs.
-        "/v1/chat/completions" | "/v1/completions" => {
-            match serde_json::from_slice::<Probe>(&body) {
-                Ok(probe) => chat(&probe),
-                Err(e) => plain(StatusCode::BAD_REQUEST, &e.to_string()),
-            }
-        }
+        "/v1/chat/completions" | "/v1/completions" => probed(&body, chat),
+        "/v1/messages" => probed(&body, |probe| whole(probe, message)),
+        "/v1/responses" => probed(&body, |probe| whole(probe, response)),
         "/tool" => json(Bytes::from_static(br#"{"temperature_c":21,"sky":"clear"}"#)),
         _ => plain(StatusCode::NOT_FOUND, "no such path"),
     })
+}
+
+fn probed(body: &[u8], answer: impl FnOnce(&Probe) -> Response<Reply>) -> Response<Reply> {
+    match serde_json::from_slice::<Probe>(body) {
+        Ok(probe) => answer(&probe),
+        Err(e) => plain(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
+}
+
+/// A whole answer of the probe's length, its generated text written by `answer`.
+fn whole(probe: &Probe, answer: fn(&str, u32) -> String) -> Response<Reply> {
+    if probe.stream {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "the fake model streams chat completions only",
+        );
+    }
+    let tokens = probe
+        .max_tokens
+        .or(probe.max_output_tokens)
+        .unwrap_or(DEFAULT_TOKENS);
+    json(Bytes::from(answer(&TOKEN.repeat(tokens as usize), tokens)))
+}
+
+/// An Anthropic Message, as an agent answers through `/v1/messages`.
+fn message(text: &str, tokens: u32) -> String {
+    format!(
+        r#"{{"id":"msg_bench","type":"message","role":"assistant","model":"bench","content":[{{"type":"text","text":"{text}"}}],"stop_reason":"end_turn","stop_sequence":null,"usage":{{"input_tokens":12,"output_tokens":{tokens}}}}}"#
+    )
+}
+
+/// An OpenAI Response object, as an agent answers through `/v1/responses`.
+fn response(text: &str, tokens: u32) -> String {
+    format!(
+        r#"{{"id":"resp_bench","object":"response","created_at":0,"status":"completed","model":"bench","output":[{{"type":"message","id":"msg_bench","status":"completed","role":"assistant","content":[{{"type":"output_text","text":"{text}","annotations":[]}}]}}],"usage":{{"input_tokens":12,"output_tokens":{tokens},"total_tokens":{}}}}}"#,
+        tokens + 12
+    )
 }
 
 fn chat(probe: &Probe) -> Response<Reply> {
