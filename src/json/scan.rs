@@ -7,7 +7,10 @@
 //! for the end of a string's plain run 16 bytes at a time (quotes,
 //! backslashes and control bytes in one SSE2 mask), and 64 at a time with
 //! AVX2 past a long string's first 16: the same 31 KB in 103k instructions
-//! with SSE2 alone, against serde_json's 163k.
+//! with SSE2 alone, against serde_json's 163k. From a string's first
+//! escape on, it goes a block of 64 bytes at a time, its escapes found by
+//! arithmetic on the block's masks ([`escaped_string_end`]): stopping at
+//! each of a prompt's escapes cost two hard-to-predict branches apiece.
 //!
 //! It accepts what serde_json's skipping accepts, no more: control bytes in
 //! strings, bad escapes, numbers off the grammar, unbalanced brackets and
@@ -251,14 +254,6 @@ impl<'a> Scanner<'a> {
         let escape = *bytes.get(self.at)?;
         self.at += 1;
         Some(match escape {
-            b'"' => '"',
-            b'\\' => '\\',
-            b'/' => '/',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'n' => '\n',
-            b'r' => '\r',
-            b't' => '\t',
             b'u' => {
                 let unit = hex4(bytes.get(self.at..self.at + 4)?)?;
                 self.at += 4;
@@ -276,7 +271,9 @@ impl<'a> Scanner<'a> {
                 self.at += 6;
                 char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))?
             }
-            _ => return None,
+            // A table, not a match: that one became a jump table, its jump
+            // mispredicted at every other escape of a prompt.
+            short => char::from(short_escape(short)?),
         })
     }
 
@@ -429,37 +426,22 @@ impl<'a> Scanner<'a> {
 
     /// The rest of a string, its opening quote taken: whether it has escapes.
     fn string(&mut self) -> Result<bool, ScanError> {
-        let mut escaped = false;
-        loop {
-            self.at += special(&self.bytes()[self.at..]);
-            let Some(&byte) = self.bytes().get(self.at) else {
-                return self.error();
-            };
-            match byte {
-                b'"' => {
-                    self.at += 1;
-                    return Ok(escaped);
-                }
-                b'\\' => {
-                    escaped = true;
-                    self.at += 1;
-                    match self.bytes().get(self.at) {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
-                            self.at += 1;
-                        }
-                        Some(b'u') => {
-                            let hex = self.bytes().get(self.at + 1..self.at + 5);
-                            if !hex.is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) {
-                                return self.error();
-                            }
-                            self.at += 5;
-                        }
-                        _ => return self.error(),
-                    }
-                }
-                // A control byte: JSON wants it escaped.
-                _ => return self.error(),
+        self.at += special(&self.bytes()[self.at..]);
+        match self.bytes().get(self.at) {
+            Some(b'"') => {
+                self.at += 1;
+                return Ok(false);
             }
+            Some(b'\\') => {}
+            // A control byte (JSON wants it escaped), or the text's end.
+            _ => return self.error(),
+        }
+        match escaped_string_end(self.bytes(), self.at) {
+            Ok(end) => {
+                self.at = end;
+                Ok(true)
+            }
+            Err(at) => Err(ScanError { at }),
         }
     }
 
@@ -603,6 +585,236 @@ fn special(text: &[u8]) -> usize {
         .unwrap_or(text.len() - at)
 }
 
+/// The end of a string (just past its closing quote) from its first
+/// backslash at `at`; else where it stops being JSON: a bad escape (at its
+/// letter), a control byte, or the text's end.
+///
+/// A prompt or a tool's description has an escape every line or so (`\n`,
+/// `\"`); stopping at each, as a plain run's search does, costs a search
+/// and two hard-to-predict branches an escape. Here a block of 64 bytes
+/// yields masks of its quotes, backslashes and control bytes, the escaped
+/// bytes follow by arithmetic (as simdjson finds them), and the string ends
+/// at the first quote not escaped: a block's escapes cost a bit test each.
+fn escaped_string_end(text: &[u8], at: usize) -> Result<usize, usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, just checked.
+        return unsafe { escaped_string_end_avx2(text, at) };
+    }
+    escaped_string_end_by(text, at, Block::of)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn escaped_string_end_avx2(text: &[u8], at: usize) -> Result<usize, usize> {
+    // SAFETY: the caller's CPU has AVX2.
+    escaped_string_end_by(text, at, |bytes, len| unsafe { Block::of_avx2(bytes, len) })
+}
+
+#[inline(always)]
+fn escaped_string_end_by(
+    text: &[u8],
+    mut at: usize,
+    of: impl Fn(&[u8; 64], usize) -> Block,
+) -> Result<usize, usize> {
+    // Whether the block's first byte is escaped (the last ended in an odd
+    // run of backslashes).
+    let mut carry = 0;
+    loop {
+        let Block {
+            quote,
+            backslash,
+            control,
+            letter_n,
+            len,
+        } = Block::at(text, at, &of);
+        if len == 0 {
+            return Err(text.len());
+        }
+        let escaped = escaped(backslash, &mut carry) & Block::bits(len);
+        let stop = (quote & !escaped) | control;
+        // The escaped bytes before the first stop: each must be an escape's
+        // letter.
+        let letters = escaped & stop.wrapping_sub(1) & !stop;
+        // `\"`, `\\` and `\n` (most of them) by their masks; the rest one by one.
+        let mut letters = letters & !(quote | backslash | letter_n);
+        while letters != 0 {
+            let i = at + letters.trailing_zeros() as usize;
+            let hex = |i: usize| {
+                text.get(i + 1..i + 5)
+                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+            };
+            match text[i] {
+                letter if short_escape(letter).is_some() => {}
+                b'u' if hex(i) => {}
+                _ => return Err(i),
+            }
+            letters &= letters - 1;
+        }
+        if stop != 0 {
+            let i = stop.trailing_zeros();
+            return match quote >> i & 1 {
+                1 => Ok(at + i as usize + 1),
+                _ => Err(at + i as usize),
+            };
+        }
+        at += len;
+    }
+}
+
+/// The bytes escaped by a backslash in a block: those after an odd run of
+/// backslashes (simdjson's `find_escaped_branchless`). `carry`: whether the
+/// block's first byte is escaped, on return the next block's.
+#[inline]
+fn escaped(backslash: u64, carry: &mut u64) -> u64 {
+    const EVEN: u64 = 0x5555_5555_5555_5555;
+    // An escaped backslash starts no escape.
+    let backslash = backslash & !*carry;
+    let follows_escape = backslash << 1 | *carry;
+    // Runs starting on an odd bit, added to the backslashes, carry out of
+    // their run: each run's end bit then tells its length's parity.
+    let odd_starts = backslash & !EVEN & !follows_escape;
+    let (even_starts, overflow) = odd_starts.overflowing_add(backslash);
+    *carry = u64::from(overflow);
+    (EVEN ^ even_starts << 1) & follows_escape
+}
+
+/// A bit for each quote, backslash and control byte of up to 64 bytes.
+struct Block {
+    quote: u64,
+    backslash: u64,
+    control: u64,
+    letter_n: u64,
+    /// How many bytes it covers: 64, fewer at the text's end.
+    len: usize,
+}
+
+impl Block {
+    #[inline(always)]
+    fn at(text: &[u8], at: usize, of: impl Fn(&[u8; 64], usize) -> Block) -> Block {
+        if let Some(Ok(bytes)) = text.get(at..at + 64).map(<&[u8; 64]>::try_from) {
+            return of(bytes, 64);
+        }
+        // The text's end, padded with spaces (no bit of any mask).
+        let rest = text.get(at..).unwrap_or_default();
+        let mut block = [b' '; 64];
+        block[..rest.len()].copy_from_slice(rest);
+        of(&block, rest.len())
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn of_avx2(bytes: &[u8; 64], len: usize) -> Block {
+        use std::arch::x86_64::{
+            __m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_min_epu8, _mm256_movemask_epi8,
+            _mm256_set1_epi8,
+        };
+        // SAFETY: the 32 bytes read are within `bytes`, and an unaligned load
+        // may start anywhere.
+        let load =
+            |at: usize| unsafe { _mm256_loadu_si256(bytes.as_ptr().add(at).cast::<__m256i>()) };
+        let (low, high) = (load(0), load(32));
+        let bits = |low, high| {
+            u64::from(_mm256_movemask_epi8(low) as u32)
+                | u64::from(_mm256_movemask_epi8(high) as u32) << 32
+        };
+        let equal = |byte: u8| {
+            let byte = _mm256_set1_epi8(byte as i8);
+            bits(_mm256_cmpeq_epi8(low, byte), _mm256_cmpeq_epi8(high, byte))
+        };
+        // A byte at most 0x1f is its own minimum with 0x1f.
+        let control = _mm256_set1_epi8(0x1f);
+        Block {
+            quote: equal(b'"'),
+            backslash: equal(b'\\'),
+            letter_n: equal(b'n'),
+            control: bits(
+                _mm256_cmpeq_epi8(_mm256_min_epu8(low, control), low),
+                _mm256_cmpeq_epi8(_mm256_min_epu8(high, control), high),
+            ),
+            len,
+        }
+    }
+
+    /// The masks' bits of a block of `len` bytes.
+    fn bits(len: usize) -> u64 {
+        u64::MAX.checked_shr(64 - len as u32).unwrap_or(0)
+    }
+
+    #[inline]
+    fn of(bytes: &[u8; 64], len: usize) -> Block {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{
+                __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8,
+                _mm_set1_epi8,
+            };
+            let (mut quote, mut backslash, mut control, mut letter_n) = (0, 0, 0, 0);
+            for i in 0..4 {
+                // SAFETY: SSE2 is part of every x86_64 CPU; the 16 bytes
+                // read are within `bytes`, and an unaligned load may start
+                // anywhere.
+                unsafe {
+                    let chunk = _mm_loadu_si128(bytes.as_ptr().add(16 * i).cast::<__m128i>());
+                    let bits = |found| u64::from(_mm_movemask_epi8(found) as u16) << (16 * i);
+                    quote |= bits(_mm_cmpeq_epi8(chunk, _mm_set1_epi8(b'"' as i8)));
+                    backslash |= bits(_mm_cmpeq_epi8(chunk, _mm_set1_epi8(b'\\' as i8)));
+                    letter_n |= bits(_mm_cmpeq_epi8(chunk, _mm_set1_epi8(b'n' as i8)));
+                    // A byte at most 0x1f is its own minimum with 0x1f.
+                    let low = _mm_min_epu8(chunk, _mm_set1_epi8(0x1f));
+                    control |= bits(_mm_cmpeq_epi8(low, chunk));
+                }
+            }
+            Block {
+                quote,
+                backslash,
+                control,
+                letter_n,
+                len,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let mask = |hit: fn(u8) -> bool| {
+                bytes
+                    .iter()
+                    .rev()
+                    .fold(0u64, |mask, &byte| mask << 1 | u64::from(hit(byte)))
+            };
+            Block {
+                quote: mask(|b| b == b'"'),
+                backslash: mask(|b| b == b'\\'),
+                control: mask(|b| b < 0x20),
+                letter_n: mask(|b| b == b'n'),
+                len,
+            }
+        }
+    }
+}
+
+/// What a backslash and `byte` stand for, where they are a whole escape:
+/// `\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r` or `\t`.
+#[inline]
+fn short_escape(byte: u8) -> Option<u8> {
+    const DECODED: [u8; 128] = {
+        let mut decoded = [0; 128];
+        decoded[b'"' as usize] = b'"';
+        decoded[b'\\' as usize] = b'\\';
+        decoded[b'/' as usize] = b'/';
+        decoded[b'b' as usize] = 0x08;
+        decoded[b'f' as usize] = 0x0c;
+        decoded[b'n' as usize] = b'\n';
+        decoded[b'r' as usize] = b'\r';
+        decoded[b't' as usize] = b'\t';
+        decoded
+    };
+    DECODED
+        .get(usize::from(byte))
+        .copied()
+        .filter(|&decoded| decoded != 0)
+}
+
 fn is_special(byte: u8) -> bool {
     byte == b'"' || byte == b'\\' || byte < 0x20
 }
@@ -679,6 +891,58 @@ unsafe fn special_avx2(text: &[u8], mut at: usize) -> usize {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A string's end from its first backslash at 0, by the blocks this CPU
+    /// uses and by SSE2's (the same).
+    fn escaped_string_end_each_way(text: &[u8]) -> Result<usize, usize> {
+        let end = escaped_string_end(text, 0);
+        assert_eq!(escaped_string_end_by(text, 0, Block::of), end);
+        end
+    }
+
+    /// A string's end from `at` within it, found a byte at a time.
+    fn walked_string_end(text: &[u8], mut at: usize) -> Result<usize, usize> {
+        loop {
+            match *text.get(at).ok_or(text.len())? {
+                b'"' => return Ok(at + 1),
+                b'\\' => {
+                    at += 1;
+                    match text.get(at) {
+                        Some(&letter) if b"\"\\/bfnrt".contains(&letter) => at += 1,
+                        Some(b'u')
+                            if text
+                                .get(at + 1..at + 5)
+                                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
+                        {
+                            at += 5
+                        }
+                        _ => return Err(at),
+                    }
+                }
+                byte if byte < 0x20 => return Err(at),
+                _ => at += 1,
+            }
+        }
+    }
+
+    /// A run of backslashes at every place around a block's edge: what
+    /// follows it is escaped or not by the run's length.
+    #[test]
+    fn carries_an_escape_across_a_block_edge() {
+        for plain in 0..140 {
+            for run in 1..6 {
+                for next in ['"', 'n', '\\', 'x', '\u{1}'] {
+                    let (plain, run) = ("a".repeat(plain), "\\".repeat(run));
+                    let text = format!("\\n{plain}{run}{next}ab\"");
+                    let text = text.as_bytes();
+                    assert_eq!(
+                        escaped_string_end_each_way(text),
+                        walked_string_end(text, 0)
+                    );
+                }
+            }
+        }
+    }
 
     fn skips(text: &str) -> Result<usize, ScanError> {
         let mut scan = Scanner::new(text);
@@ -912,6 +1176,26 @@ mod tests {
         ) {
             let plain = text.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
             prop_assert_eq!(special(&text), plain.unwrap_or(text.len()));
+        }
+
+        /// A string with escapes ends where a walk of its bytes one by one
+        /// ends it, or fails where that walk fails: escapes of every kind,
+        /// runs of backslashes across a block's edge, control bytes, bad
+        /// escapes and `\u`s, and strings left open.
+        #[test]
+        fn finds_an_escaped_string_end_as_a_walk_does(
+            parts in prop::collection::vec(prop_oneof![
+                4 => "[a-z ]{0,70}",
+                2 => "[\\\\]{1,5}",
+                1 => Just("\"".to_owned()),
+                1 => "\\\\u[0-9a-fA-F]{4}",
+                1 => "\\\\u[0-9a-g\"]{0,5}",
+                1 => "\\\\[nrt/bfx\\\\]",
+                1 => Just("\u{1}".to_owned()),
+            ], 0..30),
+        ) {
+            let text = format!("\\{}", parts.concat());
+            prop_assert_eq!(escaped_string_end_each_way(text.as_bytes()), walked_string_end(text.as_bytes(), 0));
         }
 
         /// A long plain run (a prompt) through every width of step, and
