@@ -9,7 +9,7 @@
 //! AVX2 past a long string's first 16: the same 31 KB in 103k instructions
 //! with SSE2 alone, against serde_json's 163k. From a string's first
 //! escape on, it goes a block of 64 bytes at a time, its escapes found by
-//! arithmetic on the block's masks ([`escaped_string_end`]): stopping at
+//! arithmetic on the block's masks (`escaped_string_end`): stopping at
 //! each of a prompt's escapes cost two hard-to-predict branches apiece.
 //!
 //! It accepts what serde_json's skipping accepts, no more: control bytes in
@@ -594,7 +594,8 @@ fn special(text: &[u8]) -> usize {
 /// and two hard-to-predict branches an escape. Here a block of 64 bytes
 /// yields masks of its quotes, backslashes and control bytes, the escaped
 /// bytes follow by arithmetic (as simdjson finds them), and the string ends
-/// at the first quote not escaped: a block's escapes cost a bit test each.
+/// at the first quote not escaped: a block's `\"`, `\\` and `\n` cost a
+/// bit test together, any other escape a look of its own.
 fn escaped_string_end(text: &[u8], at: usize) -> Result<usize, usize> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
@@ -604,6 +605,7 @@ fn escaped_string_end(text: &[u8], at: usize) -> Result<usize, usize> {
     escaped_string_end_by(text, at, Block::of)
 }
 
+/// [`escaped_string_end`] with AVX2's masks, compiled for it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn escaped_string_end_avx2(text: &[u8], at: usize) -> Result<usize, usize> {
@@ -611,6 +613,7 @@ unsafe fn escaped_string_end_avx2(text: &[u8], at: usize) -> Result<usize, usize
     escaped_string_end_by(text, at, |bytes, len| unsafe { Block::of_avx2(bytes, len) })
 }
 
+/// [`escaped_string_end`], each block's masks made by `of`.
 #[inline(always)]
 fn escaped_string_end_by(
     text: &[u8],
@@ -679,7 +682,8 @@ fn escaped(backslash: u64, carry: &mut u64) -> u64 {
     (EVEN ^ even_starts << 1) & follows_escape
 }
 
-/// A bit for each quote, backslash and control byte of up to 64 bytes.
+/// A bit for each quote, backslash, control byte and `n` of up to 64 bytes
+/// (bit `i`: the block's byte `i`).
 struct Block {
     quote: u64,
     backslash: u64,
@@ -690,6 +694,7 @@ struct Block {
 }
 
 impl Block {
+    /// The block of `text` from `at`, its masks made by `of`.
     #[inline(always)]
     fn at(text: &[u8], at: usize, of: impl Fn(&[u8; 64], usize) -> Block) -> Block {
         if let Some(Ok(bytes)) = text.get(at..at + 64).map(<&[u8; 64]>::try_from) {
@@ -702,6 +707,7 @@ impl Block {
         of(&block, rest.len())
     }
 
+    /// The masks of `bytes`, 32 at a time.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -742,6 +748,8 @@ impl Block {
         u64::MAX.checked_shr(64 - len as u32).unwrap_or(0)
     }
 
+    /// The masks of `bytes`, 16 at a time (SSE2, on every x86_64 CPU), or
+    /// a byte at a time elsewhere.
     #[inline]
     fn of(bytes: &[u8; 64], len: usize) -> Block {
         #[cfg(target_arch = "x86_64")]
