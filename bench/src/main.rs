@@ -264,12 +264,29 @@ impl Target {
         }
     }
 
-    /// A coding agent's request, served by `host` (to the agent, or as it
-    /// is), measured against the same request sent straight and through nginx.
-    const fn client(name: &'static str, host: Host, request: ClientRequest, agent: bool) -> Target {
-        let (path, peers) = match request {
-            ClientRequest::ClaudeCode => ("/v1/messages", Peers::CLAUDE_CODE),
-            ClientRequest::Codex => ("/v1/responses", Peers::CODEX),
+    /// A coding agent's request carried by `host`: to the agent where
+    /// `agent`, else as it is. Its name, and what it is measured against,
+    /// are its request's.
+    const fn client(host: Host, request: ClientRequest, agent: bool) -> Target {
+        let (path, peers, passthrough, to_agent) = match request {
+            ClientRequest::ClaudeCode => (
+                "/v1/messages",
+                Peers::CLAUDE_CODE,
+                "passthrough (Claude Code's request)",
+                "agent (Claude Code's request)",
+            ),
+            ClientRequest::Codex => (
+                "/v1/responses",
+                Peers::CODEX,
+                "passthrough (Codex's request)",
+                "agent (Codex's request)",
+            ),
+        };
+        let name = match (host, agent) {
+            (_, true) => to_agent,
+            (Host::Upstream, false) => peers.direct,
+            (Host::Nginx, false) => peers.nginx,
+            (Host::Proxy | Host::ProxyB, false) => passthrough,
         };
         Target {
             name,
@@ -313,53 +330,17 @@ const AGENT_MESSAGES: Target = Target {
     chunked: false,
     peers: Peers::SMALL,
 };
-/// Claude Code's real request, tools and all: to the agent, and as it is
-/// (straight, through nginx, passed through).
-const AGENT_CLAUDE_CODE: Target = Target::client(
-    "agent (Claude Code's request)",
-    Host::Proxy,
-    ClientRequest::ClaudeCode,
-    true,
-);
-const DIRECT_CLAUDE_CODE: Target = Target::client(
-    Peers::CLAUDE_CODE.direct,
-    Host::Upstream,
-    ClientRequest::ClaudeCode,
-    false,
-);
-const NGINX_CLAUDE_CODE: Target = Target::client(
-    Peers::CLAUDE_CODE.nginx,
-    Host::Nginx,
-    ClientRequest::ClaudeCode,
-    false,
-);
-const PASSTHROUGH_CLAUDE_CODE: Target = Target::client(
-    "passthrough (Claude Code's request)",
-    Host::Proxy,
-    ClientRequest::ClaudeCode,
-    false,
-);
-/// Codex CLI's real request, the same four ways.
-const AGENT_CODEX: Target = Target::client(
-    "agent (Codex's request)",
-    Host::Proxy,
-    ClientRequest::Codex,
-    true,
-);
-const DIRECT_CODEX: Target = Target::client(
-    Peers::CODEX.direct,
-    Host::Upstream,
-    ClientRequest::Codex,
-    false,
-);
-const NGINX_CODEX: Target =
-    Target::client(Peers::CODEX.nginx, Host::Nginx, ClientRequest::Codex, false);
-const PASSTHROUGH_CODEX: Target = Target::client(
-    "passthrough (Codex's request)",
-    Host::Proxy,
-    ClientRequest::Codex,
-    false,
-);
+/// Claude Code's and Codex CLI's real requests, tools and all: to the
+/// agent, and as they are (straight, through nginx, passed through).
+const AGENT_CLAUDE_CODE: Target = Target::client(Host::Proxy, ClientRequest::ClaudeCode, true);
+const DIRECT_CLAUDE_CODE: Target = Target::client(Host::Upstream, ClientRequest::ClaudeCode, false);
+const NGINX_CLAUDE_CODE: Target = Target::client(Host::Nginx, ClientRequest::ClaudeCode, false);
+const PASSTHROUGH_CLAUDE_CODE: Target =
+    Target::client(Host::Proxy, ClientRequest::ClaudeCode, false);
+const AGENT_CODEX: Target = Target::client(Host::Proxy, ClientRequest::Codex, true);
+const DIRECT_CODEX: Target = Target::client(Host::Upstream, ClientRequest::Codex, false);
+const NGINX_CODEX: Target = Target::client(Host::Nginx, ClientRequest::Codex, false);
+const PASSTHROUGH_CODEX: Target = Target::client(Host::Proxy, ClientRequest::Codex, false);
 /// The same three through `--baseline-bin`.
 const PASSTHROUGH_B: Target = Target::chat("passthrough (B)", Host::ProxyB, "bench");
 const AGENT_B: Target = Target::chat("agent (B)", Host::ProxyB, "plain");
