@@ -271,8 +271,7 @@ impl<'a> Scanner<'a> {
                 self.at += 6;
                 char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))?
             }
-            // A table, not a match: that one became a jump table, its jump
-            // mispredicted at every other escape of a prompt.
+            // The one list of them, which a string's check reads too.
             short => char::from(short_escape(short)?),
         })
     }
@@ -643,13 +642,9 @@ fn escaped_string_end_by(
         let mut letters = letters & !(quote | backslash | letter_n);
         while letters != 0 {
             let i = at + letters.trailing_zeros() as usize;
-            let hex = |i: usize| {
-                text.get(i + 1..i + 5)
-                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
-            };
             match text[i] {
                 letter if short_escape(letter).is_some() => {}
-                b'u' if hex(i) => {}
+                b'u' if text.get(i + 1..i + 5).and_then(hex4).is_some() => {}
                 _ => return Err(i),
             }
             letters &= letters - 1;
