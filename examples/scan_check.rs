@@ -15,6 +15,11 @@ use std::time::Instant;
 use agent_proxy::front::budget::Shape;
 use agent_proxy::json::scan::Scanner;
 
+/// The proxy's own allocator: a built value is mostly allocations.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: scan_check BODY.json [value]")?;

@@ -89,7 +89,12 @@ fn paragraphs(first: &str, then: &str) -> String {
 /// The agent's tools first, then the client's, minus any client tool that
 /// shadows a local one (the local tool wins).
 fn merge_tools(agent: &Agent, toolset: &ToolSet, tools: &mut Vec<Arc<FunctionTool>>) {
+    // An agent without tools of its own keeps the client's list as it is.
+    if toolset.is_empty() {
+        return;
+    }
     let client = std::mem::take(tools);
+    tools.reserve_exact(toolset.functions().len() + client.len());
     tools.extend(toolset.functions().cloned());
     for tool in client {
         if toolset.is_local(&tool.name) {

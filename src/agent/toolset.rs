@@ -122,7 +122,7 @@ impl ToolSet {
     }
 
     /// The functions offered, as the conversation lists them.
-    pub fn functions(&self) -> impl Iterator<Item = &Arc<FunctionTool>> {
+    pub fn functions(&self) -> impl ExactSizeIterator<Item = &Arc<FunctionTool>> {
         self.entries.iter().map(|e| &e.function)
     }
 }

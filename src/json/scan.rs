@@ -59,6 +59,10 @@ pub struct Scanner<'a> {
     ///
     /// [`Shape`]: crate::front::budget::Shape
     marks: usize,
+    /// Where a string with escapes is unescaped before it is copied out at
+    /// its size: one buffer for the whole text, not one grown by doubling
+    /// for each such string (a coding agent's request has hundreds).
+    scratch: String,
 }
 
 impl<'a> Scanner<'a> {
@@ -67,6 +71,7 @@ impl<'a> Scanner<'a> {
             text,
             at: 0,
             marks: 0,
+            scratch: String::new(),
         }
     }
 
@@ -217,35 +222,38 @@ impl<'a> Scanner<'a> {
     /// control byte, a bad escape, a lone surrogate) or a string left open.
     fn string_value(&mut self) -> Option<String> {
         let start = self.at;
+        self.at += special(&self.bytes()[self.at..]);
+        if *self.bytes().get(self.at)? == b'"' {
+            self.at += 1;
+            return Some(self.text[start..self.at - 1].to_owned());
+        }
+        let mut unescaped = std::mem::take(&mut self.scratch);
+        unescaped.clear();
         let mut run = start;
-        // Made at the first escape: a string without one is copied whole.
-        let mut unescaped: Option<String> = None;
-        loop {
-            self.at += special(&self.bytes()[self.at..]);
+        let end = loop {
             let plain = &self.text[run..self.at];
-            match self.bytes().get(self.at)? {
-                b'"' => {
+            match self.bytes().get(self.at) {
+                Some(b'"') => {
+                    unescaped.push_str(plain);
                     self.at += 1;
-                    return Some(match unescaped {
-                        None => plain.to_owned(),
-                        Some(mut text) => {
-                            text.push_str(plain);
-                            text
-                        }
-                    });
+                    break true;
                 }
-                b'\\' => {
-                    let text = unescaped
-                        .get_or_insert_with(|| String::with_capacity(2 * (self.at - start) + 64));
-                    text.push_str(plain);
+                Some(b'\\') => {
+                    unescaped.push_str(plain);
                     self.at += 1;
-                    let decoded = self.escape()?;
-                    text.push(decoded);
+                    match self.escape() {
+                        Some(decoded) => unescaped.push(decoded),
+                        None => break false,
+                    }
                     run = self.at;
                 }
-                _ => return None,
+                _ => break false,
             }
-        }
+            self.at += special(&self.bytes()[self.at..]);
+        };
+        let text = end.then(|| unescaped.as_str().to_owned());
+        self.scratch = unescaped;
+        text
     }
 
     /// The escape after a backslash (taken), decoded and taken.
