@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark: every scenario against a direct upstream, nginx, and
 # agent-proxy side by side; results in bench/results/ (README.md, chart.svg).
-# Needs nginx (apt-get install nginx-light). About 12 minutes (and the release build).
+# Needs nginx (apt-get install nginx-light). About 15 minutes (and the release build).
 #   bash bench/run.sh            # the full run
 #   bash bench/run.sh --smoke    # seconds: checks it still works
 #   bash bench/run.sh --only plain,memory
