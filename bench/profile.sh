@@ -55,14 +55,38 @@ requests() { awk '/requests in/{print $1}' <<<"$1"; }
 
 echo "| scenario | requests/s | CPU µs per request | syscalls per request | top syscalls per request |" >"$out/table.md"
 echo "|---|---|---|---|---|" >>"$out/table.md"
-for scenario in passthrough agent agent-stream; do
+# A coding agent's captured first request, to the agent `a`, not streamed.
+coding_agent_script() {
+  python3 - "$1" "$work/$2.json" <<'PY'
+import json, sys
+body = json.load(open(sys.argv[1], encoding="utf-8"))
+body = body["body"] if "method" in body else body  # a capture with its head
+body.update(model="a", stream=False)
+with open(sys.argv[2], "w", encoding="utf-8") as out:
+    json.dump(body, out, ensure_ascii=False, separators=(",", ":"))
+PY
+  cat >"$work/$2.lua" <<LUA
+wrk.method = "POST"
+wrk.body = io.open("$work/$2.json"):read("*a")
+wrk.headers["Content-Type"] = "application/json"
+LUA
+  echo "$work/$2.lua"
+}
+
+for scenario in passthrough agent agent-stream claude-code codex; do
+  path=/v1/chat/completions
   case $scenario in
-    passthrough) body='{"model":"m","messages":[{"role":"user","content":"hi"}]}' ;;
-    agent) body='{"model":"a","messages":[{"role":"user","content":"hi"}]}' ;;
-    agent-stream) body='{"model":"s","stream":true,"messages":[{"role":"user","content":"hi"}]}' ;;
+    passthrough) script=$(chat_script "$scenario" '{"model":"m","messages":[{"role":"user","content":"hi"}]}') ;;
+    agent) script=$(chat_script "$scenario" '{"model":"a","messages":[{"role":"user","content":"hi"}]}') ;;
+    agent-stream) script=$(chat_script "$scenario" '{"model":"s","stream":true,"messages":[{"role":"user","content":"hi"}]}') ;;
+    claude-code)
+      script=$(coding_agent_script tests/fixtures/clients/claude-code-2.1.330-plain.request.json "$scenario")
+      path=/v1/messages ;;
+    codex)
+      script=$(coding_agent_script tests/fixtures/clients/codex-0.169.0-round1.request.json "$scenario")
+      path=/v1/responses ;;
   esac
-  script=$(chat_script "$scenario" "$body")
-  url="http://127.0.0.1:$px/v1/chat/completions"
+  url="http://127.0.0.1:$px$path"
   wrk -t1 -c32 -d2s -s "$script" "$url" >/dev/null # warm up
   # CPU per request, with nothing attached to the process.
   before=$(ticks)

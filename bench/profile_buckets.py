@@ -17,7 +17,8 @@ BUCKETS = [
     # glibc's and jemalloc's (the default build's: `_rjem_je_*`, `tikv_jemallocator`).
     ("allocation (malloc, free, realloc)", r"(^|::)(malloc|free|realloc|calloc|cfree|_int_malloc|_int_free|_int_realloc|malloc_consolidate|tcache|__libc_malloc|__libc_free|__libc_realloc|_rjem_|tikv_jemalloc)"),
     ("memcpy / memmove", r"(__memmove|__memcpy|memcpy|memmove|__memset|memset)"),
-    ("serde_json (parse, serialize)", r"serde_json::|serde::"),
+    ("JSON: serde_json, sonic-rs (parse, serialize)", r"serde_json::|serde::|sonic_rs::"),
+    ("JSON: agent-proxy's scanner (check, build values)", r"agent_proxy::json::scan::"),
     ("tracing (logs)", r"tracing(_subscriber|_core)?::"),
     ("prometheus (metrics)", r"prometheus::"),
     ("hashing", r"(siphash|SipHasher|hash::|Hasher|ahash|fxhash|hashbrown)"),
