@@ -227,6 +227,7 @@ impl<'a> Scanner<'a> {
             self.at += 1;
             return Some(self.text[start..self.at - 1].to_owned());
         }
+        // Out of the scanner while `escape` moves it on; put back below.
         let mut unescaped = std::mem::take(&mut self.scratch);
         unescaped.clear();
         let mut run = start;
