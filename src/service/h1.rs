@@ -42,6 +42,11 @@ pub const MAX_HEAD: usize = (1 << 20) - 1;
 const MAX_HEADERS: usize = 256;
 /// How much a read of a request body asks for at once.
 const BODY_READ: usize = 16 * 1024;
+/// Room a whole body's read asks for past the body's end. A read that
+/// fills what it asked for leaves tokio taking the socket for readable
+/// still, so the next request's read would start with a `recvfrom` that
+/// finds nothing: one syscall more for each coding agent's request.
+const PAST_BODY: usize = 64;
 /// How long each read of a request body may take (pingora's default).
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -530,7 +535,8 @@ impl Session {
         if left > max {
             return self.read_request_body().await;
         }
-        self.buf.reserve(left.saturating_sub(self.buf.len()));
+        self.buf
+            .reserve((left + PAST_BODY).saturating_sub(self.buf.len()));
         while self.buf.len() < left {
             self.fill_buf().await?;
         }
