@@ -115,6 +115,8 @@ impl<'a> Shape<'a> {
             stream: false,
         };
         let mut models = 0;
+        // Values in known tool lists, passed over unread.
+        let mut passed = 0;
         let mut member = |scan: &mut Scanner<'a>, name: Cow<'a, str>| {
             // A name with escapes is none of these, as the text it came as.
             let Cow::Borrowed(name) = name else {
@@ -133,6 +135,19 @@ impl<'a> Shape<'a> {
                     shape.stream = scan.peek() == Some(b't');
                     scan.value()?;
                 }
+                "tools" => match super::known_tools::values(scan.rest().as_bytes()) {
+                    Some((len, values)) => {
+                        scan.pass(len);
+                        passed += values;
+                    }
+                    None => {
+                        let before = scan.marks();
+                        let text = scan.value()?.get();
+                        if text.starts_with('[') {
+                            super::known_tools::checked(text, scan.marks() - before);
+                        }
+                    }
+                },
                 _ => drop(scan.value()?),
             }
             Ok::<_, ScanError>(())
@@ -145,7 +160,7 @@ impl<'a> Shape<'a> {
         if models != 1 {
             shape.model = None;
         }
-        shape.values += scan.marks();
+        shape.values += scan.marks() + passed;
         Some(shape)
     }
 
@@ -622,6 +637,31 @@ mod tests {
             "[a-z\"\\\\ ]{0,8}".prop_map(Value::String),
             prop::collection::vec(json(), 0..6).prop_map(Value::Array),
         ]
+    }
+
+    #[test]
+    fn a_tools_list_checked_once_is_passed_over_by_the_next_check() {
+        let tool = |i| serde_json::json!({"name": format!("t{i}"), "parameters": {"a": [1, {}]}});
+        let tools = serde_json::to_string(&(0..40).map(tool).collect::<Vec<_>>()).unwrap();
+        let body = format!(r#"{{"model":"m","tools": {tools} ,"messages":[]}}"#);
+        // A thread of its own: its known lists are this test's.
+        std::thread::spawn(move || {
+            assert!(crate::front::known_tools::values(tools.as_bytes()).is_none());
+            let read = Shape::checked(body.as_bytes());
+            assert_eq!(read.as_ref(), Some(&Shape::of(body.as_bytes())));
+            // Kept by the check, with the count the shape pass makes.
+            let kept = crate::front::known_tools::values(tools.as_bytes());
+            assert_eq!(kept, Some((tools.len(), values_in(tools.as_bytes()))));
+            assert_eq!(Shape::checked(body.as_bytes()), read);
+            // What follows the list is still checked.
+            let broken = format!(r#"{{"model":"m","tools": {tools} ]}}"#);
+            assert_eq!(Shape::checked(broken.as_bytes()), None);
+            // No decoding came of it: an agent's decoder reads it afresh.
+            let dialect = crate::conversation::Dialect::Chat;
+            assert!(crate::front::known_tools::find(dialect, &tools).is_none());
+        })
+        .join()
+        .unwrap();
     }
 
     proptest! {

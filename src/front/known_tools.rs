@@ -1,15 +1,18 @@
-//! The tool lists of recent requests, decoded, by their text. A coding
-//! agent sends the same tools with every request of a session (Claude
-//! Code's: 32 KB of schemas and descriptions), and reading them was a
-//! quarter of its request's instructions: each string scanned, each schema
-//! checked to be JSON. A request whose `tools` begin with the text of a
-//! list decoded before takes that list's decoding and moves past its text;
-//! the body's shape pass, before it, adds the list's count of values.
+//! The tool lists of recent requests, by their text: decoded, or checked
+//! to be JSON. A coding agent sends the same tools with every request of a
+//! session (Claude Code's: 32 KB of schemas and descriptions), and reading
+//! them was a quarter of its request's instructions: each string scanned,
+//! each schema checked to be JSON. A request whose `tools` begin with the
+//! text of a list decoded before takes that list's decoding and moves past
+//! its text; the body's shape pass, before it, adds the list's count of
+//! values. A request for a model that is no agent is checked to be JSON
+//! before it goes on as it came, and that check moves past a known list
+//! too: lists it checked are kept for it, without a decoding.
 //!
-//! The text decoded before was a whole JSON array, checked, so the same
-//! bytes at the same place read as the same value to the same end: a match
-//! skips nothing the scanner would have refused. Only lists decoded without
-//! error are kept.
+//! The text kept was a whole JSON array, checked, so the same bytes at the
+//! same place read as the same value to the same end: a match skips
+//! nothing the scanner would have refused. Only lists decoded or checked
+//! without error are kept.
 //!
 //! Each thread keeps its own few (no lock on the request path), the last
 //! used kept longest. Bounded: 4 lists per thread of at most 128 KiB of
@@ -44,11 +47,11 @@ pub struct Declared {
 pub type Namespaced = Arc<HashMap<String, (String, String)>>;
 
 struct Known {
-    dialect: Dialect,
     text: Box<str>,
     /// The values in it, as the body's shape pass counts them.
     values: usize,
-    declared: Arc<Declared>,
+    /// What a front's decoder made of it; `None` for a list only checked.
+    decoded: Option<(Dialect, Arc<Declared>)>,
 }
 
 thread_local! {
@@ -67,17 +70,20 @@ pub fn none() -> Arc<Declared> {
 pub fn find(dialect: Dialect, rest: &str) -> Option<(usize, Arc<Declared>)> {
     KNOWN.with_borrow_mut(|known| {
         let at = known.iter().rposition(|k| {
-            k.dialect == dialect && rest.as_bytes().starts_with(k.text.as_bytes())
+            matches!(&k.decoded, Some((d, _)) if *d == dialect)
+                && rest.as_bytes().starts_with(k.text.as_bytes())
         })?;
         let hit = known.remove(at);
-        let found = (hit.text.len(), hit.declared.clone());
+        let declared = hit.decoded.as_ref().map(|(_, declared)| declared.clone());
+        let found = declared.map(|declared| (hit.text.len(), declared));
         known.push(hit);
-        Some(found)
+        found
     })
 }
 
-/// The length of the known list `rest` begins with (any front's), and the
-/// values in it: what the body's shape pass counts without reading it.
+/// The length of the known list `rest` begins with (decoded by any front,
+/// or checked), and the values in it: what the body's shape pass counts,
+/// and the check passes, without reading it.
 pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
     KNOWN.with_borrow(|known| {
         let k = known.iter().find(|k| rest.starts_with(k.text.as_bytes()))?;
@@ -87,18 +93,30 @@ pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
 
 /// Keeps what `dialect`'s decoder made of `text`, a JSON array read whole.
 pub fn keep(dialect: Dialect, text: &str, declared: &Arc<Declared>) {
+    let values = || super::budget::values_in(text.as_bytes());
+    add(text, values, Some((dialect, declared.clone())));
+}
+
+/// Keeps `text`, a JSON array checked whole, and the `values` in it.
+pub fn checked(text: &str, values: usize) {
+    add(text, || values, None);
+}
+
+fn add(text: &str, values: impl FnOnce() -> usize, decoded: Option<(Dialect, Arc<Declared>)>) {
     if !(SMALLEST..=LARGEST).contains(&text.len()) {
         return;
     }
     KNOWN.with_borrow_mut(|known| {
-        if known.len() == KEPT {
+        // A list checked, then decoded: its decoding takes its place.
+        if let Some(at) = known.iter().position(|k| *k.text == *text) {
+            known.remove(at);
+        } else if known.len() == KEPT {
             known.remove(0);
         }
         known.push(Known {
-            dialect,
             text: text.into(),
-            values: super::budget::values_in(text.as_bytes()),
-            declared: declared.clone(),
+            values: values(),
+            decoded,
         });
     });
 }
@@ -127,6 +145,18 @@ mod tests {
         }
         assert!(find(Dialect::Messages, &b).is_none());
         assert!(find(Dialect::Messages, &a).is_some());
+    }
+
+    #[test]
+    fn a_list_checked_then_decoded_is_kept_once_with_its_decoding() {
+        let a = list(150);
+        checked(&a, 7);
+        assert_eq!(values(a.as_bytes()), Some((a.len(), 7)));
+        assert!(find(Dialect::Chat, &a).is_none());
+        keep(Dialect::Chat, &a, &Arc::new(Declared::default()));
+        assert!(find(Dialect::Chat, &a).is_some());
+        let count = KNOWN.with_borrow(|known| known.iter().filter(|k| *k.text == *a).count());
+        assert_eq!(count, 1);
     }
 
     #[test]
