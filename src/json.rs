@@ -18,6 +18,7 @@
 //! constant names as they are, not through the escaper.
 
 pub mod scan;
+mod seen;
 
 use std::cell::RefCell;
 use std::marker::PhantomData;

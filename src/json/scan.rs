@@ -24,7 +24,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::Raw;
+use super::{seen, Raw};
 
 /// Arrays and objects nested deeper than this are refused (serde_json's own
 /// bound for the values it parses).
@@ -231,6 +231,9 @@ impl<'a> Scanner<'a> {
         let mut unescaped = std::mem::take(&mut self.scratch);
         unescaped.clear();
         let mut run = start;
+        // A string found long is looked for among those read before; a
+        // short one never pays the lookup.
+        let mut looked = false;
         let end = loop {
             let plain = &self.text[run..self.at];
             match self.bytes().get(self.at) {
@@ -250,9 +253,20 @@ impl<'a> Scanner<'a> {
                 }
                 _ => break false,
             }
+            if !looked && self.at - start > seen::SMALLEST {
+                looked = true;
+                if let Some((len, text)) = seen::find(&self.bytes()[start..]) {
+                    self.scratch = unescaped;
+                    self.at = start + len + 1;
+                    return Some(text);
+                }
+            }
             self.at += special(&self.bytes()[self.at..]);
         };
         let text = end.then(|| unescaped.as_str().to_owned());
+        if end && looked {
+            seen::keep(&self.text[start..self.at - 1], &unescaped);
+        }
         self.scratch = unescaped;
         text
     }
@@ -1074,6 +1088,62 @@ mod tests {
         let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
         for n in 120..135 {
             builds_as_serde_json_does(&deep(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+        }
+    }
+
+    #[test]
+    fn a_long_string_with_escapes_is_kept_and_read_again_as_it_was() {
+        std::thread::spawn(|| {
+            let text = serde_json::json!("a \"quoted\" line\n".repeat(200)).to_string();
+            let raw = &text[1..text.len() - 1];
+            assert!(seen::find(&text.as_bytes()[1..]).is_none());
+            let first = Scanner::new(&text).parse_value().unwrap();
+            assert_eq!(
+                seen::find(&text.as_bytes()[1..]).map(|(len, _)| len),
+                Some(raw.len())
+            );
+            let list = format!("[{text}, 1]");
+            let mut again = Scanner::new(&list);
+            assert_eq!(again.parse_value().unwrap(), serde_json::json!([first, 1]));
+            again.end().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    proptest! {
+        /// Long strings with escapes, read again (the thread keeps them,
+        /// [`seen`]), and texts that begin as they do: each builds as
+        /// serde_json reads it.
+        #[test]
+        fn long_strings_read_again_build_as_serde_json_does(
+            line in "[ -~\u{e9}\\\"]{0,30}",
+            lines in 40..300usize,
+            edits in prop::collection::vec((
+                any::<prop::sample::Index>(),
+                prop::sample::select(vec!["", "\"", "\\", "\\u12", "x", "\\\"", "\t", "\\n"]),
+            ), 0..3),
+        ) {
+            let text = serde_json::json!(format!("{line}\n").repeat(lines)).to_string();
+            let mut edited = text.clone();
+            for (at, insert) in edits {
+                let mut at = at.index(edited.len() + 1);
+                while !edited.is_char_boundary(at) {
+                    at -= 1;
+                }
+                edited.insert_str(at, insert);
+            }
+            let variants = [
+                text.clone(),
+                format!("[{text},{text}]"),
+                edited,
+                text[..text.len() - 1].to_owned(),
+                format!("{}x\"", &text[..text.len() - 1]),
+                format!("{}\\\"", &text[..text.len() - 1]),
+            ];
+            for variant in variants.iter().chain(&variants) {
+                builds_as_serde_json_does(variant).map_err(TestCaseError::fail)?;
+            }
         }
     }
 

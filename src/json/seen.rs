@@ -1,0 +1,154 @@
+//! Long strings with escapes the thread has unescaped before, by their
+//! text. A coding agent sends its system prompt and its conversation again
+//! with every request of a session, and unescaping them was most of what
+//! building a coding agent's request cost the scanner (Codex's request: 381
+//! strings with escapes, 48k instructions of the 60k its strings took).
+//! Comparing a long string's text with the one it was before costs about a
+//! tenth of that.
+//!
+//! A string whose text (after its opening quote) begins with the text of a
+//! string unescaped before, and then a quote, is that same string: the
+//! text kept was a whole string's, checked, so it does not end in an
+//! escaping backslash and the quote after it closes it. A match skips
+//! nothing the scanner would have refused.
+//!
+//! Each thread keeps its own few (no lock on the request path), in sets of
+//! two picked by bytes of the text's first KiB, the one used last kept on a
+//! collision. Bounded: 32 strings per thread of 1 to 32 KiB of text each.
+
+use std::cell::RefCell;
+
+/// Sets of [`WAYS`] strings each.
+const SETS: usize = 16;
+const WAYS: usize = 2;
+/// A string's text, at least, to be kept: a shorter one is unescaped again,
+/// cheaper than a lookup it would make every string pay.
+pub const SMALLEST: usize = 1024;
+/// A string's text, at most, to be kept.
+const LARGEST: usize = 32 * 1024;
+
+struct Seen {
+    /// The string's text as it came, escapes and all.
+    raw: Box<str>,
+    /// Unescaped.
+    text: Box<str>,
+}
+
+#[derive(Default)]
+struct Set {
+    ways: [Option<Seen>; WAYS],
+    /// The way used last.
+    last: usize,
+}
+
+thread_local! {
+    static SEEN: RefCell<[Set; SETS]> = RefCell::new(Default::default());
+}
+
+/// The set of a text of at least [`SMALLEST`] bytes: four words from its
+/// first KiB, so that texts alike in their first lines (Claude Code's
+/// `<system-reminder>`s) are told apart.
+fn set(text: &[u8]) -> usize {
+    let word = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&text[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    let mixed = word(0) ^ word(248).rotate_left(16) ^ word(504).rotate_left(32) ^ word(1016);
+    (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SETS
+}
+
+/// The string that `rest` (a string's text from just past its opening
+/// quote) is, if it was kept: its text's length as it came, and its
+/// unescaped text.
+pub fn find(rest: &[u8]) -> Option<(usize, String)> {
+    if rest.len() <= SMALLEST {
+        return None;
+    }
+    SEEN.with_borrow_mut(|sets| {
+        let set = &mut sets[set(rest)];
+        let way = set.ways.iter().position(|way| {
+            way.as_ref().is_some_and(|seen| {
+                let raw = seen.raw.as_bytes();
+                rest.get(raw.len()) == Some(&b'"') && rest.starts_with(raw)
+            })
+        })?;
+        set.last = way;
+        let seen = set.ways[way].as_ref()?;
+        Some((seen.raw.len(), String::from(&*seen.text)))
+    })
+}
+
+/// Keeps `text`, the string whose text came as `raw` (checked, whole).
+pub fn keep(raw: &str, text: &str) {
+    if !(SMALLEST..=LARGEST).contains(&raw.len()) {
+        return;
+    }
+    SEEN.with_borrow_mut(|sets| {
+        let set = &mut sets[set(raw.as_bytes())];
+        let way = set
+            .ways
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(1 - set.last);
+        set.ways[way] = Some(Seen {
+            raw: raw.into(),
+            text: text.into(),
+        });
+        set.last = way;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A string's text, escaped, of about `len` bytes, its first KiB alike
+    /// for every `tail` but its last line.
+    fn text(len: usize, tail: &str) -> String {
+        format!("{}{tail}", "a line,\\n".repeat(len / 9))
+    }
+
+    #[test]
+    fn a_kept_string_is_found_only_whole_and_closed() {
+        std::thread::spawn(|| {
+            let raw = text(3000, "end");
+            keep(&raw, "its text");
+            let found = |rest: String| find(rest.as_bytes());
+            let whole = Some((raw.len(), "its text".to_owned()));
+            assert_eq!(found(format!("{raw}\",\"next\":1")), whole);
+            // Longer, shorter, or not closed there: another string.
+            assert_eq!(found(format!("{raw}x\"")), None);
+            assert_eq!(found(format!("{}\"", &raw[..raw.len() - 1])), None);
+            assert_eq!(found(raw.clone()), None);
+            // Too short or too long to be kept.
+            keep("short", "s");
+            assert_eq!(found("short\"".to_owned() + &"x".repeat(SMALLEST)), None);
+            let long = text(LARGEST + 10, "");
+            keep(&long, "l");
+            assert_eq!(found(format!("{long}\"")), None);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn strings_alike_share_a_set_and_the_last_used_stays() {
+        std::thread::spawn(|| {
+            let (a, b, c) = (text(2000, "a"), text(2000, "b"), text(2000, "c"));
+            assert_eq!(set(a.as_bytes()), set(b.as_bytes()));
+            keep(&a, "A");
+            keep(&b, "B");
+            let found = |raw: &str| find(format!("{raw}\"").as_bytes()).map(|(_, text)| text);
+            assert_eq!(found(&a).as_deref(), Some("A"));
+            assert_eq!(found(&b).as_deref(), Some("B"));
+            // `b` was used last: `c` takes `a`'s place.
+            keep(&c, "C");
+            assert_eq!(found(&a), None);
+            assert_eq!(found(&b).as_deref(), Some("B"));
+            assert_eq!(found(&c).as_deref(), Some("C"));
+        })
+        .join()
+        .unwrap();
+    }
+}
