@@ -1,16 +1,18 @@
-//! Long strings with escapes the thread has unescaped before, by their
-//! text. A coding agent sends its system prompt and its conversation again
-//! with every request of a session, and unescaping them was most of what
+//! Long strings with escapes the thread has read before, by their text. A
+//! coding agent sends its system prompt and its conversation again with
+//! every request of a session, and unescaping them was most of what
 //! building a coding agent's request cost the scanner (Codex's request: 381
-//! strings with escapes, 48k instructions of the 60k its strings took).
+//! strings with escapes, 48k instructions of the 60k its strings took);
+//! checking them, most of what a request passed on to another model costs.
 //! Comparing a long string's text with the one it was before costs about a
-//! tenth of that.
+//! tenth of either.
 //!
 //! A string whose text (after its opening quote) begins with the text of a
-//! string unescaped before, and then a quote, is that same string: the
-//! text kept was a whole string's, checked, so it does not end in an
-//! escaping backslash and the quote after it closes it. A match skips
-//! nothing the scanner would have refused.
+//! string read before, and then a quote, is that same string: the text
+//! kept was a whole string's, checked, so it does not end in an escaping
+//! backslash and the quote after it closes it. A match skips nothing the
+//! scanner would have refused. A string only checked is kept without its
+//! unescaped text, which the first build of it adds.
 //!
 //! Each thread keeps its own few (no lock on the request path), in sets of
 //! two picked by bytes of the text's first KiB, the one used last kept on a
@@ -30,8 +32,8 @@ const LARGEST: usize = 32 * 1024;
 struct Seen {
     /// The string's text as it came, escapes and all.
     raw: Box<str>,
-    /// Unescaped.
-    text: Box<str>,
+    /// Unescaped, once a build has read it.
+    text: Option<Box<str>>,
 }
 
 #[derive(Default)]
@@ -60,8 +62,8 @@ fn set(text: &[u8]) -> usize {
 
 /// The string that `rest` (a string's text from just past its opening
 /// quote) is, if it was kept: its text's length as it came, and its
-/// unescaped text.
-pub fn find(rest: &[u8]) -> Option<(usize, String)> {
+/// unescaped text if a build read it.
+fn find(rest: &[u8]) -> Option<(usize, Option<String>)> {
     if rest.len() <= SMALLEST {
         return None;
     }
@@ -75,26 +77,51 @@ pub fn find(rest: &[u8]) -> Option<(usize, String)> {
         })?;
         set.last = way;
         let seen = set.ways[way].as_ref()?;
-        Some((seen.raw.len(), String::from(&*seen.text)))
+        Some((seen.raw.len(), seen.text.as_deref().map(String::from)))
     })
 }
 
-/// Keeps `text`, the string whose text came as `raw` (checked, whole).
-pub fn keep(raw: &str, text: &str) {
+/// [`find`] for a build: the length of the text as it came, and the text.
+pub fn unescaped(rest: &[u8]) -> Option<(usize, String)> {
+    match find(rest)? {
+        (len, Some(text)) => Some((len, text)),
+        (_, None) => None,
+    }
+}
+
+/// [`find`] for a check: the length of the text as it came.
+pub fn checked(rest: &[u8]) -> Option<usize> {
+    find(rest).map(|(len, _)| len)
+}
+
+/// Keeps the string whose text came as `raw` (checked, whole), and its
+/// unescaped `text` if it was built.
+pub fn keep(raw: &str, text: Option<&str>) {
     if !(SMALLEST..=LARGEST).contains(&raw.len()) {
         return;
     }
     SEEN.with_borrow_mut(|sets| {
         let set = &mut sets[set(raw.as_bytes())];
-        let way = set
-            .ways
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or(1 - set.last);
-        set.ways[way] = Some(Seen {
-            raw: raw.into(),
-            text: text.into(),
-        });
+        // A string checked, then built: its text is added where it is.
+        let same = |way: &Option<Seen>| way.as_ref().is_some_and(|seen| *seen.raw == *raw);
+        let way = match set.ways.iter().position(same) {
+            Some(way) => way,
+            None => set
+                .ways
+                .iter()
+                .position(Option::is_none)
+                .unwrap_or(1 - set.last),
+        };
+        let text = text.map(Box::from);
+        match &mut set.ways[way] {
+            Some(seen) if *seen.raw == *raw => seen.text = text.or(seen.text.take()),
+            slot => {
+                *slot = Some(Seen {
+                    raw: raw.into(),
+                    text,
+                })
+            }
+        }
         set.last = way;
     });
 }
@@ -113,8 +140,8 @@ mod tests {
     fn a_kept_string_is_found_only_whole_and_closed() {
         std::thread::spawn(|| {
             let raw = text(3000, "end");
-            keep(&raw, "its text");
-            let found = |rest: String| find(rest.as_bytes());
+            keep(&raw, Some("its text"));
+            let found = |rest: String| unescaped(rest.as_bytes());
             let whole = Some((raw.len(), "its text".to_owned()));
             assert_eq!(found(format!("{raw}\",\"next\":1")), whole);
             // Longer, shorter, or not closed there: another string.
@@ -122,10 +149,10 @@ mod tests {
             assert_eq!(found(format!("{}\"", &raw[..raw.len() - 1])), None);
             assert_eq!(found(raw.clone()), None);
             // Too short or too long to be kept.
-            keep("short", "s");
+            keep("short", Some("s"));
             assert_eq!(found("short\"".to_owned() + &"x".repeat(SMALLEST)), None);
             let long = text(LARGEST + 10, "");
-            keep(&long, "l");
+            keep(&long, Some("l"));
             assert_eq!(found(format!("{long}\"")), None);
         })
         .join()
@@ -137,16 +164,49 @@ mod tests {
         std::thread::spawn(|| {
             let (a, b, c) = (text(2000, "a"), text(2000, "b"), text(2000, "c"));
             assert_eq!(set(a.as_bytes()), set(b.as_bytes()));
-            keep(&a, "A");
-            keep(&b, "B");
-            let found = |raw: &str| find(format!("{raw}\"").as_bytes()).map(|(_, text)| text);
+            keep(&a, Some("A"));
+            keep(&b, Some("B"));
+            let found = |raw: &str| unescaped(format!("{raw}\"").as_bytes()).map(|(_, text)| text);
             assert_eq!(found(&a).as_deref(), Some("A"));
             assert_eq!(found(&b).as_deref(), Some("B"));
             // `b` was used last: `c` takes `a`'s place.
-            keep(&c, "C");
+            keep(&c, Some("C"));
             assert_eq!(found(&a), None);
             assert_eq!(found(&b).as_deref(), Some("B"));
             assert_eq!(found(&c).as_deref(), Some("C"));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_string_checked_then_built_is_kept_once_with_its_text() {
+        std::thread::spawn(|| {
+            let raw = text(1500, "x");
+            let rest = format!("{raw}\"");
+            keep(&raw, None);
+            assert_eq!(checked(rest.as_bytes()), Some(raw.len()));
+            assert_eq!(unescaped(rest.as_bytes()), None);
+            keep(&raw, Some("T"));
+            assert_eq!(
+                unescaped(rest.as_bytes()),
+                Some((raw.len(), "T".to_owned()))
+            );
+            // Checked again: its text stays.
+            keep(&raw, None);
+            assert_eq!(
+                unescaped(rest.as_bytes()),
+                Some((raw.len(), "T".to_owned()))
+            );
+            let kept = SEEN.with_borrow(|sets| {
+                let set = &sets[set(raw.as_bytes())];
+                set.ways
+                    .iter()
+                    .flatten()
+                    .filter(|seen| *seen.raw == *raw)
+                    .count()
+            });
+            assert_eq!(kept, 1);
         })
         .join()
         .unwrap();
