@@ -60,10 +60,9 @@ fn set(text: &[u8]) -> usize {
     (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SETS
 }
 
-/// The string that `rest` (a string's text from just past its opening
-/// quote) is, if it was kept: its text's length as it came, and its
-/// unescaped text if a build read it.
-fn find(rest: &[u8]) -> Option<(usize, Option<String>)> {
+/// What `take` takes of the string that `rest` (a string's text from just
+/// past its opening quote) is, if it was kept.
+fn find<T>(rest: &[u8], take: impl FnOnce(&Seen) -> Option<T>) -> Option<T> {
     if rest.len() <= SMALLEST {
         return None;
     }
@@ -76,22 +75,21 @@ fn find(rest: &[u8]) -> Option<(usize, Option<String>)> {
             })
         })?;
         set.last = way;
-        let seen = set.ways[way].as_ref()?;
-        Some((seen.raw.len(), seen.text.as_deref().map(String::from)))
+        take(set.ways[way].as_ref()?)
     })
 }
 
-/// [`find`] for a build: the length of the text as it came, and the text.
+/// For a build: the length of the text as it came, and the text, once a
+/// build has read it.
 pub fn unescaped(rest: &[u8]) -> Option<(usize, String)> {
-    match find(rest)? {
-        (len, Some(text)) => Some((len, text)),
-        (_, None) => None,
-    }
+    find(rest, |seen| {
+        Some((seen.raw.len(), String::from(seen.text.as_deref()?)))
+    })
 }
 
-/// [`find`] for a check: the length of the text as it came.
+/// For a check: the length of the text as it came.
 pub fn checked(rest: &[u8]) -> Option<usize> {
-    find(rest).map(|(len, _)| len)
+    find(rest, |seen| Some(seen.raw.len()))
 }
 
 /// Keeps the string whose text came as `raw` (checked, whole), and its
