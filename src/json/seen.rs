@@ -23,8 +23,10 @@ use std::cell::RefCell;
 /// Sets of [`WAYS`] strings each.
 const SETS: usize = 16;
 const WAYS: usize = 2;
-/// A string's text, at least, to be kept: a shorter one is unescaped again,
-/// cheaper than a lookup it would make every string pay.
+/// A string's text, at least, to be kept: a shorter one is read again. A
+/// build looks a string up only once it is this far into it, so a short one
+/// never pays the lookup; a check, which cannot tell a string's length
+/// before it has found its end, looks up each string with escapes.
 pub const SMALLEST: usize = 1024;
 /// A string's text, at most, to be kept.
 const LARGEST: usize = 32 * 1024;
