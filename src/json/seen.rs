@@ -59,7 +59,7 @@ fn set(text: &[u8]) -> usize {
         u64::from_le_bytes(bytes)
     };
     let mixed = word(0) ^ word(248).rotate_left(16) ^ word(504).rotate_left(32) ^ word(1016);
-    (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % SETS
+    (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % SETS
 }
 
 /// What `take` takes of the string that `rest` (a string's text from just
@@ -110,7 +110,7 @@ pub fn keep(raw: &str, text: Option<&str>) {
                 .ways
                 .iter()
                 .position(Option::is_none)
-                .unwrap_or(1 - set.last),
+                .unwrap_or((set.last + 1) % WAYS),
         };
         let text = text.map(Box::from);
         match &mut set.ways[way] {
