@@ -31,7 +31,7 @@ pub struct Conversation {
     pub model: Option<String>,
     /// The system prompt: the client's leading instructions, then (after the
     /// rewrite) combined with the agent's.
-    pub system: Option<String>,
+    pub system: Option<Prompt>,
     pub items: Vec<Item>,
     /// Functions the model may call: the agent's, then the client's. Shared:
     /// an agent's are made once, with the config or the tool.
@@ -57,7 +57,7 @@ impl Conversation {
     pub fn text_size(&self) -> TextSize {
         let mut size = TextSize::default();
         let mut add = |len: usize| size.add(len);
-        add(self.system.as_ref().map_or(0, String::len));
+        add(self.system.as_ref().map_or(0, Prompt::len));
         for item in &self.items {
             match item {
                 Item::Message(m) => m.content.iter().for_each(|part| match part {
@@ -79,11 +79,129 @@ impl Conversation {
 
     /// The text of the first user message: how a conversation begins, the
     /// same in every later turn of it.
+    /// The system prompt's text, joined.
+    pub fn system_text(&self) -> Option<Cow<'_, str>> {
+        self.system.as_ref().map(Prompt::text)
+    }
+
     pub fn first_user_text(&self) -> Option<String> {
         self.items.iter().find_map(|item| match item {
             Item::Message(m) if m.role == Role::User => Some(m.text_content()),
             _ => None,
         })
+    }
+}
+
+/// The system prompt: its texts kept apart until written, each after a blank
+/// line (the next instructions or system message) or a line break (the next
+/// text of one message). A coding agent's are tens of KiB its client sends
+/// again with every request: each goes out as the client escaped it
+/// ([`json::write_text`](crate::json::write_text)), not joined into a copy
+/// and escaped again.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Prompt(Vec<(Joint, String)>);
+
+/// What comes before a text of a [`Prompt`] but its first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Joint {
+    BlankLine,
+    LineBreak,
+}
+
+impl Joint {
+    fn text(self) -> &'static str {
+        match self {
+            Joint::BlankLine => "\n\n",
+            Joint::LineBreak => "\n",
+        }
+    }
+
+    /// As written inside a JSON string.
+    fn json(self) -> &'static [u8] {
+        match self {
+            Joint::BlankLine => b"\\n\\n",
+            Joint::LineBreak => b"\\n",
+        }
+    }
+}
+
+impl Prompt {
+    /// The prompt of one text.
+    pub fn new(text: impl Into<String>) -> Prompt {
+        Prompt(vec![(Joint::BlankLine, text.into())])
+    }
+
+    /// Itself, unless it has no text at all.
+    pub fn some(self) -> Option<Prompt> {
+        (!self.0.is_empty()).then_some(self)
+    }
+
+    /// Adds a text after a blank line.
+    pub fn push(&mut self, text: String) {
+        self.0.push((Joint::BlankLine, text));
+    }
+
+    /// Adds a text before the others, a blank line between.
+    pub fn push_front(&mut self, text: String) {
+        self.0.insert(0, (Joint::BlankLine, text));
+    }
+
+    /// Adds a message's text parts: the first after a blank line, the others
+    /// each after a line break (as [`Message::text_content`] joins them).
+    pub fn push_message(&mut self, message: Message) {
+        let mut joint = Joint::BlankLine;
+        for part in message.content {
+            if let Part::Text(text) = part {
+                self.0.push((joint, text));
+                joint = Joint::LineBreak;
+            }
+        }
+        // A message without text still parts what comes before and after.
+        if joint == Joint::BlankLine {
+            self.0.push((joint, String::new()));
+        }
+    }
+
+    /// Its texts joined: borrowed when there is one.
+    pub fn text(&self) -> Cow<'_, str> {
+        match self.0.as_slice() {
+            [] => Cow::Borrowed(""),
+            [(_, only)] => Cow::Borrowed(only),
+            _ => {
+                let mut all = String::with_capacity(self.len());
+                self.pieces().for_each(|piece| all.push_str(piece));
+                Cow::Owned(all)
+            }
+        }
+    }
+
+    /// The bytes of its joined text.
+    pub fn len(&self) -> usize {
+        self.pieces().map(str::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pieces().all(str::is_empty)
+    }
+
+    /// Its joined text, in pieces: each text, the joints between.
+    pub fn pieces(&self) -> impl Iterator<Item = &str> {
+        self.0
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (joint, text))| [if i == 0 { "" } else { joint.text() }, text.as_str()])
+    }
+
+    /// Writes it as one JSON string.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        out.push(b'"');
+        for (i, (joint, text)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(joint.json());
+            }
+            crate::json::write_text_inside(out, text);
+        }
+        out.push(b'"');
     }
 }
 
@@ -154,32 +272,19 @@ impl Message {
         }
     }
 
-    /// The text parts, joined by newlines; one part is moved, not copied
-    /// (a coding agent's instructions are many KiB).
-    pub fn into_text(self) -> String {
-        lines(self.content.into_iter().filter_map(|p| match p {
-            Part::Text(t) => Some(Cow::Owned(t)),
-            _ => None,
-        }))
-    }
-
     /// The text parts, joined by newlines.
     pub fn text_content(&self) -> String {
-        lines(self.content.iter().filter_map(|p| match p {
-            Part::Text(t) => Some(Cow::Borrowed(t.as_str())),
+        let mut texts = self.content.iter().filter_map(|p| match p {
+            Part::Text(t) => Some(t.as_str()),
             _ => None,
-        }))
+        });
+        let first = texts.next().unwrap_or_default().to_owned();
+        texts.fold(first, |mut all, t| {
+            all.push('\n');
+            all.push_str(t);
+            all
+        })
     }
-}
-
-/// `texts` joined by newlines, the first one's buffer reused if it is owned.
-fn lines<'a>(mut texts: impl Iterator<Item = Cow<'a, str>>) -> String {
-    let first = texts.next().unwrap_or_default().into_owned();
-    texts.fold(first, |mut all, t| {
-        all.push('\n');
-        all.push_str(&t);
-        all
-    })
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -434,4 +539,67 @@ pub struct RoundEnd {
 pub struct UpstreamError {
     pub status: u16,
     pub body: bytes::Bytes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Add {
+        Back(String),
+        Front(String),
+        Message(Vec<String>),
+    }
+
+    fn add() -> impl Strategy<Value = Add> {
+        let text = "[a-z \n\"\\\\\u{e9}\u{1}\u{2028}]{0,12}";
+        prop_oneof![
+            text.prop_map(Add::Back),
+            text.prop_map(Add::Front),
+            proptest::collection::vec(text, 0..3).prop_map(Add::Message),
+        ]
+    }
+
+    proptest! {
+        /// However it was put together, a prompt reads, measures and writes
+        /// as its texts joined: blank lines between parts, a message's
+        /// texts a line apart.
+        #[test]
+        fn a_prompt_is_its_texts_joined(adds in proptest::collection::vec(add(), 0..6)) {
+            let mut prompt = Prompt::default();
+            let mut parts: Vec<String> = Vec::new();
+            for add in adds {
+                match add {
+                    Add::Back(text) => {
+                        parts.push(text.clone());
+                        prompt.push(text);
+                    }
+                    Add::Front(text) => {
+                        parts.insert(0, text.clone());
+                        prompt.push_front(text);
+                    }
+                    Add::Message(texts) => {
+                        let message = Message {
+                            role: Role::System,
+                            content: texts.iter().cloned().map(Part::Text).collect(),
+                            extra: Map::new(),
+                        };
+                        parts.push(message.text_content());
+                        prompt.push_message(message);
+                    }
+                }
+            }
+            let joined = parts.join("\n\n");
+            prop_assert_eq!(prompt.text(), joined.as_str());
+            prop_assert_eq!(prompt.pieces().collect::<String>(), joined.as_str());
+            prop_assert_eq!(prompt.len(), joined.len());
+            prop_assert_eq!(prompt.is_empty(), joined.is_empty());
+            prop_assert_eq!(prompt.clone().some().is_some(), !parts.is_empty());
+            let mut written = Vec::new();
+            prompt.write_json(&mut written);
+            prop_assert_eq!(written, serde_json::to_vec(&joined).unwrap());
+        }
+    }
 }

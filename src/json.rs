@@ -15,7 +15,9 @@
 //! sonic-rs writes the same bytes, its strings escaped 16 bytes at a time.
 //! What we write most (the Response object, each token's event, the chat
 //! upstream's request) goes member by member through [`Object`], our
-//! constant names as they are, not through the escaper.
+//! constant names as they are, not through the escaper. A long text a
+//! client sent (a coding agent's prompts, its history) goes to the model as
+//! the client escaped it ([`write_text`]), not escaped again.
 
 pub mod scan;
 mod seen;
@@ -90,6 +92,31 @@ fn whole<'a, R: Read<'a>, S: DeserializeSeed<'a>>(
 pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     // Our own types and `Value`s, whose keys are strings: they cannot fail.
     let _ = sonic_rs::to_writer(out, value);
+}
+
+/// Appends `text` as a JSON string: as the client sent it, when a request
+/// this thread read carried it ([`seen`]), else escaped.
+pub fn write_text(out: &mut Vec<u8>, text: &str) {
+    out.push(b'"');
+    if !seen::write_as_sent(text, out) {
+        out.pop();
+        write(out, text);
+        return;
+    }
+    out.push(b'"');
+}
+
+/// [`write_text`] without the quotes: a part of a string written in parts.
+pub fn write_text_inside(out: &mut Vec<u8>, text: &str) {
+    if seen::write_as_sent(text, out) {
+        return;
+    }
+    let at = out.len();
+    write(out, text);
+    // The quotes the writer put around it.
+    out.pop();
+    out.copy_within(at + 1.., at);
+    out.pop();
 }
 
 /// The most of its scratch buffer [`to_vec`] keeps on a thread between
@@ -179,6 +206,11 @@ impl<'a> Object<'a> {
 
     pub fn value<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
         write(self.name(name), value);
+    }
+
+    /// A member whose value is a text a client may have sent ([`write_text`]).
+    pub fn text(&mut self, name: &'static str, text: &str) {
+        write_text(self.name(name), text);
     }
 
     /// A member written only when there is a value.
@@ -532,6 +564,35 @@ mod tests {
         let tuple_keys = BTreeMap::from([((1, 2), 3)]);
         assert!(serde_json::to_vec(&tuple_keys).is_err());
         assert!(sonic_rs::to_vec(&tuple_keys).is_err());
+    }
+
+    #[test]
+    fn a_text_a_request_carried_goes_out_as_its_client_escaped_it() {
+        std::thread::spawn(|| {
+            // Escapes serde_json would not write: `\/`, `\u00e9`.
+            let raw = "a \\/ path, caf\\u00e9,\\n\\\"quoted\\\"\\n".repeat(60);
+            let body = format!(r#"{{"system":"{raw}"}}"#);
+            let read = scan::Scanner::new(&body).parse_value().unwrap();
+            let text = read["system"].as_str().unwrap();
+            let mut out = Vec::new();
+            write_text(&mut out, text);
+            assert_eq!(out, format!("\"{raw}\"").into_bytes());
+            let mut inside = b"x".to_vec();
+            write_text_inside(&mut inside, text);
+            assert_eq!(inside, format!("x{raw}").into_bytes());
+            // A text no request carried: escaped as serde_json does.
+            let other = format!("{text}.");
+            let escaped = serde_json::to_string(&other).unwrap();
+            let mut out = b"x".to_vec();
+            write_text(&mut out, &other);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("x{escaped}"));
+            let mut out = b"x".to_vec();
+            write_text_inside(&mut out, &other);
+            let inside = &escaped[1..escaped.len() - 1];
+            assert_eq!(String::from_utf8(out).unwrap(), format!("x{inside}"));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

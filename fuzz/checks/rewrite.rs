@@ -51,14 +51,14 @@ pub fn check(data: &[u8]) {
     for mut out in decoded(data) {
         let stream = out.options.stream;
         rewrite(agent, &toolset, &mut out);
-        assert!(out
-            .system
-            .as_deref()
-            .is_some_and(|s| s.starts_with("AGENT")));
+        let system = out.system_text().expect("the agent's prompt");
+        assert!(system.starts_with("AGENT"));
         let chat: Value = serde_json::from_slice(&round::chat::encode(&out, stream))
             .expect("a chat request is valid JSON");
         assert_eq!(chat["stream"], stream);
         assert_eq!(chat["messages"][0]["role"], "system");
+        // Its texts, each written as it came or escaped again, read as one.
+        assert_eq!(chat["messages"][0]["content"], *system);
         let responses: Value = serde_json::from_slice(&round::responses::encode(&out, stream))
             .expect("a Responses request is valid JSON");
         assert_eq!(responses["store"], false);

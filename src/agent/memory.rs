@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tracing::warn;
 
 use crate::config::file::{MemoryFile, MemoryScope};
-use crate::conversation::{Conversation, FunctionTool};
+use crate::conversation::{Conversation, FunctionTool, Prompt};
 use crate::store::{unix_now_ms, Note, Store};
 use crate::tools::{parse_arguments, CallContext, Outcome, Run};
 
@@ -136,8 +136,11 @@ pub async fn inject(
         return;
     }
     conversation.system = Some(match conversation.system.take() {
-        Some(system) if !system.is_empty() => format!("{system}\n\n{block}"),
-        _ => block,
+        Some(mut system) if !system.is_empty() => {
+            system.push(block);
+            system
+        }
+        _ => Prompt::new(block),
     });
 }
 

@@ -9,7 +9,7 @@ use tracing::warn;
 use super::toolset::ToolSet;
 use super::Agent;
 use crate::config::file::PromptMode;
-use crate::conversation::{Conversation, FunctionTool, Item, Role};
+use crate::conversation::{Conversation, FunctionTool, Item, Prompt, Role};
 
 /// Rewrites `conversation` for `agent`, in place (it is moved no more: a
 /// move copies its half KiB). Everything the rewrite does not own is kept
@@ -68,22 +68,18 @@ fn combine_instructions(agent: &Agent, conversation: &mut Conversation) {
         return;
     };
     let theirs = conversation.system.take().filter(|t| !t.is_empty());
+    // Theirs is a coding agent's many KiB: kept apart from ours, not copied.
     conversation.system = Some(match (agent.prompt_mode, theirs) {
-        (PromptMode::Replace, _) | (_, None) => ours.to_owned(),
-        (PromptMode::Prepend, Some(theirs)) => paragraphs(ours, &theirs),
-        (PromptMode::Append, Some(theirs)) => paragraphs(&theirs, ours),
+        (PromptMode::Replace, _) | (_, None) => Prompt::new(ours),
+        (PromptMode::Prepend, Some(mut theirs)) => {
+            theirs.push_front(ours.to_owned());
+            theirs
+        }
+        (PromptMode::Append, Some(mut theirs)) => {
+            theirs.push(ours.to_owned());
+            theirs
+        }
     });
-}
-
-/// `first`, a blank line, `then`, in a string of exactly that size: it is
-/// kept for the whole request, and a coding agent's prompt is many KiB
-/// (`format!` grows its buffer by doubling).
-fn paragraphs(first: &str, then: &str) -> String {
-    let mut both = String::with_capacity(first.len() + 2 + then.len());
-    both.push_str(first);
-    both.push_str("\n\n");
-    both.push_str(then);
-    both
 }
 
 /// The agent's tools first, then the client's, minus any client tool that
@@ -161,6 +157,47 @@ agents:
         let out = rewrite_for("replace", body);
         assert_eq!(system_text(&out), "AGENT");
         assert_eq!(out["messages"][1]["content"], "hi");
+    }
+
+    #[test]
+    fn a_coding_agents_long_texts_go_to_the_model_as_its_client_escaped_them() {
+        // Escapes serde_json would write otherwise (`\/`, `\u00e9`): what
+        // the model gets shows whose they are.
+        let long = |tag: &str| format!("{tag}: caf\\u00e9 \\/ \\\"x\\\"\\n").repeat(80);
+        let (block, note, asked, dev) = (long("block"), long("note"), long("asked"), long("dev"));
+        let text = |raw: &str| serde_json::from_str::<String>(&format!("\"{raw}\"")).unwrap();
+        std::thread::spawn(move || {
+            let (agent, toolset) = agent("prepend");
+            let messages = format!(
+                r#"{{"model":"a","max_tokens":9,"system":[{{"type":"text","text":"Short."}},{{"type":"text","text":"{block}"}}],
+                "messages":[{{"role":"user","content":[{{"type":"text","text":"{asked}"}},{{"type":"text","text":"hi"}}]}},
+                {{"role":"system","content":"{note}"}}]}}"#
+            );
+            let (mut conversation, _) = crate::front::messages::decode(messages.as_bytes()).unwrap();
+            rewrite(&agent, &toolset, &mut conversation);
+            let sent = String::from_utf8(crate::round::chat::encode(&conversation, false)).unwrap();
+            assert!(sent.contains(&format!(r#""content":"AGENT\n\nShort.\n\n{block}\n\n{note}""#)));
+            assert!(sent.contains(&format!(r#"{{"type":"text","text":"{asked}"}}"#)));
+            let read: Value = serde_json::from_str(&sent).unwrap();
+            let system = format!("AGENT\n\nShort.\n\n{}\n\n{}", text(&block), text(&note));
+            assert_eq!(system_text(&read), system);
+            assert_eq!(read["messages"][1]["content"][0]["text"], text(&asked));
+
+            // Responses: a developer message's texts, a line apart.
+            let responses = format!(
+                r#"{{"model":"a","instructions":"Be brief.","input":[{{"role":"developer","content":[{{"type":"input_text","text":"{dev}"}},{{"type":"input_text","text":"Also."}}]}},{{"role":"user","content":"hi"}}]}}"#
+            );
+            let (mut conversation, _) = crate::front::responses::decode(responses.as_bytes()).unwrap();
+            rewrite(&agent, &toolset, &mut conversation);
+            let sent = String::from_utf8(crate::round::chat::encode(&conversation, false)).unwrap();
+            assert!(sent.contains(&format!(r#""content":"AGENT\n\nBe brief.\n\n{dev}\nAlso.""#)));
+            let read: Value = serde_json::from_str(&sent).unwrap();
+            let system = format!("AGENT\n\nBe brief.\n\n{}\nAlso.", text(&dev));
+            assert_eq!(system_text(&read), system);
+            assert_eq!(conversation.system_text().unwrap(), system);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

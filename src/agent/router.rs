@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::reasoning::{Kind, ThinkSplitter};
 use super::Agent;
 use crate::config::Config;
-use crate::conversation::{Conversation, Item, Message, Options, Role};
+use crate::conversation::{Conversation, Item, Message, Options, Prompt, Role};
 use crate::round;
 use crate::upstream::Upstream;
 
@@ -88,7 +88,7 @@ impl Router {
         }
         let conversation = Conversation {
             model: self.model.clone(),
-            system: Some(prompt),
+            system: Some(Prompt::new(prompt)),
             items: vec![Item::Message(Message::text(
                 Role::User,
                 question.to_owned(),

@@ -31,7 +31,7 @@ use super::Agent;
 use crate::boxed;
 use crate::config::file::{ReasoningMode, ToolEvents, UpstreamApi};
 use crate::conversation::{
-    Conversation, Finish, Item, Message, Role, RoundEnd, ToolCall, ToolResult, Usage,
+    Conversation, Finish, Item, Message, Prompt, Role, RoundEnd, ToolCall, ToolResult, Usage,
 };
 use crate::downstream::{Downstream, Gone, Headless};
 use crate::error::{from_upstream, ApiError};
@@ -192,7 +192,10 @@ impl Turn<'_> {
                 .pool
                 .conversation_key(conversation.session.as_deref(), || {
                     let first_user = conversation.first_user_text();
-                    affinity_key(conversation.system.as_deref(), first_user.as_deref())
+                    affinity_key(
+                        conversation.system.iter().flat_map(Prompt::pieces),
+                        first_user.as_deref(),
+                    )
                 });
         loop {
             if summary.rounds > 0 {

@@ -12,11 +12,11 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{description, invalid, system_prompt, At, Encoder, Key};
+use super::{description, invalid, At, Encoder, Key};
 use crate::config::file::ReasoningField;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
+    Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::json::{self, Raw};
@@ -48,7 +48,7 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
     let Some(messages) = messages else {
         return Err(invalid("messages must be an array.", "messages"));
     };
-    let mut system = Vec::new();
+    let mut system = Prompt::default();
     let mut leading = true;
     for (i, message) in messages.into_iter().enumerate() {
         let Some(role) = message.role.as_deref() else {
@@ -65,7 +65,7 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
         }
         decode_message(message, i, &mut conversation.items)?;
     }
-    conversation.system = system_prompt(system);
+    conversation.system = system.some();
     for (i, tool) in tools.into_iter().flatten().enumerate() {
         let Some(function) = tool.function else {
             continue;
@@ -788,7 +788,7 @@ impl WireCall<'_> {
         o.plain("type", self.kind);
         let mut function = o.object("function");
         function.value("name", self.function.name);
-        function.value("arguments", &*self.function.arguments);
+        function.text("arguments", &self.function.arguments);
         function.end();
         o.end();
     }
@@ -942,7 +942,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            conversation.system.as_deref(),
+            conversation.system_text().as_deref(),
             Some("Be brief.\n\nUse tools.")
         );
         let kinds: Vec<&str> = conversation

@@ -21,12 +21,12 @@ use super::chat::wire_arguments;
 use super::known_tools::Declared;
 use super::{
     description, function_tools, invalid, new_id, note_dropped, picked_object_and_tools,
-    required_str, system_prompt, take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder,
-    ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
+    required_str, take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder, ErrorEnvelope,
+    ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
+    Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::json;
@@ -101,7 +101,7 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     };
     let mut system = decode_system(read.take("system"))?;
     decode_messages(read.take("messages"), &mut conv.items, &mut system)?;
-    conv.system = system_prompt(system);
+    conv.system = system.some();
     let declared = tools.declared(Dialect::Messages, decode_tools)?;
     conv.tools.clone_from(&declared.tools);
     ctx.dropped_tools.clone_from(&declared.dropped);
@@ -114,13 +114,22 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
 
 /// The system prompt's parts: a string, or text blocks (`cache_control`
 /// means nothing to other upstreams).
-fn decode_system(system: Option<Value>) -> Result<Vec<String>, ApiError> {
+fn decode_system(system: Option<Value>) -> Result<Prompt, ApiError> {
+    let mut prompt = Prompt::default();
     match system {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(text)) => Ok((!text.is_empty()).then_some(text).into_iter().collect()),
-        Some(Value::Array(blocks)) => Ok(block_texts(blocks)
-            .filter(|text| !is_billing_header(text))
-            .collect()),
+        None | Some(Value::Null) => Ok(prompt),
+        Some(Value::String(text)) => {
+            if !text.is_empty() {
+                prompt.push(text);
+            }
+            Ok(prompt)
+        }
+        Some(Value::Array(blocks)) => {
+            block_texts(blocks)
+                .filter(|text| !is_billing_header(text))
+                .for_each(|text| prompt.push(text));
+            Ok(prompt)
+        }
         Some(_) => Err(invalid(
             "system must be a string or an array of text blocks.",
             "system",
@@ -147,7 +156,7 @@ fn block_texts(blocks: Vec<Value>) -> impl Iterator<Item = String> {
 fn decode_messages(
     messages: Option<Value>,
     items: &mut Vec<Item>,
-    system: &mut Vec<String>,
+    system: &mut Prompt,
 ) -> Result<(), ApiError> {
     let list = match messages {
         Some(Value::Array(list)) if !list.is_empty() => list,
@@ -174,7 +183,7 @@ fn decode_message(
     message: Value,
     param: At<'_>,
     items: &mut Vec<Item>,
-    system: &mut Vec<String>,
+    system: &mut Prompt,
 ) -> Result<(), ApiError> {
     let Value::Object(mut message) = message else {
         return Err(param.invalid("must be an object."));
@@ -188,7 +197,7 @@ fn decode_message(
         "system" => {
             match message.remove("content") {
                 Some(Value::String(text)) if !text.is_empty() => system.push(text),
-                Some(Value::Array(blocks)) => system.extend(block_texts(blocks)),
+                Some(Value::Array(blocks)) => block_texts(blocks).for_each(|t| system.push(t)),
                 _ => {}
             }
             return Ok(());
@@ -1297,7 +1306,7 @@ mod tests {
         .unwrap();
         assert_eq!(conv.origin, Dialect::Messages);
         assert_eq!(conv.model.as_deref(), Some("coder"));
-        assert_eq!(conv.system.as_deref(), Some("Be brief."));
+        assert_eq!(conv.system_text().as_deref(), Some("Be brief."));
         assert_eq!(conv.items, vec![text(Role::User, "hi")]);
         assert_eq!(conv.options.max_tokens, Some(1024));
         assert!(!conv.options.stream);
@@ -1410,7 +1419,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            conv.system.as_deref(),
+            conv.system_text().as_deref(),
             Some("First.\n\nSecond.\n\nEnv.\n\nMore.")
         );
         assert_eq!(
@@ -1767,7 +1776,7 @@ mod tests {
         assert_eq!(one.options.thinking, Some(true));
         assert_eq!(one.options.reasoning_effort.as_deref(), Some("high"));
         assert!(one.options.user.as_deref().unwrap().contains("session_id"));
-        let system = one.system.as_deref().unwrap();
+        let system = one.system_text().unwrap();
         // The billing header is gone; the system message of `messages` joined.
         assert!(system.starts_with("You are a Claude agent"), "{system}");
         assert!(!system.contains("x-anthropic-billing-header"));
@@ -1785,7 +1794,7 @@ mod tests {
         assert!(one.extra.is_empty(), "{:?}", one.extra);
 
         let (two, _) = decode(&fixture("claude-code-2.1.330-tool-round2.request.json")).unwrap();
-        let system = two.system.as_deref().unwrap();
+        let system = two.system_text().unwrap();
         assert!(system.contains("# Environment"));
         assert_eq!(two.items.len(), 3, "{:?}", two.items);
         assert!(

@@ -622,16 +622,6 @@ fn lenient<'a>(
     }
 }
 
-/// The system prompt of its parts (instructions, system messages), a blank
-/// line between them; one part is moved, not copied.
-fn system_prompt(mut parts: Vec<String>) -> Option<String> {
-    match parts.len() {
-        0 => None,
-        1 => parts.pop(),
-        _ => Some(parts.join("\n\n")),
-    }
-}
-
 /// Notes a dropped tool type, once.
 fn note_dropped(dropped: &mut Vec<String>, kind: String) {
     if !dropped.contains(&kind) {

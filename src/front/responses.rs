@@ -19,13 +19,12 @@ use serde_json::{json, Map, Value};
 use super::known_tools::{Declared, Namespaced};
 use super::{
     description, each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
-    picked_object_and_tools, required_str, system_prompt, take_bool, take_f64, take_str,
-    take_str_at, take_u64, At, ErrorEnvelope, ErrorIn, Picked, ReadTools, Take, ToolObject,
-    ToolShape, Tools,
+    picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
+    At, ErrorEnvelope, ErrorIn, Picked, ReadTools, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
+    Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
 use crate::front::Encoder;
@@ -174,13 +173,12 @@ pub fn decode_object(
     ctx.dropped_tools.clone_from(&declared.dropped);
     ctx.namespaced = declared.namespaced.clone();
 
-    let mut system: Vec<String> = instructions
-        .iter()
-        .filter(|s| !s.is_empty())
-        .cloned()
-        .collect();
+    let mut system = Prompt::default();
+    if let Some(instructions) = instructions.as_ref().filter(|s| !s.is_empty()) {
+        system.push(instructions.clone());
+    }
     decode_input(read.take("input"), &mut conv.items, &mut system, &mut ctx)?;
-    conv.system = system_prompt(system);
+    conv.system = system.some();
 
     // Echoed as sent; also forwarded (in `extra`) to a Responses upstream.
     let echo = &mut ctx.echo;
@@ -438,7 +436,7 @@ fn flatten(namespaced: &mut Namespaced, namespace: &str, name: String) -> String
 fn decode_input(
     input: Option<Value>,
     items: &mut Vec<Item>,
-    system: &mut Vec<String>,
+    system: &mut Prompt,
     ctx: &mut Context,
 ) -> Result<(), ApiError> {
     let list = match input {
@@ -469,7 +467,7 @@ fn decode_input(
         match item {
             // Instructions before anything else are the system prompt.
             Item::Message(m) if m.role == Role::System && items.is_empty() => {
-                system.push(m.into_text())
+                system.push_message(m)
             }
             item => items.push(item),
         }
@@ -2058,7 +2056,7 @@ mod tests {
                 .unwrap();
         assert_eq!(conv.origin, Dialect::Responses);
         assert_eq!(conv.model.as_deref(), Some("coder"));
-        assert_eq!(conv.system.as_deref(), Some("Be brief."));
+        assert_eq!(conv.system_text().as_deref(), Some("Be brief."));
         assert_eq!(conv.items, vec![text(Role::User, "hi")]);
         assert!(!conv.options.stream);
         assert!(conv.extra.is_empty(), "{:?}", conv.extra);
@@ -2096,7 +2094,10 @@ mod tests {
             ]
         }))
         .unwrap();
-        assert_eq!(conv.system.as_deref(), Some("First.\n\nSecond.\n\nThird."));
+        assert_eq!(
+            conv.system_text().as_deref(),
+            Some("First.\n\nSecond.\n\nThird.")
+        );
         let mut assistant = Message {
             role: Role::Assistant,
             content: vec![Part::Text("Sure.".into()), Part::Text("Not that.".into())],
@@ -2551,7 +2552,7 @@ mod tests {
         assert_eq!(one.options.parallel_tool_calls, Some(true));
         assert_eq!(one.options.reasoning_summary.as_deref(), Some("auto"));
         // Both developer messages lead: the system prompt.
-        let system = one.system.as_deref().unwrap();
+        let system = one.system_text().unwrap();
         assert!(system.starts_with("You are a coding agent running in the Codex CLI"));
         assert!(system.contains("<skills_instructions>"));
         assert_eq!(one.items.len(), 2);

@@ -94,6 +94,31 @@ pub fn checked(rest: &[u8]) -> Option<usize> {
     find(rest, |seen| Some(seen.raw.len()))
 }
 
+/// For a writer: appends the text as it came of the string a build on this
+/// thread read as `text`, and tells whether it did. Escaping a long text
+/// again reads it for what to escape, byte by byte where it has many; this
+/// compares it once, and copies. What it appends reads as `text` in any
+/// JSON reader: it was a whole string, checked.
+pub fn write_as_sent(text: &str, out: &mut Vec<u8>) -> bool {
+    // A kept string's text may be shorter than what came (its escapes),
+    // but not by much in what a client sends.
+    if text.len() < SMALLEST / 2 {
+        return false;
+    }
+    SEEN.with_borrow_mut(|sets| {
+        for set in sets.iter_mut() {
+            for (way, seen) in set.ways.iter().enumerate() {
+                if let Some(seen) = seen.as_ref().filter(|s| s.text.as_deref() == Some(text)) {
+                    out.extend_from_slice(seen.raw.as_bytes());
+                    set.last = way;
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
 /// Keeps the string whose text came as `raw` (checked, whole), and its
 /// unescaped `text` if it was built.
 pub fn keep(raw: &str, text: Option<&str>) {
@@ -174,6 +199,28 @@ mod tests {
             assert_eq!(found(&a), None);
             assert_eq!(found(&b).as_deref(), Some("B"));
             assert_eq!(found(&c).as_deref(), Some("C"));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_built_string_is_written_as_it_came_by_its_text() {
+        std::thread::spawn(|| {
+            let raw = text(2000, "\\u00e9");
+            let written = |text: &str| {
+                let mut out = b"[".to_vec();
+                write_as_sent(text, &mut out).then_some(out)
+            };
+            // Only checked: no text to know it by.
+            keep(&raw, None);
+            assert_eq!(written("a text"), None);
+            keep(&raw, Some(&"t".repeat(1500)));
+            let expected = format!("[{raw}").into_bytes();
+            assert_eq!(written(&"t".repeat(1500)), Some(expected));
+            // Another text, or a part of it: escaped by the caller.
+            assert_eq!(written(&"t".repeat(1499)), None);
+            assert_eq!(written(&"u".repeat(1500)), None);
         })
         .join()
         .unwrap();

@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 use super::{first_of_each, DecodeError, RoundDecoder, Step, Whole};
 use crate::agent::assemble::{new_call_id, Assembler};
 use crate::conversation::{
-    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, JsonText, Part, Role, RoundEnd,
-    ToolCall, ToolChoice, UpstreamError,
+    CallKind, Conversation, Delta, Dialect, Finish, Format, Item, JsonText, Part, Prompt, Role,
+    RoundEnd, ToolCall, ToolChoice, UpstreamError,
 };
 use crate::front::chat::{wire_call, WireCall};
 use crate::json::{self, Raw};
@@ -89,12 +89,15 @@ impl MessageOut<'_> {
     fn write(&self, out: &mut Vec<u8>) {
         let mut o = json::Object::new(out);
         o.plain("role", self.role);
-        match &self.content {
-            Some(ContentOut::Text(text)) => o.value("content", *text),
-            Some(ContentOut::Parts(parts)) => o.value("content", parts),
+        match self.content {
+            Some(ContentOut::Text(text)) => o.text("content", text),
+            Some(ContentOut::Prompt(prompt)) => prompt.write_json(o.name("content")),
+            Some(ContentOut::Parts(parts)) => o.list("content", parts, write_part),
             None => {}
         }
-        o.optional("reasoning_content", self.reasoning_content);
+        if let Some(reasoning) = self.reasoning_content {
+            o.text("reasoning_content", reasoning);
+        }
         if !self.tool_calls.is_empty() {
             o.list("tool_calls", &self.tool_calls, |out, call| call.write(out));
         }
@@ -106,12 +109,15 @@ impl MessageOut<'_> {
     }
 }
 
-/// A message's content as sent: its text borrowed from the conversation
-/// (a round re-sends the whole history; copying it into JSON values first
-/// cost an allocation and a copy per message), or content parts.
+/// A message's content as sent, borrowed from the conversation (a round
+/// re-sends the whole history; copying it into JSON values first cost an
+/// allocation and a copy per message): a text, the system prompt, or
+/// content parts.
+#[derive(Clone, Copy)]
 enum ContentOut<'a> {
     Text(&'a str),
-    Parts(Value),
+    Prompt(&'a Prompt),
+    Parts(&'a [Part]),
 }
 
 impl<'a> MessageOut<'a> {
@@ -237,7 +243,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
 fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'_>> {
     let mut out = Vec::with_capacity(conversation.items.len() + 1);
     if let Some(system) = &conversation.system {
-        out.push(MessageOut::new("system", Some(ContentOut::Text(system))));
+        out.push(MessageOut::new("system", Some(ContentOut::Prompt(system))));
     }
     let mut reasoning: Option<&str> = None;
     // Whether the last message is an assistant turn that calls may join.
@@ -287,25 +293,32 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
 /// One text part as a plain string (what every template takes); anything
 /// else as chat content parts.
 fn content(parts: &[Part]) -> ContentOut<'_> {
-    if let [Part::Text(text)] = parts {
-        return ContentOut::Text(text);
+    match parts {
+        [Part::Text(text)] => ContentOut::Text(text),
+        parts => ContentOut::Parts(parts),
     }
-    ContentOut::Parts(Value::Array(
-        parts
-            .iter()
-            .map(|part| match part {
-                Part::Text(text) => serde_json::json!({"type": "text", "text": text}),
-                Part::Image { url, detail } => {
-                    let mut image = serde_json::json!({ "url": url });
-                    if let Some(detail) = detail {
-                        image["detail"] = Value::from(detail.as_str());
-                    }
-                    serde_json::json!({"type": "image_url", "image_url": image})
-                }
-                Part::Other(other) => other.clone(),
-            })
-            .collect(),
-    ))
+}
+
+/// A chat content part.
+fn write_part(out: &mut Vec<u8>, part: &Part) {
+    match part {
+        Part::Text(text) => {
+            let mut o = json::Object::new(out);
+            o.plain("type", "text");
+            o.text("text", text);
+            o.end();
+        }
+        Part::Image { url, detail } => {
+            let mut o = json::Object::new(out);
+            o.plain("type", "image_url");
+            let mut image = o.object("image_url");
+            image.value("url", url);
+            image.optional("detail", detail.as_ref());
+            image.end();
+            o.end();
+        }
+        Part::Other(other) => json::write(out, other),
+    }
 }
 
 // ------------------------------------------------------------- decoding

@@ -126,14 +126,14 @@ impl Serialize for Fields<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conversation::{Description, FunctionTool, Item, Message, Role, Schema};
+    use crate::conversation::{Description, FunctionTool, Item, Message, Prompt, Role, Schema};
 
     #[test]
     fn a_request_body_is_written_without_growing_its_buffer() {
         // A coding agent's shape: long instructions, escapes, a history.
         let instructions = "Follow the rules:\n\t\"quote\" \\ é 漢\n".repeat(700);
         let conversation = Conversation {
-            system: Some(instructions),
+            system: Some(Prompt::new(instructions)),
             items: vec![
                 Item::Message(Message::text(Role::User, "fix the build")),
                 Item::Message(Message::text(Role::Assistant, "done.\n".repeat(300))),

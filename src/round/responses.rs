@@ -47,7 +47,7 @@ struct Request<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    instructions: Option<&'a str>,
+    instructions: Option<Cow<'a, str>>,
     input: Input<'a>,
     #[serde(skip_serializing_if = "<[_]>::is_empty", serialize_with = "tools")]
     tools: &'a [Arc<FunctionTool>],
@@ -123,7 +123,7 @@ impl<'a> Request<'a> {
         }
         let mut request = Request {
             model: conversation.model.as_deref(),
-            instructions: conversation.system.as_deref(),
+            instructions: conversation.system_text(),
             input: Input::new(&conversation.items),
             tools: &conversation.tools,
             max_output_tokens: options.max_tokens,
@@ -918,6 +918,7 @@ mod tests {
     use serde_json::{json, Map};
 
     use super::*;
+    use crate::conversation::Prompt;
     use crate::conversation::{Description, Options, Schema, ToolResult};
 
     const TOOL_STREAM: &[u8] =
@@ -944,7 +945,7 @@ mod tests {
     fn encodes_every_item_kind_tool_and_option() {
         let conversation = Conversation {
             model: Some("gpt-5-mini".into()),
-            system: Some("Be brief.".into()),
+            system: Some(Prompt::new("Be brief.")),
             items: vec![
                 Item::Message(Message {
                     role: Role::User,
@@ -1236,7 +1237,7 @@ mod tests {
     fn typed_fields_are_never_overridden_or_repeated() {
         let mut conversation = Conversation {
             model: Some("m".into()),
-            system: Some("s".into()),
+            system: Some(Prompt::new("s")),
             items: vec![Item::Message(Message::text(Role::User, "hi"))],
             tools: vec![tool("f", CallKind::Function, json!({}))],
             options: Options {

@@ -292,7 +292,7 @@ async fn pass_on(
             match other.peek {
                 Some(peek) => key(peek),
                 None => crate::json::from_bytes(body)
-                    .map_or_else(|_| affinity_key(None, None), |peek| key(&peek)),
+                    .map_or_else(|_| affinity_key([], None), |peek| key(&peek)),
             }
         });
     let mut client = Client::new(session, config.limits.heartbeat);

@@ -133,7 +133,7 @@ impl Pool {
             return None;
         }
         Some(match session {
-            Some(session) => affinity_key(None, Some(session)),
+            Some(session) => affinity_key([], Some(session)),
             None => beginning(),
         })
     }
@@ -258,11 +258,18 @@ fn rank(key: u64, url: &str) -> u64 {
     hasher.finish()
 }
 
-/// The conversation key for `prefix_affinity`: the system prompt and the
-/// first user message, which stay the same for the whole conversation.
-pub fn affinity_key<'a>(system: Option<&'a str>, first_user: Option<&'a str>) -> u64 {
+/// The conversation key for `prefix_affinity`: the system prompt (its text,
+/// in pieces) and the first user message, which stay the same for the
+/// whole conversation.
+pub fn affinity_key<'a>(
+    system: impl IntoIterator<Item = &'a str>,
+    first_user: Option<&str>,
+) -> u64 {
     let mut hasher = DefaultHasher::new();
-    system.hash(&mut hasher);
+    for piece in system {
+        hasher.write(piece.as_bytes());
+    }
+    hasher.write_u8(0xff);
     first_user.hash(&mut hasher);
     hasher.finish()
 }
@@ -310,7 +317,7 @@ mod tests {
     fn prefix_affinity_is_stable_and_moves_only_the_lost_members_keys() {
         let p = pool(Balance::PrefixAffinity, 4);
         let keys: Vec<u64> = (0..200)
-            .map(|i| affinity_key(Some("sys"), Some(&format!("q{i}"))))
+            .map(|i| affinity_key(["sys"], Some(&format!("q{i}"))))
             .collect();
         let before: Vec<usize> = keys.iter().map(|&k| p.order(Some(k))[0]).collect();
         assert_eq!(
