@@ -12,7 +12,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -608,7 +607,7 @@ impl Block {
             Block::ToolUse { id, name, input } => BlockOut::ToolUse {
                 id,
                 name,
-                input: Input(input.as_deref()),
+                input: input.as_deref(),
             },
         }
     }
@@ -683,14 +682,7 @@ impl MessagesEncoder {
                         },
                         Open::Text => BlockOut::Text { text: "" },
                     };
-                    emit(
-                        out,
-                        "content_block_start",
-                        BlockStart {
-                            index,
-                            content_block,
-                        },
-                    );
+                    block_start(out, index, &content_block);
                 } else {
                     self.content.push(match kind {
                         Open::Thinking => Block::Thinking {
@@ -764,12 +756,9 @@ impl MessagesEncoder {
     fn message(&self, stop_reason: Option<&'static str>, usage: UsageOut) -> MessageOut<'_> {
         MessageOut {
             id: &self.id,
-            kind: "message",
-            role: "assistant",
             model: &self.model,
-            content: ContentOut(&self.content),
+            content: &self.content,
             stop_reason,
-            stop_sequence: None,
             usage,
         }
     }
@@ -807,7 +796,11 @@ impl Encoder for MessagesEncoder {
         }
         // Input tokens are known only at the end: `message_delta` has them.
         let message = self.message(None, UsageOut::from(Usage::default()));
-        emit(out, "message_start", MessageStart { message });
+        emit_with(out, "message_start", |out| {
+            let mut o = json::Object::new(out);
+            message.write(o.name("message"));
+            o.end();
+        });
     }
 
     fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
@@ -868,16 +861,9 @@ impl Encoder for MessagesEncoder {
             let content_block = BlockOut::ToolUse {
                 id: &call.id,
                 name: &call.name,
-                input: Input(None),
+                input: None,
             };
-            emit(
-                out,
-                "content_block_start",
-                BlockStart {
-                    index,
-                    content_block,
-                },
-            );
+            block_start(out, index, &content_block);
             let partial_json = input.as_deref().map_or("{}", RawValue::get);
             let delta = DeltaOut::InputJson { partial_json };
             emit(out, "content_block_delta", BlockDelta { index, delta });
@@ -894,17 +880,21 @@ impl Encoder for MessagesEncoder {
         let stop_reason = stop_reason(finish);
         let usage = UsageOut::from(usage);
         if self.stream {
-            let delta = StopOut {
-                stop_reason,
-                stop_sequence: None,
-            };
-            emit(out, "message_delta", MessageDelta { delta, usage });
+            emit_with(out, "message_delta", |out| {
+                let mut o = json::Object::new(out);
+                let mut delta = o.object("delta");
+                delta.plain("stop_reason", stop_reason);
+                delta.raw("stop_sequence", "null");
+                delta.end();
+                usage.write(o.name("usage"));
+                o.end();
+            });
             emit(out, "message_stop", NoFields {});
             return;
         }
         // Sized for the blocks and the envelope: one allocation, no regrowth.
         out.reserve(256 + TextSize::of(self.content.iter().map(Block::size_hint)).room());
-        json::write(out, &self.message(Some(stop_reason), usage));
+        self.message(Some(stop_reason), usage).write(out);
     }
 
     fn error_body(&self, status: u16, openai_error: Bytes) -> Bytes {
@@ -1058,15 +1048,14 @@ fn write_event(out: &mut Vec<u8>, kind: &'static str, body: impl FnOnce(&mut Vec
 #[derive(Serialize)]
 struct NoFields {}
 
-#[derive(Serialize)]
-struct MessageStart<'a> {
-    message: MessageOut<'a>,
-}
-
-#[derive(Serialize)]
-struct BlockStart<'a> {
-    index: usize,
-    content_block: BlockOut<'a>,
+/// A `content_block_start` event.
+fn block_start(out: &mut Vec<u8>, index: usize, content_block: &BlockOut<'_>) {
+    emit_with(out, "content_block_start", |out| {
+        let mut o = json::Object::new(out);
+        o.u64("index", index as u64);
+        content_block.write(o.name("content_block"));
+        o.end();
+    });
 }
 
 #[derive(Serialize)]
@@ -1081,18 +1070,6 @@ struct BlockStop {
 }
 
 #[derive(Serialize)]
-struct MessageDelta {
-    delta: StopOut,
-    usage: UsageOut,
-}
-
-#[derive(Serialize)]
-struct StopOut {
-    stop_reason: &'static str,
-    stop_sequence: Option<&'static str>,
-}
-
-#[derive(Serialize)]
 struct ErrorEvent<'a> {
     error: ErrorOut<'a>,
 }
@@ -1104,8 +1081,9 @@ struct ErrorOut<'a> {
     message: &'a str,
 }
 
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// A content block, written member by member (`json::Object`, as the
+/// Message object and its usage are): through serde, each member name was
+/// escaped as any string.
 enum BlockOut<'a> {
     Thinking {
         thinking: &'a str,
@@ -1117,19 +1095,35 @@ enum BlockOut<'a> {
     ToolUse {
         id: &'a str,
         name: &'a str,
-        input: Input<'a>,
+        /// Checked JSON object text, or none for `{}`.
+        input: Option<&'a RawValue>,
     },
 }
 
-/// A tool call's input: checked JSON object text, or `{}`.
-struct Input<'a>(Option<&'a RawValue>);
-
-impl Serialize for Input<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            Some(raw) => json::Raw::checked(raw).serialize(serializer),
-            None => serializer.serialize_map(Some(0))?.end(),
+impl BlockOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        match self {
+            BlockOut::Thinking {
+                thinking,
+                signature,
+            } => {
+                o.plain("type", "thinking");
+                o.value("thinking", thinking);
+                o.value("signature", signature);
+            }
+            BlockOut::Text { text } => {
+                o.plain("type", "text");
+                o.value("text", text);
+            }
+            BlockOut::ToolUse { id, name, input } => {
+                o.plain("type", "tool_use");
+                o.value("id", id);
+                o.value("name", name);
+                o.raw("input", input.map_or("{}", RawValue::get));
+            }
         }
+        o.end();
     }
 }
 
@@ -1142,43 +1136,56 @@ enum DeltaOut<'a> {
     InputJson { partial_json: &'a str },
 }
 
-/// The content blocks of a Message object.
-struct ContentOut<'a>(&'a [Block]);
-
-impl Serialize for ContentOut<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(Block::wire))
-    }
-}
-
-#[derive(Serialize)]
+/// A Message object.
 struct MessageOut<'a> {
     id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    role: &'static str,
     model: &'a str,
-    content: ContentOut<'a>,
+    content: &'a [Block],
     stop_reason: Option<&'static str>,
-    stop_sequence: Option<&'static str>,
     usage: UsageOut,
 }
 
+impl MessageOut<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.value("id", self.id);
+        o.plain("type", "message");
+        o.plain("role", "assistant");
+        o.value("model", self.model);
+        o.list("content", self.content, |out, block| {
+            block.wire().write(out)
+        });
+        match self.stop_reason {
+            Some(reason) => o.plain("stop_reason", reason),
+            None => o.raw("stop_reason", "null"),
+        }
+        o.raw("stop_sequence", "null");
+        self.usage.write(o.name("usage"));
+        o.end();
+    }
+}
+
 /// Usage as Anthropic reports it; the proxy caches nothing itself.
-#[derive(Serialize)]
 struct UsageOut {
     input_tokens: u64,
-    cache_creation_input_tokens: u64,
-    cache_read_input_tokens: u64,
     output_tokens: u64,
+}
+
+impl UsageOut {
+    fn write(&self, out: &mut Vec<u8>) {
+        let mut o = json::Object::new(out);
+        o.u64("input_tokens", self.input_tokens);
+        o.raw("cache_creation_input_tokens", "0");
+        o.raw("cache_read_input_tokens", "0");
+        o.u64("output_tokens", self.output_tokens);
+        o.end();
+    }
 }
 
 impl From<Usage> for UsageOut {
     fn from(usage: Usage) -> Self {
         UsageOut {
             input_tokens: usage.prompt_tokens,
-            cache_creation_input_tokens: 0,
-            cache_read_input_tokens: 0,
             output_tokens: usage.completion_tokens,
         }
     }
