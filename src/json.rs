@@ -30,6 +30,7 @@ use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::de::{Deserializer, Read};
 use serde_json::value::RawValue;
+use sonic_rs::format::{CompactFormatter, Formatter};
 
 /// Reads `bytes` as serde_json's `from_slice` does, and accepts exactly
 /// what it accepts.
@@ -108,15 +109,11 @@ pub fn write_text(out: &mut Vec<u8>, text: &str) {
 
 /// [`write_text`] without the quotes: a part of a string written in parts.
 pub fn write_text_inside(out: &mut Vec<u8>, text: &str) {
-    if seen::write_as_sent(text, out) {
-        return;
+    if !seen::write_as_sent(text, out) {
+        // What `write` writes of a string, its quotes left out. It cannot
+        // fail: a `Vec` takes what it is given.
+        let _ = CompactFormatter.write_string_fast(out, text, false);
     }
-    let at = out.len();
-    write(out, text);
-    // The quotes the writer put around it.
-    out.pop();
-    out.copy_within(at + 1.., at);
-    out.pop();
 }
 
 /// The most of its scratch buffer [`to_vec`] keeps on a thread between
