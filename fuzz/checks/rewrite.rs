@@ -15,6 +15,7 @@ use agent_proxy::config::Config;
 use agent_proxy::conversation::Conversation;
 use agent_proxy::front;
 use agent_proxy::round;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 static CONFIG: LazyLock<Config> = LazyLock::new(|| {
@@ -42,7 +43,7 @@ fn decoded(data: &[u8]) -> Vec<Conversation> {
 pub fn check(data: &[u8]) {
     // What is not JSON is refused: the scanner that reads a body's tools
     // passes their text on as it came.
-    if serde_json::from_slice::<&serde_json::value::RawValue>(data).is_err() {
+    if serde_json::from_slice::<&RawValue>(data).is_err() {
         assert!(front::responses::decode(data).is_err());
         assert!(front::messages::decode(data).is_err());
     }
@@ -53,14 +54,31 @@ pub fn check(data: &[u8]) {
         rewrite(agent, &toolset, &mut out);
         let system = out.system_text().expect("the agent's prompt");
         assert!(system.starts_with("AGENT"));
-        let chat: Value = serde_json::from_slice(&round::chat::encode(&out, stream))
-            .expect("a chat request is valid JSON");
-        assert_eq!(chat["stream"], stream);
-        assert_eq!(chat["messages"][0]["role"], "system");
+        let chat = members(&round::chat::encode(&out, stream), "a chat request");
+        assert_eq!(member(&chat, "stream"), stream);
+        let messages: Vec<Members> =
+            serde_json::from_str(chat["messages"].get()).expect("a list of messages");
+        assert_eq!(member(&messages[0], "role"), "system");
         // Its texts, each written as it came or escaped again, read as one.
-        assert_eq!(chat["messages"][0]["content"], *system);
-        let responses: Value = serde_json::from_slice(&round::responses::encode(&out, stream))
-            .expect("a Responses request is valid JSON");
-        assert_eq!(responses["store"], false);
+        assert_eq!(member(&messages[0], "content"), *system);
+        let responses = members(
+            &round::responses::encode(&out, stream),
+            "a Responses request",
+        );
+        assert_eq!(member(&responses, "store"), false);
     }
+}
+
+/// A JSON object's members as their JSON text. Not values: a tool's schema
+/// goes on as it came, and JSON allows a number past what a float holds
+/// (`1e400`), which a serde_json value refuses.
+type Members = std::collections::HashMap<String, Box<RawValue>>;
+
+fn members(json: &[u8], what: &str) -> Members {
+    serde_json::from_slice(json).unwrap_or_else(|e| panic!("{what} is a JSON object: {e}"))
+}
+
+fn member(members: &Members, name: &str) -> Value {
+    let json = members.get(name).unwrap_or_else(|| panic!("no {name}"));
+    serde_json::from_str(json.get()).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
