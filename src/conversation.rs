@@ -77,13 +77,13 @@ impl Conversation {
         size
     }
 
-    /// The text of the first user message: how a conversation begins, the
-    /// same in every later turn of it.
     /// The system prompt's text, joined.
     pub fn system_text(&self) -> Option<Cow<'_, str>> {
         self.system.as_ref().map(Prompt::text)
     }
 
+    /// The text of the first user message: how a conversation begins, the
+    /// same in every later turn of it.
     pub fn first_user_text(&self) -> Option<String> {
         self.items.iter().find_map(|item| match item {
             Item::Message(m) if m.role == Role::User => Some(m.text_content()),

@@ -99,11 +99,7 @@ pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
 /// this thread read carried it ([`seen`]), else escaped.
 pub fn write_text(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
-    if !seen::write_as_sent(text, out) {
-        out.pop();
-        write(out, text);
-        return;
-    }
+    write_text_inside(out, text);
     out.push(b'"');
 }
 
