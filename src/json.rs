@@ -96,7 +96,7 @@ pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
 }
 
 /// Appends `text` as a JSON string: as the client sent it, when a request
-/// this thread read carried it ([`seen`]), else escaped.
+/// this thread read carried it (`json/seen.rs`), else escaped.
 pub fn write_text(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
     write_text_inside(out, text);
