@@ -193,7 +193,7 @@ impl Turn<'_> {
                 .conversation_key(conversation.session.as_deref(), || {
                     let first_user = conversation.first_user_text();
                     affinity_key(
-                        conversation.system.iter().flat_map(Prompt::pieces),
+                        conversation.system.as_ref().map(Prompt::pieces),
                         first_user.as_deref(),
                     )
                 });

@@ -28,7 +28,7 @@ use crate::front::{self, chat::ChatEncoder, Encoder};
 use crate::limits::{client_key, StreamSlot};
 use crate::openai::RoutingPeek;
 use crate::tools::CallContext;
-use crate::upstream::affinity_key;
+use crate::upstream::{affinity_key, NO_SYSTEM};
 
 pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialect) -> Result<bool> {
     let config = ctx.config.clone();
@@ -285,14 +285,14 @@ async fn pass_on(
         .conversation_key(ctx.session.as_deref(), || {
             let key = |peek: &RoutingPeek| {
                 let (system, first_user) = peek.prefix();
-                affinity_key(system, first_user)
+                affinity_key(system.map(std::iter::once), first_user)
             };
             // A body the peek cannot type (JSON, but a list that is none)
             // ranks as a conversation without a beginning.
             match other.peek {
                 Some(peek) => key(peek),
                 None => crate::json::from_bytes(body)
-                    .map_or_else(|_| affinity_key([], None), |peek| key(&peek)),
+                    .map_or_else(|_| affinity_key(NO_SYSTEM, None), |peek| key(&peek)),
             }
         });
     let mut client = Client::new(session, config.limits.heartbeat);

@@ -133,7 +133,7 @@ impl Pool {
             return None;
         }
         Some(match session {
-            Some(session) => affinity_key([], Some(session)),
+            Some(session) => affinity_key(NO_SYSTEM, Some(session)),
             None => beginning(),
         })
     }
@@ -258,18 +258,30 @@ fn rank(key: u64, url: &str) -> u64 {
     hasher.finish()
 }
 
+/// No system prompt, for [`affinity_key`].
+pub const NO_SYSTEM: Option<[&str; 0]> = None;
+
 /// The conversation key for `prefix_affinity`: the system prompt (its text,
 /// in pieces) and the first user message, which stay the same for the
-/// whole conversation.
+/// whole conversation. The hash of `Option<&str>`s of the joined text, as
+/// earlier versions keyed it: replicas mid-upgrade, and a restarted one,
+/// send a conversation on to the same model server (and its prompt cache).
 pub fn affinity_key<'a>(
-    system: impl IntoIterator<Item = &'a str>,
+    system: Option<impl IntoIterator<Item = &'a str>>,
     first_user: Option<&str>,
 ) -> u64 {
     let mut hasher = DefaultHasher::new();
-    for piece in system {
-        hasher.write(piece.as_bytes());
+    // What `Option<&str>::hash` writes: the variant, then the text as `str::hash`.
+    match system {
+        None => hasher.write_isize(0),
+        Some(pieces) => {
+            hasher.write_isize(1);
+            pieces
+                .into_iter()
+                .for_each(|piece| hasher.write(piece.as_bytes()));
+            hasher.write_u8(0xff);
+        }
     }
-    hasher.write_u8(0xff);
     first_user.hash(&mut hasher);
     hasher.finish()
 }
@@ -317,7 +329,7 @@ mod tests {
     fn prefix_affinity_is_stable_and_moves_only_the_lost_members_keys() {
         let p = pool(Balance::PrefixAffinity, 4);
         let keys: Vec<u64> = (0..200)
-            .map(|i| affinity_key(["sys"], Some(&format!("q{i}"))))
+            .map(|i| affinity_key(Some(["sys"]), Some(&format!("q{i}"))))
             .collect();
         let before: Vec<usize> = keys.iter().map(|&k| p.order(Some(k))[0]).collect();
         assert_eq!(
@@ -337,6 +349,34 @@ mod tests {
                 assert_ne!(now, 2);
             }
         }
+    }
+
+    #[test]
+    fn affinity_keys_are_those_of_the_joined_text_as_earlier_versions_made_them() {
+        // Earlier versions hashed `Option<&str>`s of the joined system prompt
+        // and the first user message: a replica mid-upgrade must agree.
+        let earlier = |system: Option<&str>, first_user: Option<&str>| {
+            let mut hasher = DefaultHasher::new();
+            system.hash(&mut hasher);
+            first_user.hash(&mut hasher);
+            hasher.finish()
+        };
+        let pieces = ["You are terse.", "\n\n", "Answer in French.", "\n", "Cite."];
+        assert_eq!(
+            affinity_key(Some(pieces), Some("hi")),
+            earlier(Some(&pieces.concat()), Some("hi"))
+        );
+        assert_eq!(
+            affinity_key(Some(["sys"]), None),
+            earlier(Some("sys"), None)
+        );
+        assert_eq!(affinity_key(NO_SYSTEM, Some("s")), earlier(None, Some("s")));
+        assert_eq!(affinity_key(NO_SYSTEM, None), earlier(None, None));
+        // An empty prompt is a prompt, as it was.
+        assert_ne!(
+            affinity_key(Some([""]), None),
+            affinity_key(NO_SYSTEM, None)
+        );
     }
 
     #[test]
