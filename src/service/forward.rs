@@ -111,7 +111,7 @@ pub async fn other_route(session: &mut Session, ctx: &mut RequestCtx) -> Result<
         .session
         .as_deref()
         .filter(|_| config.default_upstream.pool.ranks_by_conversation())
-        .map(|id| crate::upstream::affinity_key(crate::upstream::NO_SYSTEM, Some(id)));
+        .map(crate::upstream::session_key);
     let mut client = Client::new(session, config.limits.heartbeat);
     handled(forward(&mut client, &config, Dialect::Chat, body, affinity).await)
 }

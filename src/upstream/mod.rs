@@ -24,7 +24,7 @@ use tracing::warn;
 
 pub use attempts::Attempts;
 pub use health::{HealthChecks, Readiness};
-pub use pool::{affinity_key, Busy, HealthCheck, Member, Pool, NO_SYSTEM};
+pub use pool::{affinity_key, session_key, Busy, HealthCheck, Member, Pool, NO_SYSTEM};
 
 use crate::config::file::{UpstreamApi, UpstreamFile};
 use crate::error::AtEndpoint;

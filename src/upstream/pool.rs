@@ -133,7 +133,7 @@ impl Pool {
             return None;
         }
         Some(match session {
-            Some(session) => affinity_key(NO_SYSTEM, Some(session)),
+            Some(session) => session_key(session),
             None => beginning(),
         })
     }
@@ -261,6 +261,11 @@ fn rank(key: u64, url: &str) -> u64 {
 /// No system prompt, for [`affinity_key`].
 pub const NO_SYSTEM: Option<[&str; 0]> = None;
 
+/// The conversation key for `prefix_affinity` of a client's session id.
+pub fn session_key(session: &str) -> u64 {
+    affinity_key(NO_SYSTEM, Some(session))
+}
+
 /// The conversation key for `prefix_affinity`: the system prompt (its text,
 /// in pieces) and the first user message, which stay the same for the
 /// whole conversation. The hash of `Option<&str>`s of the joined text, as
@@ -370,7 +375,7 @@ mod tests {
             affinity_key(Some(["sys"]), None),
             earlier(Some("sys"), None)
         );
-        assert_eq!(affinity_key(NO_SYSTEM, Some("s")), earlier(None, Some("s")));
+        assert_eq!(session_key("s"), earlier(None, Some("s")));
         assert_eq!(affinity_key(NO_SYSTEM, None), earlier(None, None));
         // An empty prompt is a prompt, as it was.
         assert_ne!(
