@@ -72,9 +72,16 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// only as allocations come and go: the memory a burst of requests left
 /// behind (a coding agent's 50 KB requests, read and let go) stayed in the
 /// RSS while the streams they opened lasted (bench/results/ab.md).
+///
+/// A thread caches 200 freed blocks of each small size, not 20: a request's
+/// futures (1.7, 2.3 and 4.2 KiB) come in sizes whose bins jemalloc sizes by
+/// their slab's few regions, and with a hundred requests in flight on a
+/// thread each of them went back and forth between the thread's cache and
+/// the arena, building and tearing down slabs (bench/results/ab.md).
 #[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
 #[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: MallocConf = MallocConf(c"background_thread:true".as_ptr());
+static MALLOC_CONF: MallocConf =
+    MallocConf(c"background_thread:true,tcache_nslots_small_min:200".as_ptr());
 
 /// jemalloc's `malloc_conf`: a C string.
 #[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
