@@ -117,7 +117,7 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
 fn not_a_request(body: &[u8], error: serde_json::Error) -> ApiError {
     let mut json = serde_json::Deserializer::from_slice(body);
     let at = match serde_path_to_error::deserialize::<_, ChatIn>(&mut json) {
-        Err(e) => Some(e.path().to_string()).filter(|path| path != "."),
+        Err(e) => param_of(e.path()),
         Ok(_) => None,
     };
     let error = ApiError::bad_request(format!("The request is not a valid chat request: {error}."));
@@ -125,6 +125,28 @@ fn not_a_request(body: &[u8], error: serde_json::Error) -> ApiError {
         Some(param) => error.with_param(param),
         None => error,
     }
+}
+
+/// The member a path names, as OpenAI writes a `param` (`messages[0].role`),
+/// up to where the error is: a body that breaks off inside a member's name
+/// ends its path with a member unknown, which the path's own rendering
+/// writes `?` and which names nothing to a client.
+fn param_of(path: &serde_path_to_error::Path) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let mut param = String::new();
+    for segment in path {
+        match segment {
+            Segment::Seq { index } => param.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !param.is_empty() {
+                    param.push('.');
+                }
+                param.push_str(key);
+            }
+            Segment::Unknown => break,
+        }
+    }
+    Some(param).filter(|param| !param.is_empty())
 }
 
 /// The text of a message's `content`: a string, or its text parts joined.
@@ -1016,5 +1038,31 @@ mod tests {
                 .as_deref(),
             Some("messages")
         );
+    }
+
+    #[test]
+    fn a_body_cut_off_inside_a_name_names_the_member_around_it() {
+        for (body, param) in [
+            (&br#"{"model":"a","messa"#[..], None),
+            (
+                br#"{"messages":[{"role":"user","conte"#,
+                Some("messages[0]"),
+            ),
+            (
+                br#"{"messages":[{"role":"user","content":"h"#,
+                Some("messages[0].content"),
+            ),
+            (br#"{"model":"a","#, None),
+        ] {
+            let error = decode(body).unwrap_err();
+            assert_eq!(error.status, 400);
+            assert_eq!(
+                error.param.as_deref(),
+                param,
+                "{}: {}",
+                String::from_utf8_lossy(body),
+                error.message
+            );
+        }
     }
 }
