@@ -81,6 +81,45 @@ async fn malformed_and_incomplete_requests_are_400_with_param() {
     )
     .await;
     assert_error(&res, 400, "invalid_request_error");
+
+    // Cut off inside a member's name: the member around the break, or none
+    // (never the `?` a path with an unknown member renders).
+    for (body, param) in [
+        (&br#"{"model":"helper","messa"#[..], Value::Null),
+        (
+            br#"{"model":"helper","messages":[{"role":"user","conte"#,
+            json!("messages[0]"),
+        ),
+    ] {
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &json_header,
+            body,
+        )
+        .await;
+        assert_eq!(
+            assert_error(&res, 400, "invalid_request_error")["param"],
+            param
+        );
+    }
+
+    // An `input` of neither type is named as such, kept or not.
+    for store in [json!(null), json!(false)] {
+        let res = post_json(
+            proxy.port,
+            "/v1/responses",
+            &json!({"model": "helper", "input": 7, "store": store}),
+        )
+        .await;
+        let error = assert_error(&res, 400, "invalid_request_error");
+        assert_eq!(error["param"], "input", "store: {store}");
+        assert_eq!(
+            error["message"], "input must be a string or an array of input items.",
+            "store: {store}"
+        );
+    }
     assert!(
         upstream.requests().is_empty(),
         "nothing invalid reached the upstream"

@@ -451,12 +451,7 @@ fn decode_input(
                 "input",
             ))
         }
-        Some(_) => {
-            return Err(invalid(
-                "input must be a string or an array of input items.",
-                "input",
-            ))
-        }
+        Some(_) => return Err(not_string_or_list()),
     };
     items.reserve(list.len());
     let all = At::Root("input");
@@ -475,6 +470,14 @@ fn decode_input(
     Ok(())
 }
 
+/// `input` of a type it cannot have.
+fn not_string_or_list() -> ApiError {
+    invalid(
+        "input must be a string or an array of input items.",
+        "input",
+    )
+}
+
 /// The request's `input` as a store keeps it and a later turn replays it: a
 /// list of items, each with an id (`input_items` lists and pages by id).
 /// A string stays a string until a chain needs it as an item: the decoder
@@ -482,18 +485,19 @@ fn decode_input(
 /// directly, without a map built per item and member.
 pub enum Input {
     Text(String),
-    /// Anything but a string (a list, else what [`decode`] is left to
-    /// judge).
+    /// A list (empty for none: [`decode`] judges that).
     Items(Vec<Value>),
 }
 
 impl Input {
-    pub fn new(input: Option<Value>) -> Input {
+    /// `input` as sent; anything but a string, a list or none is refused
+    /// here as [`decode`] refuses it, before a store keeps it.
+    pub fn new(input: Option<Value>) -> Result<Input, ApiError> {
         match input {
-            Some(Value::String(text)) => Input::Text(text),
-            Some(Value::Array(items)) => Input::Items(items),
-            Some(other) => Input::Items(vec![other]),
-            None => Input::Items(Vec::new()),
+            Some(Value::String(text)) => Ok(Input::Text(text)),
+            Some(Value::Array(items)) => Ok(Input::Items(items)),
+            None | Some(Value::Null) => Ok(Input::Items(Vec::new())),
+            Some(_) => Err(not_string_or_list()),
         }
     }
 
@@ -2253,7 +2257,7 @@ mod tests {
 
     #[test]
     fn a_string_input_is_kept_as_the_one_message_it_stands_for() {
-        let kept = Input::new(Some(json!("Hi\n\"there\""))).kept();
+        let kept = Input::new(Some(json!("Hi\n\"there\""))).unwrap().kept();
         let kept: Value = serde_json::from_slice(&kept).unwrap();
         let id = kept[0]["id"].as_str().unwrap();
         assert!(id.starts_with("msg_") && id.len() == 36, "{id}");
@@ -2271,7 +2275,7 @@ mod tests {
             {"role": "user", "content": "a", "id": "msg_mine"},
             {"type": "function_call_output", "call_id": "c", "output": "x", "id": null},
         ]);
-        let items = Input::new(Some(given.clone()));
+        let items = Input::new(Some(given.clone())).unwrap();
         assert_eq!(items.count(), 2);
         let kept: Value = serde_json::from_slice(&items.kept()).unwrap();
         assert_eq!(kept[0], given[0]);
@@ -2283,7 +2287,9 @@ mod tests {
         // Not kept, they go on as sent.
         assert_eq!(Value::Array(items.into_items()), given);
         // Behind earlier items, a string reads as it does alone.
-        let behind = Input::new(Some(json!("Hi\n\"there\""))).into_items();
+        let behind = Input::new(Some(json!("Hi\n\"there\"")))
+            .unwrap()
+            .into_items();
         let (chained, _) = decode_json(json!({"model": "m", "input": behind})).unwrap();
         assert_eq!(as_sent.items, chained.items);
     }

@@ -56,7 +56,7 @@ pub async fn decode(
             .as_bool()
             .ok_or_else(|| ApiError::bad_request("store must be a boolean.").with_param("store"))?,
     };
-    let input = responses::Input::new(read.take("input"));
+    let input = responses::Input::new(read.take("input"))?;
     let history = match &previous {
         Some(id) => history(store, tenant, id, config.limits.max_body_bytes).await?,
         None => Vec::new(),
