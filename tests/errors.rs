@@ -105,6 +105,25 @@ async fn malformed_and_incomplete_requests_are_400_with_param() {
         );
     }
 
+    // Bodies that are no JSON, to be passed on or routed by their model, are
+    // refused in the words an agent's are.
+    for body in [&br#"{"model":"x","messages":["#[..], b"", b"hello"] {
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &json_header,
+            body,
+        )
+        .await;
+        let error = assert_error(&res, 400, "invalid_request_error");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("The request body is not a valid JSON object: "),
+            "{message}"
+        );
+    }
+
     // An `input` of neither type is named as such, kept or not.
     for store in [json!(null), json!(false)] {
         let res = post_json(

@@ -174,7 +174,8 @@ pub fn picked_object_and_tools<'a, const N: usize>(
     Ok((picked, parsed, tools))
 }
 
-fn not_json(reason: impl std::fmt::Display) -> ApiError {
+/// A body that is not a JSON object, in the words every route uses for it.
+pub fn not_json(reason: impl std::fmt::Display) -> ApiError {
     ApiError::bad_request(format!(
         "The request body is not a valid JSON object: {reason}."
     ))

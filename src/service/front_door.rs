@@ -186,7 +186,7 @@ async fn read_agent_request(
     // shape tells where it goes. Any other, where the shape names its model,
     // is passed on without building what the routing peek holds (one entry
     // per message).
-    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid JSON body: {e}"));
+    let invalid = |e: serde_json::Error| crate::front::not_json(e);
     let asked = match shape.model {
         Some(model) if ours || serves(model) => model.to_owned(),
         Some(model) => {
