@@ -34,6 +34,12 @@ fn assert_error(res: &Response, status: u16, kind: &str) -> Value {
     error
 }
 
+/// `body` as it is, to the chat endpoint as JSON.
+async fn post_chat_bytes(port: u16, body: &[u8]) -> Response {
+    let json_header = [("content-type", "application/json")];
+    request(port, "POST", "/v1/chat/completions", &json_header, body).await
+}
+
 fn chat(model: &str, stream: bool) -> Value {
     json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
 }
@@ -42,16 +48,8 @@ fn chat(model: &str, stream: bool) -> Value {
 async fn malformed_and_incomplete_requests_are_400_with_param() {
     let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
     let proxy = Proxy::start(&config(&upstream.url(), "")).await;
-    let json_header = [("content-type", "application/json")];
 
-    let res = request(
-        proxy.port,
-        "POST",
-        "/v1/chat/completions",
-        &json_header,
-        &fixture("requests/error-invalid-json.body"),
-    )
-    .await;
+    let res = post_chat_bytes(proxy.port, &fixture("requests/error-invalid-json.body")).await;
     assert_error(&res, 400, "invalid_request_error");
 
     let res = post_json(
@@ -91,14 +89,7 @@ async fn malformed_and_incomplete_requests_are_400_with_param() {
             json!("messages[0]"),
         ),
     ] {
-        let res = request(
-            proxy.port,
-            "POST",
-            "/v1/chat/completions",
-            &json_header,
-            body,
-        )
-        .await;
+        let res = post_chat_bytes(proxy.port, body).await;
         assert_eq!(
             assert_error(&res, 400, "invalid_request_error")["param"],
             param
@@ -108,14 +99,7 @@ async fn malformed_and_incomplete_requests_are_400_with_param() {
     // Bodies that are no JSON, to be passed on or routed by their model, are
     // refused in the words an agent's are.
     for body in [&br#"{"model":"x","messages":["#[..], b"", b"hello"] {
-        let res = request(
-            proxy.port,
-            "POST",
-            "/v1/chat/completions",
-            &json_header,
-            body,
-        )
-        .await;
+        let res = post_chat_bytes(proxy.port, body).await;
         let error = assert_error(&res, 400, "invalid_request_error");
         let message = error["message"].as_str().unwrap();
         assert!(

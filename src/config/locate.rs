@@ -10,7 +10,8 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-/// A key's place in the config: names may contain dots, so it is kept as
+/// A key's place in the config (or a request body's member: the chat front
+/// names its `param` with it): names may contain dots, so it is kept as
 /// segments and only written out as `agents.weather.skills[0]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyPath(Vec<Segment>);

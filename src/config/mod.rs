@@ -32,7 +32,8 @@ use crate::tools::Tool;
 use crate::upstream::Upstream;
 pub use file::RuntimeFile as Runtime;
 use file::{ApiKeyFile, ConfigFile, IndexKind, McpServerFile, StoreFile, StoreKind, UpstreamFile};
-use locate::{locate, KeyPath, Location};
+pub use locate::KeyPath;
+use locate::{locate, Location};
 
 /// A loaded, validated configuration. Requests hold an `Arc` of the one they
 /// started with.

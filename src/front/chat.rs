@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use super::{description, invalid, At, Encoder, Key};
 use crate::config::file::ReasoningField;
+use crate::config::KeyPath;
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
     Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
@@ -117,7 +118,10 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
 fn not_a_request(body: &[u8], error: serde_json::Error) -> ApiError {
     let mut json = serde_json::Deserializer::from_slice(body);
     let at = match serde_path_to_error::deserialize::<_, ChatIn>(&mut json) {
-        Err(e) => param_of(e.path()),
+        // The member around the error, as OpenAI writes a `param`
+        // (`messages[0].role`); a member whose name the body breaks off in
+        // is left out (the path's own rendering writes it `?`).
+        Err(e) => Some(KeyPath::from_serde(e.path()).to_string()).filter(|at| !at.is_empty()),
         Ok(_) => None,
     };
     let error = ApiError::bad_request(format!("The request is not a valid chat request: {error}."));
@@ -125,28 +129,6 @@ fn not_a_request(body: &[u8], error: serde_json::Error) -> ApiError {
         Some(param) => error.with_param(param),
         None => error,
     }
-}
-
-/// The member a path names, as OpenAI writes a `param` (`messages[0].role`),
-/// up to where the error is: a body that breaks off inside a member's name
-/// ends its path with a member unknown, which the path's own rendering
-/// writes `?` and which names nothing to a client.
-fn param_of(path: &serde_path_to_error::Path) -> Option<String> {
-    use serde_path_to_error::Segment;
-    let mut param = String::new();
-    for segment in path {
-        match segment {
-            Segment::Seq { index } => param.push_str(&format!("[{index}]")),
-            Segment::Map { key } | Segment::Enum { variant: key } => {
-                if !param.is_empty() {
-                    param.push('.');
-                }
-                param.push_str(key);
-            }
-            Segment::Unknown => break,
-        }
-    }
-    Some(param).filter(|param| !param.is_empty())
 }
 
 /// The text of a message's `content`: a string, or its text parts joined.

@@ -186,7 +186,6 @@ async fn read_agent_request(
     // shape tells where it goes. Any other, where the shape names its model,
     // is passed on without building what the routing peek holds (one entry
     // per message).
-    let invalid = |e: serde_json::Error| crate::front::not_json(e);
     let asked = match shape.model {
         Some(model) if ours || serves(model) => model.to_owned(),
         Some(model) => {
@@ -195,7 +194,7 @@ async fn read_agent_request(
                 false => crate::json::check(&body),
             };
             if let Err(e) = valid {
-                return Err(reject(session, dialect, &invalid(e)).await);
+                return Err(reject(session, dialect, &front::not_json(e)).await);
             }
             let other = Other {
                 model,
@@ -208,7 +207,7 @@ async fn read_agent_request(
         None => {
             let peek: RoutingPeek = match crate::json::from_bytes(&body) {
                 Ok(peek) => peek,
-                Err(e) => return Err(reject(session, dialect, &invalid(e)).await),
+                Err(e) => return Err(reject(session, dialect, &front::not_json(e)).await),
             };
             match peek.model.as_deref() {
                 Some(model) if serves(model) => model.to_owned(),
