@@ -51,6 +51,18 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// Lets go of what it holds (the prompt, the items, the tools, the
+    /// fields passed on), in place: its model, options and session stay.
+    /// Taking it whole (`mem::take`) copied all 520 bytes out and a default
+    /// in, for the same frees.
+    pub fn release(&mut self) {
+        self.system = None;
+        self.items = Vec::new();
+        self.tools = Vec::new();
+        self.params = Map::new();
+        self.extra = Map::new();
+    }
+
     /// The bytes of its text and tool schemas (about the size of a request
     /// carrying it), and of the longest of them: what an encoder sizes its
     /// buffer by.

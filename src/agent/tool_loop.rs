@@ -210,7 +210,7 @@ impl Turn<'_> {
                 // What the conversation holds (a coding agent's prompt,
                 // tools and history, most of its stream's memory) is not
                 // needed while the answer streams.
-                drop(std::mem::take(conversation));
+                conversation.release();
             }
             let round = read_round(agent, request, affinity, client, reply, self.ctx).await?;
             summary.rounds += 1;

@@ -100,7 +100,8 @@ impl Edge {
                     None,
                     &mut ctx,
                 );
-                Served::Answered(session.finish().await)
+                session.end().await;
+                Served::Answered(session.finished())
             }
             Ok(false) => {
                 let (stream, request) = session.into_passed_on();
