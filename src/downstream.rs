@@ -17,7 +17,7 @@ use crate::http1::{field_bytes, X_ACCEL};
 use crate::metrics::StreamGuard;
 use crate::service::h1::Session;
 use crate::service::write_buffer;
-use crate::{request_id, sse};
+use crate::sse;
 
 /// The client went away; whatever was in flight for it is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,10 +57,6 @@ impl<'s> Client<'s> {
 
     pub fn session(&self) -> &Session {
         self.session
-    }
-
-    pub fn request_id(&self) -> &str {
-        request_id::of(self.session.req_header())
     }
 
     pub fn header_sent(&self) -> bool {
@@ -205,7 +201,6 @@ impl<'s> Client<'s> {
 /// nowhere ([`Headless`]) when another agent called this one and takes its
 /// answer as a tool result.
 pub trait Downstream: Send {
-    fn request_id(&self) -> &str;
     fn header_sent(&self) -> bool;
     /// Runs `work` unless the client goes away first.
     fn wait<F>(&mut self, work: F) -> impl Future<Output = Result<F::Output, Gone>> + Send
@@ -234,10 +229,6 @@ pub trait Downstream: Send {
 }
 
 impl Downstream for Client<'_> {
-    fn request_id(&self) -> &str {
-        Client::request_id(self)
-    }
-
     fn header_sent(&self) -> bool {
         Client::header_sent(self)
     }
@@ -279,21 +270,9 @@ impl Downstream for Client<'_> {
 /// The downstream of an agent called by another agent: its answer is
 /// collected, not sent, and the caller's connection watches for disconnects
 /// (dropping the caller's work drops this loop with it).
-pub struct Headless {
-    request_id: String,
-}
-
-impl Headless {
-    pub fn new(request_id: String) -> Self {
-        Headless { request_id }
-    }
-}
+pub struct Headless;
 
 impl Downstream for Headless {
-    fn request_id(&self) -> &str {
-        &self.request_id
-    }
-
     fn header_sent(&self) -> bool {
         false
     }

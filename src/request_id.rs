@@ -33,14 +33,6 @@ pub fn ensure(req: &mut RequestHeader) -> String {
     id.to_owned()
 }
 
-/// The id of a request that went through [`ensure`].
-pub fn of(req: &RequestHeader) -> &str {
-    req.headers
-        .get(HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-}
-
 fn is_sane(id: &str) -> bool {
     (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic())
 }
@@ -59,6 +51,6 @@ mod tests {
         let id = ensure(&mut req);
         assert_eq!(id.len(), 32);
         assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
-        assert_eq!(of(&req), id);
+        assert_eq!(req.headers[HEADER], id.as_str(), "stored in the request");
     }
 }

@@ -443,9 +443,6 @@ mod tests {
     }
 
     impl Downstream for Recording {
-        fn request_id(&self) -> &str {
-            "req"
-        }
         fn header_sent(&self) -> bool {
             self.header_sent
         }

@@ -139,7 +139,7 @@ pub fn run_nested(
         // Streamed: the callee's text is the caller's progress as it comes.
         conversation.options.stream = true;
         prepare(&agent, &toolset, &mut conversation, &ctx).await;
-        let mut client = Headless::new(ctx.request_id.clone());
+        let mut client = Headless;
         let mut reply = Reply::nested(ctx.progress.clone(), show_reasoning);
         let mut summary = Summary::default();
         let turn = Turn {
@@ -471,7 +471,9 @@ async fn read_round<D: Downstream>(
         last,
     } = request;
     debug!(agent = %agent.id, upstream = %upstream.name, bytes = body.len(), "calling upstream");
-    let request_id = client.request_id().to_owned();
+    // The request's, as the client's session carries it: read once, with
+    // the context (a lookup in the header map was 200 instructions).
+    let request_id = ctx.request_id.as_str();
     let heartbeat = limits.heartbeat;
     // Boxed, like the whole-body reads below: a stream's future keeps room
     // for its largest state as long as it relays, and connecting (3.9 KiB)
@@ -484,7 +486,7 @@ async fn read_round<D: Downstream>(
                 upstream.post_model(
                     upstream.api,
                     Bytes::from(body),
-                    &request_id,
+                    request_id,
                     affinity,
                     client_auth,
                 )
