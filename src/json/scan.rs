@@ -132,6 +132,11 @@ impl<'a> Scanner<'a> {
         Ok(())
     }
 
+    /// Takes a `null` if one is next: whether it did.
+    pub fn null(&mut self) -> bool {
+        self.peek() == Some(b'n') && self.literal(b"null").is_ok()
+    }
+
     /// Nothing but whitespace left.
     pub fn end(&mut self) -> Result<(), ScanError> {
         match self.peek() {
@@ -300,7 +305,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// One value as serde_json reads it, from where the scanner stands.
-    fn parse<T: Deserialize<'a>>(&mut self) -> Result<T, BadJson> {
+    pub fn parse<T: Deserialize<'a>>(&mut self) -> Result<T, BadJson> {
         let at = self.at;
         let mut values = serde_json::Deserializer::from_str(&self.text[at..]).into_iter::<T>();
         match values.next() {
@@ -323,7 +328,7 @@ impl<'a> Scanner<'a> {
     ) -> Result<(), E> {
         let mut more = self.open(b'{', b'}')?;
         while more {
-            let name = self.name()?;
+            let name = self.text()?;
             self.colon()?;
             member(self, name)?;
             more = self.more(b'}')?;
@@ -372,8 +377,9 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// A member's name: borrowed from the text unless it has escapes.
-    fn name(&mut self) -> Result<Cow<'a, str>, ScanError> {
+    /// A string (a member's name, or a value): borrowed from the text
+    /// unless it has escapes.
+    pub fn text(&mut self) -> Result<Cow<'a, str>, ScanError> {
         self.expect(b'"')?;
         let start = self.at;
         if !self.string()? {

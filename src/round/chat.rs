@@ -364,7 +364,7 @@ impl RoundDecoder for Decoder {
                 ..Step::default()
             });
         }
-        let chunk: ChunkIn<'a> = crate::json::from_bytes(&event.data).map_err(|e| {
+        let chunk = ChunkIn::read(&event.data).map_err(|e| {
             DecodeError::Malformed(format!(
                 "upstream sent an event that is not a chat chunk: {e}"
             ))
