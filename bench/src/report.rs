@@ -102,6 +102,16 @@ impl Run {
         per_1k(self.cpu, &self.stats)
     }
 
+    /// Its CPU per request, as a table shows it: none for the fake model
+    /// answering directly (its CPU is the rig's, not a proxy's).
+    fn cpu_shown(&self, decimals: usize) -> String {
+        if self.target == self.peers.direct {
+            "–".to_owned()
+        } else {
+            format!("{:.decimals$}", self.cpu_ms_per_1k())
+        }
+    }
+
     fn rig_cpu_ms_per_1k(&self) -> f64 {
         per_1k(self.rig_cpu, &self.stats)
     }
@@ -405,11 +415,7 @@ impl Report {
             ) else {
                 continue;
             };
-            let cpu = if run.target == run.peers.direct {
-                "–".to_owned()
-            } else {
-                format!("{:.1}", run.cpu_ms_per_1k())
-            };
+            let cpu = run.cpu_shown(1);
             let by_round = match run.round_ratios(nginx) {
                 Some((low, high)) if run.target != run.peers.nginx => format!("{low:.2}–{high:.2}"),
                 _ => "–".to_owned(),
@@ -457,7 +463,7 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n## Streaming\n\nFirst token: request sent until the first generated token arrives (Responses: the first `response.output_text.delta`; Messages: the first `text_delta`). Gap: between two SSE events as the client receives them. Answers: how many first tokens the quantiles are of (a p99 of fewer than 100 is their slowest).\n\n| target | conns | answers/s | answers | first token p50 µs | p99 µs | added p99 µs | gap median µs | added median µs | gap p99 µs |\n|---|---|---|---|---|---|---|---|---|---|"
+            "\n## Streaming\n\nFirst token: request sent until the first generated token arrives (Responses: the first `response.output_text.delta`; Messages: the first `text_delta`). Gap: between two SSE events as the client receives them. Answers: how many first tokens the quantiles are of (a p99 of fewer than 100 is their slowest). CPU: the target's own process, per answer (a whole stream; its warm-up's included, as in the table above).\n\n| target | conns | answers/s | answers | first token p50 µs | p99 µs | added p99 µs | gap median µs | added median µs | gap p99 µs | CPU µs per answer |\n|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for run in &self.streaming {
             let Some(direct) = find(&self.streaming, "direct", run.connections) else {
@@ -465,7 +471,7 @@ impl Report {
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.1} | {} | {:.0} | {:.0} | {:+.0} | {:.0} | {:+.0} | {:.0} |",
+                "| {} | {} | {:.1} | {} | {:.0} | {:.0} | {:+.0} | {:.0} | {:+.0} | {:.0} | {} |",
                 run.target,
                 run.connections,
                 run.stats.throughput(),
@@ -476,6 +482,7 @@ impl Report {
                 run.gap(0.5),
                 run.gap(0.5) - direct.gap(0.5),
                 run.gap(0.99),
+                run.cpu_shown(0),
             );
         }
 
