@@ -171,19 +171,42 @@ impl From<BadJson> for Refused {
     }
 }
 
-/// A member's first time in its object (`bit`, of those `seen`): serde's
-/// derived readers refuse a second.
-fn first(seen: &mut u8, bit: u8) -> Result<(), Refused> {
+/// A member's value into `slot`, the first time the member comes (`bit`,
+/// of those `seen`): serde's derived readers refuse a second.
+fn set<T>(seen: &mut u8, bit: u8, slot: &mut T, value: Result<T, Refused>) -> Result<(), Refused> {
     if *seen & bit != 0 {
         return Err(Refused);
     }
     *seen |= bit;
+    *slot = value?;
     Ok(())
 }
 
-/// A string or `null`, as `Option<Cow<str>>` reads.
-fn text_or_null<'a>(s: &mut Scanner<'a>) -> Result<Option<Cow<'a, str>>, Refused> {
-    Ok(if s.null() { None } else { Some(s.text()?) })
+/// `null`, or what `read` reads: as `Option<T>` reads.
+fn or_null<'a, T>(
+    s: &mut Scanner<'a>,
+    read: impl FnOnce(&mut Scanner<'a>) -> Result<T, Refused>,
+) -> Result<Option<T>, Refused> {
+    if s.null() {
+        return Ok(None);
+    }
+    read(s).map(Some)
+}
+
+fn text<'a>(s: &mut Scanner<'a>) -> Result<Cow<'a, str>, Refused> {
+    Ok(s.text()?)
+}
+
+fn array<'a, T>(
+    s: &mut Scanner<'a>,
+    mut read: impl FnMut(&mut Scanner<'a>) -> Result<T, Refused>,
+) -> Result<Vec<T>, Refused> {
+    let mut items = Vec::new();
+    s.array(|s| {
+        items.push(read(s)?);
+        Ok::<_, Refused>(())
+    })?;
+    Ok(items)
 }
 
 fn skip(s: &mut Scanner<'_>) -> Result<(), Refused> {
@@ -200,23 +223,9 @@ fn scan_chunk(text: &str) -> Result<ChunkIn<'_>, Refused> {
     };
     let mut seen = 0;
     s.object(|s, name| match &*name {
-        "choices" => {
-            first(&mut seen, 1)?;
-            s.array(|s| {
-                chunk.choices.push(scan_choice(s)?);
-                Ok(())
-            })
-        }
-        "usage" => {
-            first(&mut seen, 2)?;
-            chunk.usage = s.parse()?;
-            Ok(())
-        }
-        "error" => {
-            first(&mut seen, 4)?;
-            chunk.error = s.parse()?;
-            Ok(())
-        }
+        "choices" => set(&mut seen, 1, &mut chunk.choices, array(s, scan_choice)),
+        "usage" => set(&mut seen, 2, &mut chunk.usage, Ok(s.parse()?)),
+        "error" => set(&mut seen, 4, &mut chunk.error, Ok(s.parse()?)),
         _ => skip(s),
     })?;
     s.end()?;
@@ -230,18 +239,8 @@ fn scan_choice<'a>(s: &mut Scanner<'a>) -> Result<ChoiceIn<'a>, Refused> {
     };
     let mut seen = 0;
     s.object(|s, name| match &*name {
-        "delta" => {
-            first(&mut seen, 1)?;
-            if !s.null() {
-                choice.delta = Some(scan_delta(s)?);
-            }
-            Ok(())
-        }
-        "finish_reason" => {
-            first(&mut seen, 2)?;
-            choice.finish_reason = text_or_null(s)?;
-            Ok(())
-        }
+        "delta" => set(&mut seen, 1, &mut choice.delta, or_null(s, scan_delta)),
+        "finish_reason" => set(&mut seen, 2, &mut choice.finish_reason, or_null(s, text)),
         _ => skip(s),
     })?;
     Ok(choice)
@@ -251,32 +250,12 @@ fn scan_delta<'a>(s: &mut Scanner<'a>) -> Result<DeltaIn<'a>, Refused> {
     let mut delta = DeltaIn::default();
     let mut seen = 0;
     s.object(|s, name| match &*name {
-        "content" => {
-            first(&mut seen, 1)?;
-            delta.content = text_or_null(s)?;
-            Ok(())
-        }
-        "reasoning_content" => {
-            first(&mut seen, 2)?;
-            delta.reasoning_content = text_or_null(s)?;
-            Ok(())
-        }
-        "reasoning" => {
-            first(&mut seen, 4)?;
-            delta.reasoning = text_or_null(s)?;
-            Ok(())
-        }
+        "content" => set(&mut seen, 1, &mut delta.content, or_null(s, text)),
+        "reasoning_content" => set(&mut seen, 2, &mut delta.reasoning_content, or_null(s, text)),
+        "reasoning" => set(&mut seen, 4, &mut delta.reasoning, or_null(s, text)),
         "tool_calls" => {
-            first(&mut seen, 8)?;
-            if !s.null() {
-                let mut calls = Vec::new();
-                s.array(|s| {
-                    calls.push(scan_call(s)?);
-                    Ok::<_, Refused>(())
-                })?;
-                delta.tool_calls = Some(calls);
-            }
-            Ok(())
+            let calls = or_null(s, |s| array(s, scan_call));
+            set(&mut seen, 8, &mut delta.tool_calls, calls)
         }
         _ => skip(s),
     })?;
@@ -291,41 +270,23 @@ fn scan_call<'a>(s: &mut Scanner<'a>) -> Result<ToolCallDelta<'a>, Refused> {
     };
     let mut seen = 0;
     s.object(|s, name| match &*name {
-        "index" => {
-            first(&mut seen, 1)?;
-            call.index = s.parse()?;
-            Ok(())
-        }
-        "id" => {
-            first(&mut seen, 2)?;
-            call.id = text_or_null(s)?;
-            Ok(())
-        }
-        "function" => {
-            first(&mut seen, 4)?;
-            if !s.null() {
-                let mut function = FunctionDelta::default();
-                let mut seen = 0;
-                s.object(|s, name| match &*name {
-                    "name" => {
-                        first(&mut seen, 1)?;
-                        function.name = text_or_null(s)?;
-                        Ok(())
-                    }
-                    "arguments" => {
-                        first(&mut seen, 2)?;
-                        function.arguments = text_or_null(s)?;
-                        Ok(())
-                    }
-                    _ => skip(s),
-                })?;
-                call.function = Some(function);
-            }
-            Ok(())
-        }
+        "index" => set(&mut seen, 1, &mut call.index, Ok(s.parse()?)),
+        "id" => set(&mut seen, 2, &mut call.id, or_null(s, text)),
+        "function" => set(&mut seen, 4, &mut call.function, or_null(s, scan_function)),
         _ => skip(s),
     })?;
     Ok(call)
+}
+
+fn scan_function<'a>(s: &mut Scanner<'a>) -> Result<FunctionDelta<'a>, Refused> {
+    let mut function = FunctionDelta::default();
+    let mut seen = 0;
+    s.object(|s, name| match &*name {
+        "name" => set(&mut seen, 1, &mut function.name, or_null(s, text)),
+        "arguments" => set(&mut seen, 2, &mut function.arguments, or_null(s, text)),
+        _ => skip(s),
+    })?;
+    Ok(function)
 }
 
 #[derive(Debug, Deserialize)]
