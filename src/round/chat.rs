@@ -399,7 +399,7 @@ impl RoundDecoder for Decoder {
     }
 
     fn body(&mut self, body: &[u8]) -> Result<Whole, DecodeError> {
-        let completion: CompletionIn = crate::json::from_bytes(body)
+        let completion = CompletionIn::read(body)
             .map_err(|e| DecodeError::Malformed(format!("upstream sent invalid JSON: {e}")))?;
         if let Some(usage) = completion.usage {
             self.usage = usage;
