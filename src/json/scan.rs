@@ -382,16 +382,22 @@ impl<'a> Scanner<'a> {
     pub fn text(&mut self) -> Result<Cow<'a, str>, ScanError> {
         self.expect(b'"')?;
         let start = self.at;
-        if !self.string()? {
+        self.at += special(&self.bytes()[self.at..]);
+        if self.bytes().get(self.at) == Some(&b'"') {
+            self.at += 1;
             return Ok(Cow::Borrowed(&self.text[start..self.at - 1]));
         }
-        // Read again, unescaped; a lone surrogate is refused, as serde_json
-        // always refused it.
-        let end = self.at;
+        // Unescaped as its end is found (a model's answer has its `\n`s):
+        // found first, then read again, it took twice the time.
         self.at = start;
-        let name = self.string_value().ok_or(ScanError { at: start })?;
-        self.at = end;
-        Ok(Cow::Owned(name))
+        if let Some(text) = self.string_value() {
+            return Ok(Cow::Owned(text));
+        }
+        // Where it stops being JSON; a lone surrogate, which is JSON, is
+        // refused at the string's start, as serde_json always refused it.
+        self.at = start;
+        self.string()?;
+        Err(ScanError { at: start })
     }
 
     /// Skips one value.
@@ -511,8 +517,27 @@ impl<'a> Scanner<'a> {
         Ok(())
     }
 
+    /// Takes a run of digits, eight a step: llama.cpp's `timings`, in each
+    /// answer it sends, are numbers of up to twenty digits, skipped a byte
+    /// at a time in 80 instructions apiece.
     fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.bytes().get(self.at) {
+        let bytes = self.bytes();
+        while let Some(eight) = bytes[self.at..].first_chunk::<8>() {
+            let word = u64::from_le_bytes(*eight);
+            // A byte's high bit is set where it is no digit: below `0` its
+            // difference borrows, above `9` its sum reaches the bit. A
+            // borrow or a carry runs only into later bytes, past the first
+            // one flagged, which is all that is read.
+            let not_digit = (word.wrapping_sub(0x3030_3030_3030_3030)
+                | word.wrapping_add(0x4646_4646_4646_4646))
+                & 0x8080_8080_8080_8080;
+            if not_digit != 0 {
+                self.at += (not_digit.trailing_zeros() / 8) as usize;
+                return;
+            }
+            self.at += 8;
+        }
+        while let Some(b'0'..=b'9') = bytes.get(self.at) {
             self.at += 1;
         }
     }
@@ -1123,7 +1148,44 @@ mod tests {
         .unwrap();
     }
 
+    #[test]
+    fn digits_end_before_any_character_at_any_place_in_a_step() {
+        let characters = (0..0x800)
+            .chain([0xFFFF, 0x10FFFF])
+            .filter_map(char::from_u32);
+        for c in characters {
+            for len in 0..=17 {
+                let text = format!("{}{c}7", "9".repeat(len));
+                let mut s = Scanner::new(&text);
+                s.digits();
+                let expected = len + usize::from(c.is_ascii_digit()) * 2;
+                assert_eq!(s.offset(), expected, "{text:?}");
+            }
+        }
+    }
+
     proptest! {
+        /// A run of digits ends where the first byte that is not one is,
+        /// whatever follows it.
+        #[test]
+        fn digits_end_at_the_first_byte_that_is_not_one(
+            digits in "[0-9]{0,40}",
+            rest in "\\PC{0,12}",
+            bytes in prop::collection::vec(any::<u8>(), 0..12),
+        ) {
+            // Any byte after the digits: `bytes` as text where they are
+            // UTF-8, else as characters of their own value.
+            let tail = String::from_utf8(bytes.clone())
+                .unwrap_or_else(|_| bytes.iter().map(|&b| char::from(b)).collect());
+            for after in [rest, tail] {
+                let text = format!("{digits}{after}");
+                let mut s = Scanner::new(&text);
+                s.digits();
+                let by_byte = text.bytes().take_while(u8::is_ascii_digit).count();
+                prop_assert_eq!(s.offset(), by_byte, "{:?}", text);
+            }
+        }
+
         /// Long strings with escapes, read again (the thread keeps them,
         /// [`seen`]), and texts that begin as they do: each builds as
         /// serde_json reads it.
