@@ -518,8 +518,8 @@ impl<'a> Scanner<'a> {
     }
 
     /// Takes a run of digits, eight a step: llama.cpp's `timings`, in each
-    /// answer it sends, are numbers of up to twenty digits, skipped a byte
-    /// at a time in 80 instructions apiece.
+    /// answer it sends, are numbers of up to 18 digits, skipped a byte at a
+    /// time in about 80 instructions apiece.
     fn digits(&mut self) {
         let bytes = self.bytes();
         while let Some(eight) = bytes[self.at..].first_chunk::<8>() {
