@@ -165,7 +165,7 @@ fn scanned_or_serde<'a, T: Deserialize<'a>>(
     json::from_bytes(data)
 }
 
-/// Where the scanner's reading of a chunk stops, for serde_json to read it.
+/// Where the scanner leaves a chunk or an answer to serde_json.
 struct Refused;
 
 impl From<ScanError> for Refused {
