@@ -289,7 +289,16 @@ impl<const N: usize> Picked<N> {
     /// [`position`](Self::position) of a key the decoder reads: one it
     /// did not pick is a bug.
     fn slot(&self, key: &str) -> Option<usize> {
-        let slot = self.position(key);
+        // A decoder's key is a literal, and the compiler makes one of equal
+        // literals: most are found by their address, without comparing
+        // bytes (about 20 lookups a Responses request, 7 names in on
+        // average).
+        let same = |name: &&str| std::ptr::eq(*name, key);
+        let slot = self
+            .names
+            .iter()
+            .position(same)
+            .or_else(|| self.position(key));
         debug_assert!(slot.is_some(), "`{key}` is not among the picked members");
         slot
     }
