@@ -827,6 +827,21 @@ mod tests {
     }
 
     #[test]
+    fn a_picked_member_is_found_by_its_name_whatever_string_holds_it() {
+        const NAMES: [&str; 3] = ["model", "input", "store"];
+        let body = br#"{"store":false,"model":"m","input":"hi","other":1}"#;
+        let shape = super::responses::TOOL;
+        let (mut read, rest, _) = super::picked_object_and_tools(body, shape, &NAMES).unwrap();
+        // A literal (the decoders' keys), and the same name built at run
+        // time: found alike.
+        assert_eq!(read.get("model"), Some(&json!("m")));
+        assert_eq!(read.get(&String::from("input")), Some(&json!("hi")));
+        assert_eq!(read.take(&["st", "ore"].concat()), Some(json!(false)));
+        assert_eq!(read.take("store"), None);
+        assert_eq!(rest.get("other"), Some(&json!(1)));
+    }
+
+    #[test]
     fn a_broken_stream_ends_with_an_error_in_the_clients_dialect() {
         let error = ApiError::bad_gateway("the upstream closed mid-stream");
         let anthropic = error_event(Dialect::Messages, &error);
