@@ -538,3 +538,25 @@ async fn the_proxy_path_reaches_a_localhost_upstream_on_whichever_loopback_addre
         assert_eq!(res.json()["replica"], "A");
     }
 }
+
+#[tokio::test]
+async fn first_byte_timeout_bounds_a_request_the_upstream_never_reads() {
+    // Accepts and never reads: a request larger than the sockets' buffers
+    // can only be written in part.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let held = std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().take(1).collect();
+        std::thread::sleep(DEADLINE);
+        drop(held);
+    });
+    let proxy = Proxy::start(&timed(&url, "first_byte_timeout_ms: 300")).await;
+    // A model no agent answers: the body is passed on as it came.
+    let body = chat_body("passed-on", &"x".repeat(12 * 1024 * 1024));
+    let started = Instant::now();
+    let res = call_bot(&proxy, &body).await;
+    assert_eq!(res.status, 504, "{}", res.text());
+    assert_eq!(res.json()["error"]["code"], "timeout", "{}", res.text());
+    assert!(started.elapsed() < DEADLINE, "cut by the timeout");
+    drop(held);
+}

@@ -23,7 +23,7 @@ use http::header::CONTENT_LENGTH;
 use http::{StatusCode, Version};
 use pingora::protocols::Stream;
 use pingora::{Error, ErrorType, OkOrErr, OrErr, Result};
-use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use crate::http1::{has_token, is_chunked, is_event_stream, is_name, Body, Chunk, Decoded, Fields};
@@ -269,6 +269,21 @@ impl Link {
             stream,
             timer: None,
         }
+    }
+
+    /// Writes `wire` whole and flushes it, unless that still waits `limit`
+    /// from when it first had to (a timeout, as a read's). A request's
+    /// write nearly always goes at once, and then no timer is touched.
+    pub async fn write(&mut self, limit: Duration, wire: &mut impl Buf) -> Result<()> {
+        let Link { stream, timer } = self;
+        let write = async {
+            stream.write_all_buf(wire).await?;
+            stream.flush().await
+        };
+        within(timer, limit, write)
+            .await
+            .or_err(ErrorType::WriteTimedout, "writing the request")?
+            .or_err(ErrorType::WriteError, "writing the request")
     }
 }
 

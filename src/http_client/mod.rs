@@ -26,7 +26,6 @@ use pingora::protocols::l4;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use pingora::utils::tls::{parse_x509, WrappedX509};
 use pingora::{Error, ErrorType, OrErr, Result};
-use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncWriteExt;
 
 use crate::http1::Fields;
@@ -479,15 +478,7 @@ impl Endpoint {
     ) -> std::result::Result<Response, (Box<Error>, bool)> {
         let limit = self.timeouts.first_byte;
         let mut wire = head.chain(body.unwrap_or_default());
-        let write = async {
-            link.stream.write_all_buf(&mut wire).await?;
-            link.stream.flush().await
-        };
-        fast_timeout(limit, write)
-            .await
-            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
-            .or_err(ErrorType::WriteError, "while writing the request")
-            .map_err(|e| (e, false))?;
+        link.write(limit, &mut wire).await.map_err(|e| (e, false))?;
         h1::Response::read(link, Some(limit), head_request)
             .await
             .map(Response::H1)

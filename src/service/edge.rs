@@ -300,8 +300,12 @@ async fn read_head<S: Future<Output = ()>>(
             }
         }
     }
+    // Most heads come whole in their first read: no timer for the rest.
+    let mut scanned = 0;
+    if head_complete(&head, &mut scanned) {
+        return Some(head);
+    }
     let rest = async {
-        let mut scanned = 0;
         while !head_complete(&head, &mut scanned) && head.len() < MAX_HEAD_BYTES {
             head.reserve(READ_CHUNK);
             if !matches!(stream.read_buf(&mut head).await, Ok(1..)) {
