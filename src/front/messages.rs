@@ -291,9 +291,13 @@ fn decode_block(
         "tool_use" => {
             let id = required_str(&mut block, "id", param)?;
             let name = required_str(&mut block, "name", param)?;
+            // Written by our writer (serde_json's bytes, strings escaped by
+            // SIMD): through `Display`, serde_json escaped a file edit's
+            // text byte by byte into a `fmt::Write`, 16% of a request with
+            // thirty such calls in its history.
             let arguments = match block.remove("input") {
                 None | Some(Value::Null) => "{}".to_owned(),
-                Some(input) => input.to_string(),
+                Some(input) => crate::json::to_string(&input),
             };
             turn.push(Item::ToolCall(ToolCall {
                 id,
@@ -1204,6 +1208,28 @@ mod tests {
         );
         let capture: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         serde_json::to_vec(&capture["body"]).unwrap()
+    }
+
+    #[test]
+    fn a_tool_use_input_becomes_arguments_as_serde_json_writes_it() {
+        let inputs = [
+            json!({"file_path": "/a.py", "old_string": "def f(x):\n\t\"q\" \\ é 😀\u{1}", "replace_all": false}),
+            json!({"n": 1.5, "m": -0.0, "big": 18446744073709551615u64, "e": 1e300, "list": [null, true, {}]}),
+            json!({"nested": {"b": 1, "a": [{"z": "z", "y": "y"}]}, "empty": ""}),
+        ];
+        for input in inputs {
+            let body = json!({"model": "m", "max_tokens": 1, "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "Edit", "input": input}
+                ]}
+            ]});
+            let (conv, _) = decode_json(body).unwrap();
+            let Some(Item::ToolCall(call)) = conv.items.last() else {
+                panic!("a call: {:?}", conv.items);
+            };
+            assert_eq!(call.arguments, serde_json::to_string(&input).unwrap());
+        }
     }
 
     fn decode_json(body: Value) -> Result<(Conversation, Context), ApiError> {
