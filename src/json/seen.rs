@@ -55,7 +55,7 @@ thread_local! {
 }
 
 /// The set of a text of at least [`SMALLEST`] bytes: four words spread over
-/// its first 256 bytes (all a lookup can count on being the string's), so
+/// its first [`SMALLEST`] (all a lookup can count on being the string's), so
 /// that texts alike in their first line are told apart.
 fn set(text: &[u8]) -> usize {
     let word = |at: usize| {
@@ -63,7 +63,8 @@ fn set(text: &[u8]) -> usize {
         bytes.copy_from_slice(&text[at..at + 8]);
         u64::from_le_bytes(bytes)
     };
-    let mixed = word(0) ^ word(64).rotate_left(16) ^ word(128).rotate_left(32) ^ word(248);
+    let (quarter, half, last) = (SMALLEST / 4, SMALLEST / 2, SMALLEST - 8);
+    let mixed = word(0) ^ word(quarter).rotate_left(16) ^ word(half).rotate_left(32) ^ word(last);
     (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % SETS
 }
 
