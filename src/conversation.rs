@@ -153,6 +153,11 @@ impl Prompt {
         self.0.push((Joint::BlankLine, text));
     }
 
+    /// Adds another prompt's texts after its own, as they were joined.
+    pub fn append(&mut self, other: Prompt) {
+        self.0.extend(other.0);
+    }
+
     /// Adds a text before the others, a blank line between.
     pub fn push_front(&mut self, text: String) {
         self.0.insert(0, (Joint::BlankLine, text));

@@ -203,8 +203,11 @@ impl<'a> Shape<'a> {
                     }
                 }
                 b'[' | b'{' => {
-                    if let Some((len, values)) = scan.known_tools(&body[at - 1..]) {
-                        // A list of tools decoded before: its count is known.
+                    let rest = &body[at - 1..];
+                    let known = scan.known_tools(rest).or_else(|| scan.known_entry(rest));
+                    if let Some((len, values)) = known {
+                        // A list of tools, or a history's entry, decoded
+                        // before: its count is known.
                         scan.begins(byte);
                         scan.shape.values += values;
                         at += len - 1;
@@ -421,6 +424,17 @@ impl<'a> Scan<'a> {
         None
     }
 
+    /// Where an entry of the root's `messages` or `input` begins (`rest`),
+    /// one decoded before: its length and its values
+    /// ([`known_entries`](super::known_entries)).
+    fn known_entry(&self, rest: &[u8]) -> Option<(usize, usize)> {
+        let list = matches!(self.member, Member::Messages | Member::Input);
+        if list && self.depth == 2 && self.entry_next && rest.first() == Some(&b'{') {
+            return super::known_entries::values(rest);
+        }
+        None
+    }
+
     /// A value begins with `byte` (or a scalar goes on, for which nothing
     /// is expected any more).
     #[inline]
@@ -598,6 +612,46 @@ mod tests {
         assert_eq!(format!("{:?}", Shape::of(body.as_bytes())), fresh);
         // Its `[` and what follows a mark in it; the reference adds a root.
         assert_eq!(values_in(tools.as_bytes()) + 1, reference(tools.as_bytes()));
+    }
+
+    #[test]
+    fn a_known_history_entry_counts_as_read() {
+        let entry = |i| {
+            let text = format!("line {i}, [with] {{marks}}: \"quoted\"\n").repeat(20);
+            serde_json::json!({"role": "user", "content": [{"type": "text", "text": text}]})
+        };
+        let entries: Vec<String> = (0..3).map(|i| entry(i).to_string()).collect();
+        let body = format!(
+            r#"{{"model":"m","messages":[ {} , {{"role":"user","content":"hi"}}],"stream":true}}"#,
+            entries.join(",")
+        );
+        // A thread of its own: its known entries are this test's.
+        std::thread::spawn(move || {
+            let fresh = Shape::of(body.as_bytes());
+            assert_eq!(fresh.messages, Entries::List(4));
+            let dialect = crate::conversation::Dialect::Messages;
+            let decoding = crate::front::known_entries::Decoding::default();
+            // Kept as the decoder keeps it: found by its bytes and the next
+            // entry's first.
+            let rest = &body.as_bytes()[body.find(&entries[1]).unwrap()..];
+            let head = crate::front::known_entries::head(rest).unwrap();
+            crate::front::known_entries::keep(dialect, head, &entries[1], decoding);
+            let kept = crate::front::known_entries::values(rest);
+            assert_eq!(
+                kept,
+                Some((entries[1].len(), values_in(entries[1].as_bytes())))
+            );
+            assert_eq!(Shape::of(body.as_bytes()), fresh);
+            // Only where an entry begins: the same text as a member's value
+            // is read.
+            let elsewhere = format!(r#"{{"model":"m","x":{},"messages":[]}}"#, entries[1]);
+            assert_eq!(
+                Shape::of(elsewhere.as_bytes()).values,
+                reference(elsewhere.as_bytes())
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

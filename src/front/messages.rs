@@ -19,9 +19,9 @@ use serde_json::{json, Map, Value};
 use super::chat::wire_arguments;
 use super::known_tools::Declared;
 use super::{
-    description, function_tools, invalid, new_id, note_dropped, picked_object_and_tools,
-    required_str, take_bool, take_f64, take_str, take_str_at, take_u64, At, Encoder, ErrorEnvelope,
-    ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
+    decode_history, description, function_tools, invalid, new_id, note_dropped,
+    picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
+    At, Encoder, Entry, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -91,7 +91,8 @@ const TOOL: ToolShape = ToolShape {
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
     // Tools are most of a coding agent's request: read as tools in the
     // body's one pass, their schemas kept as the text they came as.
-    let (mut read, mut top, tools) = picked_object_and_tools(body, TOOL, &READ)?;
+    let body = picked_object_and_tools(body, TOOL, &READ, Some("messages"))?;
+    let (mut read, mut top, tools) = (body.picked, body.rest, body.tools);
     let mut ctx = Context::default();
     let mut conv = Conversation {
         origin: Dialect::Messages,
@@ -99,7 +100,8 @@ pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
         ..Conversation::default()
     };
     let mut system = decode_system(read.take("system"))?;
-    decode_messages(read.take("messages"), &mut conv.items, &mut system)?;
+    let messages = (body.history, read.take("messages"));
+    decode_messages(messages, &mut conv.items, &mut system)?;
     conv.system = system.some();
     let declared = tools.declared(Dialect::Messages, decode_tools)?;
     conv.tools.clone_from(&declared.tools);
@@ -152,28 +154,25 @@ fn block_texts(blocks: Vec<Value>) -> impl Iterator<Item = String> {
     })
 }
 
+/// `messages`: read entry by entry when it is an array (a coding agent's
+/// history, most of it decoded before), else as the value it is.
 fn decode_messages(
-    messages: Option<Value>,
+    (history, value): (Option<Vec<Entry<'_>>>, Option<Value>),
     items: &mut Vec<Item>,
     system: &mut Prompt,
 ) -> Result<(), ApiError> {
-    let list = match messages {
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(Value::Array(_)) => return Err(invalid("messages must not be empty.", "messages")),
-        None | Some(Value::Null) => return Err(invalid("messages is required.", "messages")),
-        Some(_) => {
-            return Err(invalid(
-                "messages must be an array of messages.",
-                "messages",
-            ))
+    match (history, value) {
+        (Some(list), _) if !list.is_empty() => {
+            let dialect = Dialect::Messages;
+            decode_history(list, dialect, "messages", items, system, decode_message)
         }
-    };
-    items.reserve(list.len());
-    let all = At::Root("messages");
-    for (i, message) in list.into_iter().enumerate() {
-        decode_message(message, all.index(i), items, system)?;
+        (Some(_), _) => Err(invalid("messages must not be empty.", "messages")),
+        (None, None | Some(Value::Null)) => Err(invalid("messages is required.", "messages")),
+        (None, Some(_)) => Err(invalid(
+            "messages must be an array of messages.",
+            "messages",
+        )),
     }
-    Ok(())
 }
 
 /// One message as items: its tool results first (chat templates want them
@@ -1230,6 +1229,86 @@ mod tests {
             };
             assert_eq!(call.arguments, serde_json::to_string(&input).unwrap());
         }
+    }
+
+    #[test]
+    fn a_history_decodes_the_same_from_the_messages_decoded_before() {
+        // A thread of its own: its kept messages are this test's.
+        std::thread::spawn(a_history_decodes_the_same_on_this_thread)
+            .join()
+            .unwrap();
+    }
+
+    fn a_history_decodes_the_same_on_this_thread() {
+        let edit = |i: usize| {
+            json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": format!("plan {i}"), "signature": "c2ln"},
+                {"type": "text", "text": "Editing."},
+                {"type": "tool_use", "id": format!("toolu_{i}"), "name": "Edit", "input": {
+                    "file_path": format!("/src/m{i}.py"),
+                    "old_string": "def f(x):\n\treturn \"x\"\n".repeat(8),
+                    "new_string": "def f(x):\n\treturn 'é'\n".repeat(8)}}]})
+        };
+        let result = |i: usize, marked: bool| {
+            let mut block = json!({"type": "tool_result", "tool_use_id": format!("toolu_{i}"),
+                "content": [{"type": "text", "text": "The file has been updated.\n".repeat(12)}]});
+            if marked {
+                block["cache_control"] = json!({"type": "ephemeral"});
+            }
+            json!({"role": "user", "content": [block, {"type": "text", "text": "go on"}]})
+        };
+        let system = json!({"role": "system", "content": "Environment: ".repeat(30)});
+        let turn = |n: usize| {
+            let mut messages = vec![
+                json!({"role": "user", "content": "Fix the bug."}),
+                system.clone(),
+            ];
+            for i in 0..n {
+                messages.push(edit(i));
+                // As Claude Code does: the last result carries the mark.
+                messages.push(result(i, i + 1 == n));
+            }
+            // Members after `messages`, as Claude Code sends them.
+            json!({"model": "m", "messages": messages, "system": "Be brief.", "max_tokens": 8})
+        };
+        // Each turn's reference decoded on a thread that has kept nothing.
+        let fresh = |body: Value| {
+            std::thread::spawn(move || format!("{:?}", decode_json(body).unwrap().0))
+                .join()
+                .unwrap()
+        };
+        {
+            for n in 1..5 {
+                let (conv, _) = decode_json(turn(n)).unwrap();
+                assert_eq!(format!("{conv:?}"), fresh(turn(n)), "turn {n}");
+                let calls = conv.items.iter().filter(|i| matches!(i, Item::ToolCall(_)));
+                assert_eq!(calls.count(), n);
+            }
+            // The earlier turns' messages were kept (the system message
+            // too), and the next turn found them.
+            let body = serde_json::to_string(&turn(4)).unwrap();
+            let kept = |message: &Value| {
+                let rest = &body[body.find(&message.to_string()).unwrap()..];
+                let head = crate::front::known_entries::head(rest.as_bytes()).unwrap();
+                crate::front::known_entries::find(Dialect::Messages, head, rest).is_some()
+            };
+            assert!(kept(&system) && kept(&edit(0)) && kept(&result(0, false)));
+            assert!(kept(&result(2, false)));
+            // A message after kept ones that is wrong is named by its place.
+            let mut broken = turn(4);
+            broken["messages"][9]["content"][0]["tool_use_id"] = json!(5);
+            let error = decode_json(broken).unwrap_err();
+            assert!(error.message.contains("messages[9]"), "{}", error.message);
+        }
+        // Given twice, the last counts, a list or not.
+        let list = r#"[{"role":"user","content":"hi"}]"#;
+        let twice = |a: &str, b: &str| {
+            let body = format!(r#"{{"model":"m","max_tokens":1,"messages":{a},"messages":{b}}}"#);
+            decode(body.as_bytes()).map(|(conv, _)| conv.items.len())
+        };
+        assert_eq!(twice("1", list).ok(), Some(1));
+        let error = twice(list, "1").unwrap_err();
+        assert_eq!(error.message, "messages must be an array of messages.");
     }
 
     fn decode_json(body: Value) -> Result<(Conversation, Context), ApiError> {

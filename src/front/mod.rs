@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod chat;
+pub mod known_entries;
 pub mod known_tools;
 pub mod messages;
 pub mod responses;
@@ -20,11 +21,12 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::conversation::{
-    Description, Dialect, Finish, FunctionTool, Reasoning, Schema, ToolCall, Usage,
+    Description, Dialect, Finish, FunctionTool, Item, Prompt, Reasoning, Schema, ToolCall, Usage,
 };
 use crate::error::ApiError;
 use crate::json::scan::{BadJson, ScanError, Scanner, MAX_DEPTH};
 use crate::json::Raw;
+use known_entries::Decoding;
 use known_tools::Declared;
 
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
@@ -127,51 +129,154 @@ fn random_alphanumerics() -> [u8; 20] {
 /// map, and its `tools` (most of a coding agent's request) each parsed but
 /// for its schema and description, only scanned and kept as the text they
 /// came as ([`scan`](crate::json::scan)), and the tools it groups, read as
-/// tools: as `shape` names them. A member given twice is the last.
+/// tools: as `shape` names them. The member named `history`, when it is an
+/// array, is read entry by entry ([`Entry`]) rather than set apart. A
+/// member given twice is the last.
 pub fn picked_object_and_tools<'a, const N: usize>(
     body: &'a [u8],
     shape: ToolShape,
     names: &'static [&'static str; N],
-) -> Result<(Picked<N>, Map<String, Value>, ReadTools<'a>), ApiError> {
+    history: Option<&'static str>,
+) -> Result<ReadBody<'a, N>, ApiError> {
     let text = crate::json::utf8(body).ok_or_else(|| not_json(explain(body, None)))?;
     let mut scan = Scanner::new(text);
-    let mut picked = Picked {
-        names,
-        values: Box::new(std::array::from_fn(|_| None)),
+    let mut read = ReadBody {
+        picked: Picked {
+            names,
+            values: Box::new(std::array::from_fn(|_| None)),
+        },
+        rest: Map::new(),
+        tools: ReadTools::Read {
+            tools: Tools::None,
+            text: "",
+        },
+        history: None,
     };
-    let mut parsed = Map::new();
-    let mut tools = ReadTools::Read {
-        tools: Tools::None,
-        text: "",
-    };
-    let read = scan.object(|scan, name| {
+    let members = scan.object(|scan, name| {
         if name == "tools" {
             let rest = scan.rest();
-            tools = match known_tools::find(shape.dialect, rest) {
+            read.tools = match known_tools::find(shape.dialect, rest) {
                 Some((len, declared)) => {
                     scan.pass(len);
                     ReadTools::Known(declared)
                 }
                 None => {
                     let start = scan.offset();
-                    let read = lenient(scan, shape, Nesting::List(0))?;
+                    let tools = lenient(scan, shape, Nesting::List(0))?;
                     ReadTools::Read {
-                        tools: read,
+                        tools,
                         text: &rest[..scan.offset() - start],
                     }
                 }
             };
-        } else if let Some(slot) = picked.position(&name) {
-            picked.values[slot] = Some(scan.parse_value()?);
+        } else if let Some(slot) = read.picked.position(&name) {
+            // Given twice, the last: as an array or as a value.
+            let listed = history == Some(&*name);
+            if listed {
+                read.history = None;
+            }
+            if listed && scan.peek() == Some(b'[') {
+                read.picked.values[slot] = None;
+                read.history = Some(entries(scan, shape.dialect)?);
+            } else {
+                read.picked.values[slot] = Some(scan.parse_value()?);
+            }
         } else {
             let value = scan.parse_value()?;
-            parsed.insert(name.into_owned(), value);
+            read.rest.insert(name.into_owned(), value);
         }
         Ok::<_, BadJson>(())
     });
-    read.and_then(|()| Ok(scan.end()?))
+    members
+        .and_then(|()| Ok(scan.end()?))
         .map_err(|e| not_json(explain(body, Some(e))))?;
-    Ok((picked, parsed, tools))
+    Ok(read)
+}
+
+/// A request body as [`picked_object_and_tools`] read it.
+pub struct ReadBody<'a, const N: usize> {
+    pub picked: Picked<N>,
+    /// The root's other members.
+    pub rest: Map<String, Value>,
+    pub tools: ReadTools<'a>,
+    /// The history list's entries, when it is an array (it is then not
+    /// among the picked values).
+    pub history: Option<Vec<Entry<'a>>>,
+}
+
+/// An entry of a request's history (a Messages request's `messages`).
+pub enum Entry<'a> {
+    /// Decoded before, known by its text ([`known_entries`]).
+    Known(Arc<Decoding>),
+    /// Read now: its value, the text it came as, and its
+    /// [`head`](known_entries::head).
+    Read {
+        value: Value,
+        text: &'a str,
+        head: Option<u64>,
+    },
+}
+
+/// An array's entries, each found among those decoded before or parsed.
+fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Result<Vec<Entry<'a>>, BadJson> {
+    let mut entries = Vec::new();
+    scan.array(|scan| {
+        let rest = scan.rest();
+        let head = known_entries::head(rest.as_bytes());
+        let known = head.and_then(|head| known_entries::find(dialect, head, rest));
+        let entry = match known {
+            Some((len, decoding)) => {
+                scan.pass(len);
+                Entry::Known(decoding)
+            }
+            None => {
+                let start = scan.offset();
+                let value = scan.parse_value()?;
+                let text = &rest[..scan.offset() - start];
+                Entry::Read { value, text, head }
+            }
+        };
+        entries.push(entry);
+        Ok::<_, BadJson>(())
+    })?;
+    Ok(entries)
+}
+
+/// A history's entries as items (and system prompt text), each decoded by
+/// `decode` (given its value, its place, and where its items and text go)
+/// unless it was before; those decoded now are known to the requests that
+/// follow.
+pub fn decode_history(
+    entries: Vec<Entry<'_>>,
+    dialect: Dialect,
+    list: &'static str,
+    items: &mut Vec<Item>,
+    system: &mut Prompt,
+    mut decode: impl FnMut(Value, At<'_>, &mut Vec<Item>, &mut Prompt) -> Result<(), ApiError>,
+) -> Result<(), ApiError> {
+    items.reserve(entries.len());
+    let list = At::Root(list);
+    for (i, entry) in entries.into_iter().enumerate() {
+        match entry {
+            Entry::Known(decoding) => {
+                items.extend(decoding.items.iter().cloned());
+                system.append(decoding.system.clone());
+            }
+            Entry::Read { value, text, head } => {
+                let (before, mut texts) = (items.len(), Prompt::default());
+                decode(value, list.index(i), items, &mut texts)?;
+                if let Some(head) = head.filter(|_| text.len() >= known_entries::SMALLEST) {
+                    let decoding = Decoding {
+                        items: items[before..].to_vec(),
+                        system: texts.clone(),
+                    };
+                    known_entries::keep(dialect, head, text, decoding);
+                }
+                system.append(texts);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A body that is not a JSON object, in the words every route uses for it.
@@ -648,7 +753,7 @@ fn invalid(message: impl Into<String>, param: impl Into<String>) -> ApiError {
 /// error about it: spelled out only when an error is made. A coding agent's
 /// request has hundreds of such places, and as a rule no error.
 #[derive(Clone, Copy)]
-enum At<'a> {
+pub enum At<'a> {
     Root(&'a str),
     Index(&'a At<'a>, usize),
     Field(&'a At<'a>, &'a str),
@@ -831,7 +936,8 @@ mod tests {
         const NAMES: [&str; 3] = ["model", "input", "store"];
         let body = br#"{"store":false,"model":"m","input":"hi","other":1}"#;
         let shape = super::responses::TOOL;
-        let (mut read, rest, _) = super::picked_object_and_tools(body, shape, &NAMES).unwrap();
+        let body = super::picked_object_and_tools(body, shape, &NAMES, None).unwrap();
+        let (mut read, rest) = (body.picked, body.rest);
         // A literal (the decoders' keys), and the same name built at run
         // time: found alike.
         assert_eq!(read.get("model"), Some(&json!("m")));

@@ -121,8 +121,8 @@ pub const TOOL: ToolShape = ToolShape {
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Box<Context>), ApiError> {
-    let (read, top, tools) = picked_object_and_tools(body, TOOL, &READ)?;
-    decode_object(read, top, tools)
+    let body = picked_object_and_tools(body, TOOL, &READ, None)?;
+    decode_object(body.picked, body.rest, body.tools)
 }
 
 /// The root members the decoder reads, set apart as the body is parsed

@@ -34,7 +34,8 @@ pub async fn decode(
     tenant: &str,
     body: &[u8],
 ) -> Result<(Conversation, Box<Context>, Option<Saving>), ApiError> {
-    let (mut read, top, tools) = picked_object_and_tools(body, responses::TOOL, &responses::READ)?;
+    let body = picked_object_and_tools(body, responses::TOOL, &responses::READ, None)?;
+    let (mut read, top, tools) = (body.picked, body.rest, body.tools);
     let Some(store) = &config.store else {
         // No store: the decoder refuses a previous id, nothing is kept.
         let (conversation, context) = responses::decode_object(read, top, tools)?;

@@ -1,0 +1,283 @@
+//! The history entries of recent requests, by their text, as a front
+//! decoded them. A coding agent sends its whole conversation again with
+//! every request of a session, each request adding a message or two; a
+//! Claude Code request with thirty file edits in its history spent 70% of
+//! its instructions building and decoding messages it had sent before. A
+//! request whose `messages` entry begins with the text of an entry decoded
+//! before takes that decoding and moves past its text; the body's shape
+//! pass, before it, adds the entry's count of values.
+//!
+//! The text kept was a whole JSON object, read and decoded without error,
+//! so the same bytes at the same place read as the same object to the same
+//! end and decode the same: a decoder is a function of an entry's bytes
+//! (an error would name the entry's place, but a kept one has none). A
+//! match skips nothing the scanner would have refused.
+//!
+//! An entry is found by a hash of the [`HEAD`] bytes its text begins with
+//! where it came, the next entry's first bytes too when it is short: a
+//! history only grows, so what follows an entry is what followed it
+//! before, but for the last entry of the request before. Short entries
+//! (a tool's result, a user's line) are most of a history's, and kept with
+//! this, found without a hash of their whole text.
+//!
+//! Each thread keeps its own (no lock on the request path; a session's
+//! requests come on its connection, which stays on one thread), the least
+//! recently used let go first. Bounded: [`KEPT_BYTES`] of text per thread,
+//! entries of [`SMALLEST`] bytes to [`LARGEST`]; a shorter entry is read
+//! again, cheaper than kept.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use crate::conversation::{Dialect, Item, Prompt};
+
+/// An entry's text, at least, to be kept.
+pub const SMALLEST: usize = 64;
+/// The bytes an entry is found by: at most where the body ends (an entry
+/// closer to it is read again).
+const HEAD: usize = 256;
+/// An entry's text, at most, to be kept.
+const LARGEST: usize = 256 * 1024;
+/// The text kept per thread, at most (with its decodings, about twice
+/// this): a long coding session's history, several sessions' shorter ones.
+const KEPT_BYTES: usize = 2 * 1024 * 1024;
+
+/// What a front made of one entry: the items it adds to the conversation
+/// and the text it adds to the system prompt.
+#[derive(Debug, Default, Clone)]
+pub struct Decoding {
+    pub items: Vec<Item>,
+    pub system: Prompt,
+}
+
+struct Kept {
+    text: Box<str>,
+    dialect: Dialect,
+    /// The values in it, as the body's shape pass counts them.
+    values: usize,
+    decoding: Arc<Decoding>,
+    /// When it was last found or kept, on the thread's clock.
+    used: u64,
+}
+
+#[derive(Default)]
+struct Entries {
+    /// By the hash of the [`HEAD`] bytes from their start.
+    by_head: HashMap<u64, Vec<Kept>, foldhash::fast::FixedState>,
+    bytes: usize,
+    clock: u64,
+}
+
+thread_local! {
+    static KNOWN: RefCell<Entries> = RefCell::new(Entries::default());
+}
+
+/// The hash an entry is found by, of the [`HEAD`] bytes of `rest` (an
+/// array's text from the entry on); `None` if fewer are left.
+pub fn head(rest: &[u8]) -> Option<u64> {
+    let head = rest.get(..HEAD)?;
+    Some(foldhash::fast::FixedState::with_seed(0).hash_one(head))
+}
+
+impl Entries {
+    /// The entry `rest` (with the hash `head`) begins with, kept by
+    /// `dialect` if one is named.
+    fn find(&mut self, dialect: Option<Dialect>, head: u64, rest: &[u8]) -> Option<&mut Kept> {
+        let bucket = self.by_head.get_mut(&head)?;
+        let kept = bucket.iter_mut().find(|kept| {
+            dialect.is_none_or(|dialect| kept.dialect == dialect)
+                && rest.starts_with(kept.text.as_bytes())
+        })?;
+        self.clock += 1;
+        kept.used = self.clock;
+        Some(kept)
+    }
+
+    /// Lets the least recently used entries go until those left, and
+    /// `room` more, fit in three quarters of [`KEPT_BYTES`]: a thread over
+    /// its bound sorts its entries once per quarter of it, not per entry.
+    fn make_room(&mut self, room: usize) {
+        if self.bytes + room <= KEPT_BYTES {
+            return;
+        }
+        // Each entry's clock reading is its own: the oldest that free
+        // enough go, those from the first left on stay.
+        let mut ages: Vec<(u64, usize)> = self
+            .by_head
+            .values()
+            .flatten()
+            .map(|kept| (kept.used, kept.text.len()))
+            .collect();
+        ages.sort_unstable();
+        let over = (self.bytes + room).saturating_sub(KEPT_BYTES / 4 * 3);
+        let mut freed = 0;
+        let youngest_gone = ages.iter().position(|&(_, len)| {
+            freed += len;
+            freed >= over
+        });
+        let Some(stays) = youngest_gone.and_then(|gone| ages.get(gone + 1)) else {
+            self.by_head.clear();
+            self.bytes = 0;
+            return;
+        };
+        let stays = stays.0;
+        self.by_head.retain(|_, bucket| {
+            bucket.retain(|kept| kept.used >= stays);
+            !bucket.is_empty()
+        });
+        self.bytes -= freed;
+    }
+}
+
+/// What `dialect`'s decoder made of the entry `rest` (an array's text from
+/// an entry on, whose [`head`] is `head`) begins with, and its length.
+pub fn find(dialect: Dialect, head: u64, rest: &str) -> Option<(usize, Arc<Decoding>)> {
+    KNOWN.with_borrow_mut(|known| {
+        let kept = known.find(Some(dialect), head, rest.as_bytes())?;
+        Some((kept.text.len(), kept.decoding.clone()))
+    })
+}
+
+/// The length of the entry kept by any front that `rest` begins with, and
+/// the values in it: what the body's shape pass counts, without reading it.
+pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
+    let head = head(rest)?;
+    KNOWN.with_borrow_mut(|known| {
+        let kept = known.find(None, head, rest)?;
+        Some((kept.text.len(), kept.values))
+    })
+}
+
+/// Keeps what `dialect`'s decoder made of `text`, a JSON object read whole
+/// as an entry of a request's history, where its [`head`] was `head`.
+pub fn keep(dialect: Dialect, head: u64, text: &str, decoding: Decoding) {
+    if !(SMALLEST..=LARGEST).contains(&text.len()) {
+        return;
+    }
+    KNOWN.with_borrow_mut(|known| {
+        let bucket = known.by_head.get(&head);
+        if bucket.is_some_and(|b| b.iter().any(|k| k.dialect == dialect && *k.text == *text)) {
+            return;
+        }
+        known.make_room(text.len());
+        known.clock += 1;
+        let kept = Kept {
+            text: text.into(),
+            dialect,
+            values: super::budget::values_in(text.as_bytes()),
+            decoding: Arc::new(decoding),
+            used: known.clock,
+        };
+        known.bytes += text.len();
+        known.by_head.entry(head).or_default().push(kept);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::{Message, Role};
+
+    /// An entry's text of `len` bytes.
+    fn entry(tag: usize, len: usize) -> String {
+        let head = format!("{{\"role\":\"user\",\"content\":\"{tag} ");
+        format!("{head}{}\"}}", "x".repeat(len - head.len() - 2))
+    }
+
+    /// What follows an entry in its list, `tag` telling one from another.
+    fn after(tag: usize) -> String {
+        format!(
+            ",{{\"role\":\"user\",\"content\":\"{tag}{}\"}}]",
+            " ".repeat(HEAD)
+        )
+    }
+
+    fn decoding(text: &str) -> Decoding {
+        Decoding {
+            items: vec![Item::Message(Message::text(Role::User, text))],
+            system: Prompt::default(),
+        }
+    }
+
+    /// Keeps `text` followed by `after(0)`, decoded as `as_text`.
+    fn keep_text(dialect: Dialect, text: &str, as_text: &str) {
+        let head = head(format!("{text}{}", after(0)).as_bytes()).unwrap();
+        keep(dialect, head, text, decoding(as_text));
+    }
+
+    /// What was kept of the entry `text`, followed by `after(next)`.
+    fn found_before(dialect: Dialect, text: &str, next: usize) -> Option<String> {
+        let rest = format!("{text}{}", after(next));
+        let (len, decoding) = find(dialect, head(rest.as_bytes())?, &rest)?;
+        assert_eq!(len, text.len());
+        match decoding.items.as_slice() {
+            [Item::Message(message)] => Some(message.text_content()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn found(text: &str) -> Option<String> {
+        found_before(Dialect::Messages, text, 0)
+    }
+
+    #[test]
+    fn an_entry_is_found_by_its_whole_text_and_dialect() {
+        std::thread::spawn(|| {
+            let (a, b) = (entry(1, 300), entry(2, 300));
+            keep_text(Dialect::Messages, &a, "a");
+            assert_eq!(found(&a).as_deref(), Some("a"));
+            assert_eq!(found(&b), None);
+            assert_eq!(found_before(Dialect::Responses, &a, 0), None);
+            // The object, and its members' two colons and comma.
+            let rest = format!("{a}{}", after(0));
+            assert_eq!(values(rest.as_bytes()), Some((a.len(), 4)));
+            // The same first bytes, another entry: not taken for it.
+            let longer = format!("{}y\"}}", &a[..a.len() - 2]);
+            assert_eq!(found(&longer), None);
+            // A short entry is found where it came before the same bytes.
+            let short = entry(3, SMALLEST);
+            keep_text(Dialect::Messages, &short, "short");
+            assert_eq!(found(&short).as_deref(), Some("short"));
+            assert_eq!(found_before(Dialect::Messages, &short, 1), None);
+            // Too short to be kept, or too long.
+            keep_text(Dialect::Messages, &entry(4, SMALLEST - 1), "shorter");
+            keep_text(Dialect::Messages, &entry(5, LARGEST + 1), "long");
+            assert_eq!(found(&entry(4, SMALLEST - 1)), None);
+            assert_eq!(found(&entry(5, LARGEST + 1)), None);
+            // Too close to the body's end to be found.
+            assert_eq!(head(&[b' '; HEAD - 1]), None);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_keeps_its_bound_letting_the_least_recently_used_go() {
+        std::thread::spawn(|| {
+            let len = 64 * 1024;
+            let first = entry(0, len);
+            keep_text(Dialect::Messages, &first, "first");
+            for tag in 1..=KEPT_BYTES / len - 1 {
+                keep_text(Dialect::Messages, &entry(tag, len), "x");
+                // The first is read again by every request.
+                assert!(found(&first).is_some());
+            }
+            let full = KNOWN.with_borrow(|known| known.bytes);
+            assert_eq!(full, KEPT_BYTES);
+            // Over the bound: the oldest go, down to three quarters of it.
+            keep_text(Dialect::Messages, &entry(1000, len), "new");
+            keep_text(Dialect::Messages, &entry(1001, len), "new");
+            let (bytes, count) =
+                KNOWN.with_borrow(|known| (known.bytes, known.by_head.values().flatten().count()));
+            assert!(bytes <= KEPT_BYTES / 4 * 3 + len, "{bytes}");
+            assert_eq!(bytes, count * len);
+            assert!(found(&first).is_some());
+            assert!(found(&entry(1, len)).is_none());
+            assert!(found(&entry(1001, len)).is_some());
+        })
+        .join()
+        .unwrap();
+    }
+}
