@@ -164,7 +164,10 @@ fn decode_messages(
     match (history, value) {
         (Some(list), _) if !list.is_empty() => {
             let dialect = Dialect::Messages;
-            decode_history(list, dialect, "messages", items, system, decode_message)
+            let decode = |message, at: At<'_>, items: &mut _, system: &mut _| {
+                decode_message(message, at, items, system).map(|()| true)
+            };
+            decode_history(list, dialect, "messages", items, system, decode)
         }
         (Some(_), _) => Err(invalid("messages must not be empty.", "messages")),
         (None, None | Some(Value::Null)) => Err(invalid("messages is required.", "messages")),

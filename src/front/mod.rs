@@ -206,8 +206,12 @@ pub struct ReadBody<'a, const N: usize> {
 
 /// An entry of a request's history (a Messages request's `messages`).
 pub enum Entry<'a> {
-    /// Decoded before, known by its text ([`known_entries`]).
-    Known(Arc<Decoding>),
+    /// Decoded before, known by its text ([`known_entries`]), which it
+    /// came as again.
+    Known {
+        decoding: Arc<Decoding>,
+        text: &'a str,
+    },
     /// Read now: its value, the text it came as, and its
     /// [`head`](known_entries::head).
     Read {
@@ -215,6 +219,17 @@ pub enum Entry<'a> {
         text: &'a str,
         head: Option<u64>,
     },
+}
+
+impl Entry<'_> {
+    /// The entry as a value, for what reads it as one (a store keeping a
+    /// request's input).
+    pub fn into_value(self) -> Result<Value, ApiError> {
+        match self {
+            Entry::Read { value, .. } => Ok(value),
+            Entry::Known { text, .. } => crate::json::from_bytes(text.as_bytes()).map_err(not_json),
+        }
+    }
 }
 
 /// An array's entries, each found among those decoded before or parsed.
@@ -227,7 +242,8 @@ fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Result<Vec<Entry<'a>
         let entry = match known {
             Some((len, decoding)) => {
                 scan.pass(len);
-                Entry::Known(decoding)
+                let text = &rest[..len];
+                Entry::Known { decoding, text }
             }
             None => {
                 let start = scan.offset();
@@ -245,27 +261,29 @@ fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Result<Vec<Entry<'a>
 /// A history's entries as items (and system prompt text), each decoded by
 /// `decode` (given its value, its place, and where its items and text go)
 /// unless it was before; those decoded now are known to the requests that
-/// follow.
+/// follow, unless `decode` says its decoding depends on more than the
+/// entry.
 pub fn decode_history(
     entries: Vec<Entry<'_>>,
     dialect: Dialect,
     list: &'static str,
     items: &mut Vec<Item>,
     system: &mut Prompt,
-    mut decode: impl FnMut(Value, At<'_>, &mut Vec<Item>, &mut Prompt) -> Result<(), ApiError>,
+    mut decode: impl FnMut(Value, At<'_>, &mut Vec<Item>, &mut Prompt) -> Result<bool, ApiError>,
 ) -> Result<(), ApiError> {
     items.reserve(entries.len());
     let list = At::Root(list);
     for (i, entry) in entries.into_iter().enumerate() {
         match entry {
-            Entry::Known(decoding) => {
+            Entry::Known { decoding, .. } => {
                 items.extend(decoding.items.iter().cloned());
                 system.append(decoding.system.clone());
             }
             Entry::Read { value, text, head } => {
                 let (before, mut texts) = (items.len(), Prompt::default());
-                decode(value, list.index(i), items, &mut texts)?;
-                if let Some(head) = head.filter(|_| text.len() >= known_entries::SMALLEST) {
+                let alone = decode(value, list.index(i), items, &mut texts)?;
+                let kept = alone && text.len() >= known_entries::SMALLEST;
+                if let Some(head) = head.filter(|_| kept) {
                     let decoding = Decoding {
                         items: items[before..].to_vec(),
                         system: texts.clone(),

@@ -18,9 +18,10 @@ use serde_json::{json, Map, Value};
 
 use super::known_tools::{Declared, Namespaced};
 use super::{
-    description, each_tool, function_tools, invalid, nested_tools, new_id, note_dropped,
-    picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
-    At, ErrorEnvelope, ErrorIn, Picked, ReadTools, Take, ToolObject, ToolShape, Tools,
+    decode_history, description, each_tool, function_tools, invalid, nested_tools, new_id,
+    note_dropped, picked_object_and_tools, required_str, take_bool, take_f64, take_str,
+    take_str_at, take_u64, At, Entry, ErrorEnvelope, ErrorIn, Picked, ReadTools, Take, ToolObject,
+    ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -121,8 +122,8 @@ pub const TOOL: ToolShape = ToolShape {
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Box<Context>), ApiError> {
-    let body = picked_object_and_tools(body, TOOL, &READ, None)?;
-    decode_object(body.picked, body.rest, body.tools)
+    let body = picked_object_and_tools(body, TOOL, &READ, Some("input"))?;
+    decode_object(body.picked, body.rest, body.tools, body.history)
 }
 
 /// The root members the decoder reads, set apart as the body is parsed
@@ -151,11 +152,13 @@ pub const READ: [&str; 15] = [
 pub type Read = Picked<{ READ.len() }>;
 
 /// [`decode`] of a body already parsed (and its history spliced in), its
-/// `tools` as that pass read them.
+/// `tools` as that pass read them, and its `input` list, when it is one,
+/// entry by entry.
 pub fn decode_object(
     mut read: Read,
     mut top: Map<String, Value>,
     tools: ReadTools,
+    input: Option<Vec<Entry<'_>>>,
 ) -> Result<(Conversation, Box<Context>), ApiError> {
     refuse_state(&read)?;
     // Boxed: it goes to the encoder through several hands, and is large.
@@ -177,7 +180,8 @@ pub fn decode_object(
     if let Some(instructions) = instructions.as_ref().filter(|s| !s.is_empty()) {
         system.push(instructions.clone());
     }
-    decode_input(read.take("input"), &mut conv.items, &mut system, &mut ctx)?;
+    let input = (input, read.take("input"));
+    decode_input(input, &mut conv.items, &mut system, &mut ctx)?;
     conv.system = system.some();
 
     // Echoed as sent; also forwarded (in `extra`) to a Responses upstream.
@@ -434,37 +438,41 @@ fn flatten(namespaced: &mut Namespaced, namespace: &str, name: String) -> String
 }
 
 fn decode_input(
-    input: Option<Value>,
+    (list, input): (Option<Vec<Entry<'_>>>, Option<Value>),
     items: &mut Vec<Item>,
     system: &mut Prompt,
     ctx: &mut Context,
 ) -> Result<(), ApiError> {
-    let list = match input {
-        Some(Value::String(text)) if !text.is_empty() => {
+    let list = match (list, input) {
+        (Some(list), _) if !list.is_empty() => list,
+        (None, Some(Value::String(text))) if !text.is_empty() => {
             items.push(Item::Message(Message::text(Role::User, text)));
             return Ok(());
         }
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {
+        (Some(_), _) | (None, None | Some(Value::Null | Value::String(_))) => {
             return Err(invalid(
                 "input is required: a string or a non-empty array of input items.",
                 "input",
             ))
         }
-        Some(_) => return Err(not_string_or_list()),
+        (None, Some(_)) => return Err(not_string_or_list()),
     };
-    items.reserve(list.len());
-    let all = At::Root("input");
-    for (i, item) in list.into_iter().enumerate() {
-        let Some(item) = decode_item(item, all.index(i), ctx)? else {
-            continue;
-        };
-        match item {
-            // Instructions before anything else are the system prompt.
-            Item::Message(m) if m.role == Role::System && items.is_empty() => {
-                system.push_message(m)
-            }
-            item => items.push(item),
+    // A coding agent's history, most of it decoded before. An item's
+    // decoding depends on it alone but for a namespace it adds.
+    let decode = |item, at: At<'_>, items: &mut Vec<Item>, _: &mut Prompt| {
+        let namespaces = ctx.namespaced.len();
+        items.extend(decode_item(item, at, ctx)?);
+        Ok(ctx.namespaced.len() == namespaces)
+    };
+    decode_history(list, Dialect::Responses, "input", items, system, decode)?;
+    // Instructions before anything else are the system prompt.
+    let leading = items
+        .iter()
+        .take_while(|item| matches!(item, Item::Message(message) if message.role == Role::System));
+    let leading = leading.count();
+    for item in items.drain(..leading) {
+        if let Item::Message(message) = item {
+            system.push_message(message);
         }
     }
     Ok(())
@@ -1996,6 +2004,75 @@ mod tests {
 
     fn text(role: Role, text: &str) -> Item {
         Item::Message(Message::text(role, text))
+    }
+
+    #[test]
+    fn a_history_decodes_the_same_from_the_items_decoded_before() {
+        // A thread of its own: its kept items are this test's.
+        std::thread::spawn(a_history_decodes_the_same_on_this_thread)
+            .join()
+            .unwrap();
+    }
+
+    fn a_history_decodes_the_same_on_this_thread() {
+        let long = |what: &str| format!("{what}: ").repeat(40);
+        let developer = json!({"type": "message", "role": "developer",
+            "content": [{"type": "input_text", "text": long("sandbox")}]});
+        let round = |i: usize| {
+            vec![
+                json!({"type": "reasoning", "summary": [{"type": "summary_text", "text": long("plan")}],
+                    "encrypted_content": format!("gAAA{i}")}),
+                json!({"type": "function_call", "call_id": format!("call_{i}"), "name": "shell",
+                    "arguments": serde_json::to_string(&json!({"command": ["sed", "-n", long("1,9p")]})).unwrap()}),
+                json!({"type": "function_call_output", "call_id": format!("call_{i}"),
+                    "output": long("line")}),
+            ]
+        };
+        // A call in a namespace no tool declares: the name it is given is
+        // added to the request's, so its item is decoded every time.
+        let namespaced = json!({"type": "function_call", "call_id": "call_ns", "name": "get",
+            "namespace": "mcp__files", "arguments": long("{}")});
+        let turn = |n: usize| {
+            let mut input = vec![
+                developer.clone(),
+                json!({"role": "user", "content": long("fix it")}),
+            ];
+            input.push(namespaced.clone());
+            (0..n).for_each(|i| input.extend(round(i)));
+            json!({"model": "m", "input": input, "instructions": "Be brief.", "store": false})
+        };
+        let fresh = |body: Value| {
+            std::thread::spawn(move || format!("{:?}", decode_json(body).unwrap()))
+                .join()
+                .unwrap()
+        };
+        for n in 1..4 {
+            let decoded = decode_json(turn(n)).unwrap();
+            assert_eq!(format!("{decoded:?}"), fresh(turn(n)), "turn {n}");
+            let (conv, ctx) = decoded;
+            // The developer message leads: it is the system prompt.
+            let system = conv.system.unwrap().text().into_owned();
+            assert!(system.starts_with("Be brief.\n\nsandbox: "), "{system}");
+            assert!(ctx.namespaced.contains_key("mcp__files__get"));
+        }
+        let body = serde_json::to_string(&turn(3)).unwrap();
+        let kept = |item: &Value| {
+            let rest = &body[body.find(&item.to_string()).unwrap()..];
+            let head = crate::front::known_entries::head(rest.as_bytes()).unwrap();
+            crate::front::known_entries::find(Dialect::Responses, head, rest).is_some()
+        };
+        assert!(kept(&developer) && round(0).iter().all(kept));
+        assert!(!kept(&namespaced));
+        // A history's developer message after its first item is not the
+        // system prompt, kept or not.
+        let mut late = turn(2);
+        late["input"].as_array_mut().unwrap().swap(0, 1);
+        let (conv, _) = decode_json(late.clone()).unwrap();
+        assert_eq!(
+            format!("{:?}", decode_json(late.clone()).unwrap()),
+            fresh(late)
+        );
+        assert_eq!(conv.system.unwrap().text(), "Be brief.");
     }
 
     fn call(id: &str, name: &str, arguments: &str, kind: CallKind) -> ToolCall {

@@ -24,7 +24,7 @@ use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
 use crate::front::responses::{self, Context, Finished, Keep};
-use crate::front::{picked_object_and_tools, Take};
+use crate::front::{picked_object_and_tools, Entry, Take};
 use crate::store::{unix_now, Record, Store};
 
 /// A Responses request as a conversation, its `previous_response_id`
@@ -34,11 +34,11 @@ pub async fn decode(
     tenant: &str,
     body: &[u8],
 ) -> Result<(Conversation, Box<Context>, Option<Saving>), ApiError> {
-    let body = picked_object_and_tools(body, responses::TOOL, &responses::READ, None)?;
-    let (mut read, top, tools) = (body.picked, body.rest, body.tools);
+    let body = picked_object_and_tools(body, responses::TOOL, &responses::READ, Some("input"))?;
+    let (mut read, top, tools, list) = (body.picked, body.rest, body.tools, body.history);
     let Some(store) = &config.store else {
         // No store: the decoder refuses a previous id, nothing is kept.
-        let (conversation, context) = responses::decode_object(read, top, tools)?;
+        let (conversation, context) = responses::decode_object(read, top, tools, list)?;
         return Ok((conversation, context, None));
     };
     let previous = match read.take("previous_response_id") {
@@ -57,7 +57,22 @@ pub async fn decode(
             .as_bool()
             .ok_or_else(|| ApiError::bad_request("store must be a boolean.").with_param("store"))?,
     };
-    let input = responses::Input::new(read.take("input"))?;
+    let input = match list {
+        // Neither kept nor after a kept answer (Codex's requests): read as
+        // without a store, most of a history decoded before.
+        Some(list) if !keep && previous.is_none() => {
+            within_limit(list.len(), config)?;
+            let (conversation, mut context) =
+                responses::decode_object(read, top, tools, Some(list))?;
+            context.echo.store = keep;
+            return Ok((conversation, context, None));
+        }
+        Some(list) => {
+            let items = list.into_iter().map(Entry::into_value);
+            responses::Input::Items(items.collect::<Result<_, _>>()?)
+        }
+        None => responses::Input::new(read.take("input"))?,
+    };
     let history = match &previous {
         Some(id) => history(store, tenant, id, config.limits.max_body_bytes).await?,
         None => Vec::new(),
@@ -66,15 +81,7 @@ pub async fn decode(
         .then(|| String::from_utf8(input.kept()))
         .transpose()
         .map_err(|e| ApiError::internal(format!("input items: {e}")))?;
-    let count = history.len() + input.count();
-    if count > config.limits.max_messages {
-        return Err(ApiError::bad_request(format!(
-            "the conversation has {count} input items with its previous responses; the limit \
-             is {}: start a new one",
-            config.limits.max_messages
-        ))
-        .with_param("previous_response_id"));
-    }
+    within_limit(history.len() + input.count(), config)?;
     let input = if previous.is_some() {
         let mut items = history;
         items.extend(input.into_items());
@@ -83,7 +90,7 @@ pub async fn decode(
         input.into_value()
     };
     read.put("input", input);
-    let (conversation, mut context) = responses::decode_object(read, top, tools)?;
+    let (conversation, mut context) = responses::decode_object(read, top, tools, None)?;
     context.echo.store = keep;
     context.echo.previous_response_id.clone_from(&previous);
     let saving = own.map(|input| Saving {
@@ -93,6 +100,20 @@ pub async fn decode(
         input,
     });
     Ok((conversation, context, saving))
+}
+
+/// A conversation of `count` input items, its previous responses' with
+/// its own, within `limits.max_messages`.
+fn within_limit(count: usize, config: &Config) -> Result<(), ApiError> {
+    if count > config.limits.max_messages {
+        return Err(ApiError::bad_request(format!(
+            "the conversation has {count} input items with its previous responses; the limit \
+             is {}: start a new one",
+            config.limits.max_messages
+        ))
+        .with_param("previous_response_id"));
+    }
+    Ok(())
 }
 
 /// The input and output items of the chain ending at `id`, oldest first;
