@@ -221,6 +221,17 @@ pub enum Entry<'a> {
     },
 }
 
+/// A value read elsewhere (a stored conversation's), never kept.
+impl From<Value> for Entry<'_> {
+    fn from(value: Value) -> Self {
+        Entry::Read {
+            value,
+            text: "",
+            head: None,
+        }
+    }
+}
+
 impl Entry<'_> {
     /// The entry as a value, for what reads it as one (a store keeping a
     /// request's input).

@@ -444,19 +444,22 @@ fn decode_input(
     ctx: &mut Context,
 ) -> Result<(), ApiError> {
     let list = match (list, input) {
-        (Some(list), _) if !list.is_empty() => list,
+        (Some(list), _) => list,
+        // A stored conversation's items with the request's.
+        (None, Some(Value::Array(values))) => values.into_iter().map(Entry::from).collect(),
         (None, Some(Value::String(text))) if !text.is_empty() => {
             items.push(Item::Message(Message::text(Role::User, text)));
             return Ok(());
         }
-        (Some(_), _) | (None, None | Some(Value::Null | Value::String(_))) => {
-            return Err(invalid(
-                "input is required: a string or a non-empty array of input items.",
-                "input",
-            ))
-        }
+        (None, None | Some(Value::Null | Value::String(_))) => Vec::new(),
         (None, Some(_)) => return Err(not_string_or_list()),
     };
+    if list.is_empty() {
+        return Err(invalid(
+            "input is required: a string or a non-empty array of input items.",
+            "input",
+        ));
+    }
     // A coding agent's history, most of it decoded before. An item's
     // decoding depends on it alone but for a namespace it adds.
     let decode = |item, at: At<'_>, items: &mut Vec<Item>, _: &mut Prompt| {
