@@ -19,6 +19,7 @@
 //! client sent (a coding agent's prompts, its history) goes to the model as
 //! the client escaped it ([`write_text`]), not escaped again.
 
+pub mod escaped;
 pub mod scan;
 mod seen;
 
@@ -96,7 +97,9 @@ pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
 }
 
 /// Appends `text` as a JSON string: as the client sent it, when a request
-/// this thread read carried it (`json/seen.rs`), else escaped.
+/// this thread read carried it (`json/seen.rs`), as it was escaped before
+/// when a history entry the thread keeps holds it (`json/escaped.rs`), else
+/// escaped.
 pub fn write_text(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
     write_text_inside(out, text);
@@ -105,7 +108,7 @@ pub fn write_text(out: &mut Vec<u8>, text: &str) {
 
 /// [`write_text`] without the quotes: a part of a string written in parts.
 pub fn write_text_inside(out: &mut Vec<u8>, text: &str) {
-    if !seen::write_as_sent(text, out) {
+    if !seen::write_as_sent(text, out) && !escaped::write(text, out) {
         // What `write` writes of a string, its quotes left out. It cannot
         // fail: a `Vec` takes what it is given.
         let _ = CompactFormatter.write_string_fast(out, text, false);

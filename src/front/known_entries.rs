@@ -31,7 +31,8 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use crate::conversation::{Dialect, Item, Prompt};
+use crate::conversation::{Dialect, Item, Part, Prompt};
+use crate::json::escaped;
 
 /// An entry's text, at least, to be kept.
 pub const SMALLEST: usize = 64;
@@ -54,6 +55,10 @@ pub struct Decoding {
 
 struct Kept {
     text: Box<str>,
+    /// Its text's bytes, and those of its long texts held escaped.
+    size: usize,
+    /// The keys of its long texts held escaped ([`escaped`]).
+    held: Vec<u64>,
     dialect: Dialect,
     /// The values in it, as the body's shape pass counts them.
     values: usize,
@@ -108,7 +113,7 @@ impl Entries {
             .by_head
             .values()
             .flatten()
-            .map(|kept| (kept.used, kept.text.len()))
+            .map(|kept| (kept.used, kept.size))
             .collect();
         ages.sort_unstable();
         let over = (self.bytes + room).saturating_sub(KEPT_BYTES / 4 * 3);
@@ -117,14 +122,17 @@ impl Entries {
             freed += len;
             freed >= over
         });
-        let Some(stays) = youngest_gone.and_then(|gone| ages.get(gone + 1)) else {
-            self.by_head.clear();
-            self.bytes = 0;
-            return;
-        };
-        let stays = stays.0;
+        // All go if those that go are not enough.
+        let stays = youngest_gone.and_then(|gone| ages.get(gone + 1));
+        let stays = stays.map_or(u64::MAX, |&(used, _)| used);
         self.by_head.retain(|_, bucket| {
-            bucket.retain(|kept| kept.used >= stays);
+            bucket.retain(|kept| {
+                let stay = kept.used >= stays;
+                if !stay {
+                    kept.held.iter().copied().for_each(escaped::release);
+                }
+                stay
+            });
             !bucket.is_empty()
         });
         self.bytes -= freed;
@@ -161,18 +169,44 @@ pub fn keep(dialect: Dialect, head: u64, text: &str, decoding: Decoding) {
         if bucket.is_some_and(|b| b.iter().any(|k| k.dialect == dialect && *k.text == *text)) {
             return;
         }
-        known.make_room(text.len());
+        // Its long texts, as the model's requests will have them.
+        let (mut held, mut size) = (Vec::new(), text.len());
+        each_text(&decoding.items, |text| {
+            if let Some((key, bytes)) = escaped::hold(text) {
+                held.push(key);
+                size += bytes;
+            }
+        });
+        known.make_room(size);
         known.clock += 1;
         let kept = Kept {
             text: text.into(),
+            size,
+            held,
             dialect,
             values: super::budget::values_in(text.as_bytes()),
             decoding: Arc::new(decoding),
             used: known.clock,
         };
-        known.bytes += text.len();
+        known.bytes += size;
         known.by_head.entry(head).or_default().push(kept);
     });
+}
+
+/// Each text of `items` that a model's request carries as a JSON string.
+fn each_text<'a>(items: &'a [Item], mut each: impl FnMut(&'a str)) {
+    for item in items {
+        match item {
+            Item::Message(message) => message.content.iter().for_each(|part| {
+                if let Part::Text(text) = part {
+                    each(text);
+                }
+            }),
+            Item::Reasoning(reasoning) => each(&reasoning.text),
+            Item::ToolCall(call) => each(&call.arguments),
+            Item::ToolResult(result) => each(&result.output),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -248,6 +282,26 @@ mod tests {
             assert_eq!(found(&entry(5, LARGEST + 1)), None);
             // Too close to the body's end to be found.
             assert_eq!(head(&[b' '; HEAD - 1]), None);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn an_entrys_long_texts_are_held_escaped_while_it_is_kept() {
+        std::thread::spawn(|| {
+            let edit = "def f(x):\n\treturn \"x\"\n".repeat(20);
+            let written = |text: &str| crate::json::escaped::write(text, &mut Vec::new());
+            keep_text(Dialect::Messages, &entry(1, 300), &edit);
+            assert!(written(&edit));
+            let size = KNOWN.with_borrow(|known| known.bytes);
+            assert!(size > 300 + 2 * edit.len(), "{size}");
+            // Pushed out by entries that fill the bound: let go with it.
+            for tag in 2..=KEPT_BYTES / (64 * 1024) + 1 {
+                keep_text(Dialect::Messages, &entry(tag, 64 * 1024), "x");
+            }
+            assert!(found(&entry(1, 300)).is_none());
+            assert!(!written(&edit));
         })
         .join()
         .unwrap();

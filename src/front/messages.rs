@@ -1274,16 +1274,29 @@ mod tests {
             // Members after `messages`, as Claude Code sends them.
             json!({"model": "m", "messages": messages, "system": "Be brief.", "max_tokens": 8})
         };
-        // Each turn's reference decoded on a thread that has kept nothing.
+        // Each turn's reference decoded on a thread that has kept nothing,
+        // and the model's request made of it.
+        let sent = |conv: &Conversation| {
+            let json = crate::round::chat::encode(conv, false);
+            serde_json::from_slice::<Value>(&json).unwrap()
+        };
         let fresh = |body: Value| {
-            std::thread::spawn(move || format!("{:?}", decode_json(body).unwrap().0))
-                .join()
-                .unwrap()
+            std::thread::spawn(move || {
+                let (conv, _) = decode_json(body).unwrap();
+                (format!("{conv:?}"), sent(&conv))
+            })
+            .join()
+            .unwrap()
         };
         {
             for n in 1..5 {
                 let (conv, _) = decode_json(turn(n)).unwrap();
-                assert_eq!(format!("{conv:?}"), fresh(turn(n)), "turn {n}");
+                // Its texts written as they were escaped before.
+                assert_eq!(
+                    (format!("{conv:?}"), sent(&conv)),
+                    fresh(turn(n)),
+                    "turn {n}"
+                );
                 let calls = conv.items.iter().filter(|i| matches!(i, Item::ToolCall(_)));
                 assert_eq!(calls.count(), n);
             }
