@@ -22,9 +22,9 @@
 //!
 //! Each thread keeps its own (no lock on the request path; a session's
 //! requests come on its connection, which stays on one thread), the least
-//! recently used let go first. Bounded: [`KEPT_BYTES`] of text per thread,
-//! entries of [`SMALLEST`] bytes to [`LARGEST`]; a shorter entry is read
-//! again, cheaper than kept.
+//! recently used let go first. Bounded: [`KEPT_BYTES`] a thread, entries of
+//! [`SMALLEST`] bytes to [`LARGEST`] (a shorter entry is read again,
+//! cheaper than kept), [`SAME_HEAD`] found by the same hash.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -41,9 +41,17 @@ pub const SMALLEST: usize = 64;
 const HEAD: usize = 256;
 /// An entry's text, at most, to be kept.
 const LARGEST: usize = 256 * 1024;
-/// The text kept per thread, at most (with its decodings, about twice
-/// this): a long coding session's history, several sessions' shorter ones.
-const KEPT_BYTES: usize = 2 * 1024 * 1024;
+/// What a thread keeps, at most, counted generously: each entry's text, its
+/// decoding as its text again and [`VALUE_BYTES`] a JSON value in it, and
+/// its long texts held escaped. A long coding session's history, several
+/// sessions' shorter ones.
+const KEPT_BYTES: usize = 4 * 1024 * 1024;
+/// What a decoding may hold for each JSON value of its entry (a value kept
+/// as it is, in a map): a small value's text costs this much more.
+const VALUE_BYTES: usize = 96;
+/// Entries found by the same hash, at most: the same first bytes, told
+/// apart by what follows, are compared one by one.
+const SAME_HEAD: usize = 4;
 
 /// What a front made of one entry: the items it adds to the conversation
 /// and the text it adds to the system prompt.
@@ -169,8 +177,9 @@ pub fn keep(dialect: Dialect, head: u64, text: &str, decoding: Decoding) {
         if bucket.is_some_and(|b| b.iter().any(|k| k.dialect == dialect && *k.text == *text)) {
             return;
         }
+        let values = super::budget::values_in(text.as_bytes());
         // Its long texts, as the model's requests will have them.
-        let (mut held, mut size) = (Vec::new(), text.len());
+        let (mut held, mut size) = (Vec::new(), 2 * text.len() + values * VALUE_BYTES);
         each_text(&decoding.items, |text| {
             if let Some((key, bytes)) = escaped::hold(text) {
                 held.push(key);
@@ -184,12 +193,21 @@ pub fn keep(dialect: Dialect, head: u64, text: &str, decoding: Decoding) {
             size,
             held,
             dialect,
-            values: super::budget::values_in(text.as_bytes()),
+            values,
             decoding: Arc::new(decoding),
             used: known.clock,
         };
         known.bytes += size;
-        known.by_head.entry(head).or_default().push(kept);
+        let bucket = known.by_head.entry(head).or_default();
+        if bucket.len() == SAME_HEAD {
+            let oldest = bucket.iter().enumerate().min_by_key(|(_, kept)| kept.used);
+            if let Some((at, _)) = oldest {
+                let gone = bucket.swap_remove(at);
+                gone.held.iter().copied().for_each(escaped::release);
+                known.bytes -= gone.size;
+            }
+        }
+        bucket.push(kept);
     });
 }
 
@@ -313,23 +331,48 @@ mod tests {
             let len = 64 * 1024;
             let first = entry(0, len);
             keep_text(Dialect::Messages, &first, "first");
-            for tag in 1..=KEPT_BYTES / len - 1 {
+            // Its text, its decoding as much again, its four values.
+            let size = KNOWN.with_borrow(|known| known.bytes);
+            assert_eq!(size, 2 * len + 4 * VALUE_BYTES);
+            let fill = KEPT_BYTES / size;
+            for tag in 1..fill {
                 keep_text(Dialect::Messages, &entry(tag, len), "x");
                 // The first is read again by every request.
                 assert!(found(&first).is_some());
             }
-            let full = KNOWN.with_borrow(|known| known.bytes);
-            assert_eq!(full, KEPT_BYTES);
+            assert_eq!(KNOWN.with_borrow(|known| known.bytes), fill * size);
             // Over the bound: the oldest go, down to three quarters of it.
             keep_text(Dialect::Messages, &entry(1000, len), "new");
-            keep_text(Dialect::Messages, &entry(1001, len), "new");
             let (bytes, count) =
                 KNOWN.with_borrow(|known| (known.bytes, known.by_head.values().flatten().count()));
-            assert!(bytes <= KEPT_BYTES / 4 * 3 + len, "{bytes}");
-            assert_eq!(bytes, count * len);
+            assert!(bytes <= KEPT_BYTES / 4 * 3 + size, "{bytes}");
+            assert_eq!(bytes, count * size);
             assert!(found(&first).is_some());
             assert!(found(&entry(1, len)).is_none());
-            assert!(found(&entry(1001, len)).is_some());
+            assert!(found(&entry(fill - 1, len)).is_some());
+            assert!(found(&entry(1000, len)).is_some());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn entries_alike_in_their_first_bytes_are_kept_a_few_at_a_time() {
+        std::thread::spawn(|| {
+            // The same first 256 bytes, then each its own.
+            let alike = |tag: usize| format!("{}{tag}\"}}", &entry(0, 400)[..390]);
+            for tag in 0..SAME_HEAD {
+                keep_text(Dialect::Messages, &alike(tag), "x");
+            }
+            assert!(found(&alike(0)).is_some());
+            keep_text(Dialect::Messages, &alike(SAME_HEAD), "x");
+            // The one used least recently made room.
+            assert!(found(&alike(1)).is_none());
+            for tag in [0, 2, 3, SAME_HEAD] {
+                assert!(found(&alike(tag)).is_some());
+            }
+            let count = KNOWN.with_borrow(|known| known.by_head.values().flatten().count());
+            assert_eq!(count, SAME_HEAD);
         })
         .join()
         .unwrap();

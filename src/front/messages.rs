@@ -161,17 +161,22 @@ fn decode_messages(
     items: &mut Vec<Item>,
     system: &mut Prompt,
 ) -> Result<(), ApiError> {
-    match (history, value) {
-        (Some(list), _) if !list.is_empty() => {
+    let history = match (history, value) {
+        // A list the scanner could not read entry by entry, parsed whole.
+        (None, Some(Value::Array(values))) => Ok(values.into_iter().map(Entry::from).collect()),
+        (history, value) => history.ok_or(value),
+    };
+    match history {
+        Ok(list) if !list.is_empty() => {
             let dialect = Dialect::Messages;
             let decode = |message, at: At<'_>, items: &mut _, system: &mut _| {
                 decode_message(message, at, items, system).map(|()| true)
             };
             decode_history(list, dialect, "messages", items, system, decode)
         }
-        (Some(_), _) => Err(invalid("messages must not be empty.", "messages")),
-        (None, None | Some(Value::Null)) => Err(invalid("messages is required.", "messages")),
-        (None, Some(_)) => Err(invalid(
+        Ok(_) => Err(invalid("messages must not be empty.", "messages")),
+        Err(None | Some(Value::Null)) => Err(invalid("messages is required.", "messages")),
+        Err(Some(_)) => Err(invalid(
             "messages must be an array of messages.",
             "messages",
         )),
@@ -1323,6 +1328,32 @@ mod tests {
             decode(body.as_bytes()).map(|(conv, _)| conv.items.len())
         };
         assert_eq!(twice("1", list).ok(), Some(1));
+        // A list the scanner does not read entry by entry is parsed whole,
+        // as without kept messages: serde_json's error, its depth bound.
+        let with = |messages: &str| {
+            let body = format!(r#"{{"model":"m","max_tokens":1,"messages":{messages}}}"#);
+            decode(body.as_bytes()).map(|(conv, _)| conv.items.len())
+        };
+        let trailing = with(r#"[{"role":"user","content":"hi"},]"#).unwrap_err();
+        assert!(
+            trailing.message.contains("trailing comma"),
+            "{}",
+            trailing.message
+        );
+        for depth in [120, 126, 127, 128] {
+            let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let messages = format!(r#"[{{"role":"user","content":"hi","x":{deep}}}]"#);
+            let whole = serde_json::from_str::<Value>(&messages).is_ok();
+            assert_eq!(with(&messages).is_ok(), whole, "{depth}");
+        }
+        assert_eq!(
+            with(r#"[{"role":"user","content":"hi","n":1e400}]"#).ok(),
+            None
+        );
+        assert_eq!(
+            with(r#"[{"role":"user","content":"hi","n":1.5e3}]"#).ok(),
+            Some(1)
+        );
         let error = twice(list, "1").unwrap_err();
         assert_eq!(error.message, "messages must be an array of messages.");
     }

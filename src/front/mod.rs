@@ -175,10 +175,14 @@ pub fn picked_object_and_tools<'a, const N: usize>(
             if listed {
                 read.history = None;
             }
-            if listed && scan.peek() == Some(b'[') {
-                read.picked.values[slot] = None;
-                read.history = Some(entries(scan, shape.dialect)?);
-            } else {
+            read.picked.values[slot] = None;
+            if listed {
+                read.history = None;
+                if scan.peek() == Some(b'[') {
+                    read.history = entries(scan, shape.dialect);
+                }
+            }
+            if !listed || read.history.is_none() {
                 read.picked.values[slot] = Some(scan.parse_value()?);
             }
         } else {
@@ -243,10 +247,15 @@ impl Entry<'_> {
     }
 }
 
-/// An array's entries, each found among those decoded before or parsed.
-fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Result<Vec<Entry<'a>>, BadJson> {
+/// An array's entries, each found among those decoded before or built.
+/// `None`, the scanner back where it stood, where an entry is none the
+/// scanner builds (a number serde_json rounds, nesting near serde_json's
+/// bound) or the array is no JSON: it is then parsed whole, as any value,
+/// for serde_json's values or its error, as without the entries.
+fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Option<Vec<Entry<'a>>> {
+    let start = scan.offset();
     let mut entries = Vec::new();
-    scan.array(|scan| {
+    let read = scan.array(|scan| {
         let rest = scan.rest();
         let head = known_entries::head(rest.as_bytes());
         let known = head.and_then(|head| known_entries::find(dialect, head, rest));
@@ -257,16 +266,20 @@ fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Result<Vec<Entry<'a>
                 Entry::Known { decoding, text }
             }
             None => {
-                let start = scan.offset();
-                let value = scan.parse_value()?;
-                let text = &rest[..scan.offset() - start];
+                let at = scan.offset();
+                let value = scan.built().ok_or(ScanError { at })?;
+                let text = &rest[..scan.offset() - at];
                 Entry::Read { value, text, head }
             }
         };
         entries.push(entry);
-        Ok::<_, BadJson>(())
-    })?;
-    Ok(entries)
+        Ok::<_, ScanError>(())
+    });
+    if read.is_err() {
+        scan.back_to(start);
+        return None;
+    }
+    Some(entries)
 }
 
 /// A history's entries as items (and system prompt text), each decoded by

@@ -461,11 +461,12 @@ fn decode_input(
         ));
     }
     // A coding agent's history, most of it decoded before. An item's
-    // decoding depends on it alone but for a namespace it adds.
-    let decode = |item, at: At<'_>, items: &mut Vec<Item>, _: &mut Prompt| {
-        let namespaces = ctx.namespaced.len();
+    // decoding depends on it alone but for a call's namespace, which the
+    // request's names must learn each time (`flatten`).
+    let decode = |item: Value, at: At<'_>, items: &mut Vec<Item>, _: &mut Prompt| {
+        let alone = item.get("namespace").is_none();
         items.extend(decode_item(item, at, ctx)?);
-        Ok(ctx.namespaced.len() == namespaces)
+        Ok(alone)
     };
     decode_history(list, Dialect::Responses, "input", items, system, decode)?;
     // Instructions before anything else are the system prompt.
@@ -2066,6 +2067,20 @@ mod tests {
         };
         assert!(kept(&developer) && round(0).iter().all(kept));
         assert!(!kept(&namespaced));
+        // Where a tool declares the namespace, the call's item is still
+        // decoded each time: a later request may no longer declare it.
+        let tools = json!([{"type": "namespace", "name": "mcp__files", "description": "Files.",
+            "tools": [{"type": "function", "name": "get", "parameters": {"type": "object"}}]}]);
+        let mut declared = turn(1);
+        declared["tools"] = tools;
+        assert!(decode_json(declared)
+            .unwrap()
+            .1
+            .namespaced
+            .contains_key("mcp__files__get"));
+        assert!(!kept(&namespaced));
+        let (_, ctx) = decode_json(turn(1)).unwrap();
+        assert!(ctx.namespaced.contains_key("mcp__files__get"));
         // A history's developer message after its first item is not the
         // system prompt, kept or not.
         let mut late = turn(2);

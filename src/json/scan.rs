@@ -161,6 +161,15 @@ impl<'a> Scanner<'a> {
     /// lone surrogate, a number it would have to round, any error) is
     /// read again by serde_json, which has the last word.
     pub fn parse_value(&mut self) -> Result<Value, BadJson> {
+        match self.built() {
+            Some(value) => Ok(value),
+            None => self.parse(),
+        }
+    }
+
+    /// One value as [`parse_value`](Self::parse_value) builds it; `None`
+    /// (the scanner where it stood) where serde_json must decide.
+    pub fn built(&mut self) -> Option<Value> {
         let at = self.at;
         if let Some(first) = self.peek() {
             let delineated = matches!(first, b'[' | b'{' | b'"');
@@ -168,12 +177,17 @@ impl<'a> Scanner<'a> {
             // one value ends it.
             if let Some(value) = self.build(0) {
                 if delineated || ends_a_value(self.bytes().get(self.at)) {
-                    return Ok(value);
+                    return Some(value);
                 }
             }
         }
         self.at = at;
-        self.parse()
+        None
+    }
+
+    /// Goes back to `offset`, where the scanner stood before.
+    pub fn back_to(&mut self, offset: usize) {
+        self.at = offset.min(self.at);
     }
 
     /// One value and what it holds; `None` where serde_json must decide.
