@@ -13,7 +13,7 @@
 //! (an error would name the entry's place, but a kept one has none). A
 //! match skips nothing the scanner would have refused.
 //!
-//! An entry is found by a hash of the [`HEAD`] bytes its text begins with
+//! An entry is found by a hash of the `HEAD` bytes its text begins with
 //! where it came, the next entry's first bytes too when it is short: a
 //! history only grows, so what follows an entry is what followed it
 //! before, but for the last entry of the request before. Short entries
@@ -22,9 +22,9 @@
 //!
 //! Each thread keeps its own (no lock on the request path; a session's
 //! requests come on its connection, which stays on one thread), the least
-//! recently used let go first. Bounded: [`KEPT_BYTES`] a thread, entries of
-//! [`SMALLEST`] bytes to [`LARGEST`] (a shorter entry is read again,
-//! cheaper than kept), [`SAME_HEAD`] found by the same hash.
+//! recently used let go first. Bounded: `KEPT_BYTES` a thread, entries of
+//! [`SMALLEST`] bytes to `LARGEST` (a shorter entry is read again,
+//! cheaper than kept), `SAME_HEAD` found by the same hash.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -42,7 +42,7 @@ const HEAD: usize = 256;
 /// An entry's text, at most, to be kept.
 const LARGEST: usize = 256 * 1024;
 /// What a thread keeps, at most, counted generously: each entry's text, its
-/// decoding as its text again and [`VALUE_BYTES`] a JSON value in it, and
+/// decoding as its text again and `VALUE_BYTES` a JSON value in it, and
 /// its long texts held escaped. A long coding session's history, several
 /// sessions' shorter ones.
 const KEPT_BYTES: usize = 4 * 1024 * 1024;
@@ -77,7 +77,7 @@ struct Kept {
 
 #[derive(Default)]
 struct Entries {
-    /// By the hash of the [`HEAD`] bytes from their start.
+    /// By the hash of the `HEAD` bytes from their start.
     by_head: HashMap<u64, Vec<Kept>, foldhash::fast::FixedState>,
     bytes: usize,
     clock: u64,
@@ -87,7 +87,7 @@ thread_local! {
     static KNOWN: RefCell<Entries> = RefCell::new(Entries::default());
 }
 
-/// The hash an entry is found by, of the [`HEAD`] bytes of `rest` (an
+/// The hash an entry is found by, of the `HEAD` bytes of `rest` (an
 /// array's text from the entry on); `None` if fewer are left.
 pub fn head(rest: &[u8]) -> Option<u64> {
     let head = rest.get(..HEAD)?;
@@ -109,7 +109,7 @@ impl Entries {
     }
 
     /// Lets the least recently used entries go until those left, and
-    /// `room` more, fit in three quarters of [`KEPT_BYTES`]: a thread over
+    /// `room` more, fit in three quarters of `KEPT_BYTES`: a thread over
     /// its bound sorts its entries once per quarter of it, not per entry.
     fn make_room(&mut self, room: usize) {
         if self.bytes + room <= KEPT_BYTES {

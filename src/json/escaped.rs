@@ -37,7 +37,7 @@ fn hash(text: &str) -> u64 {
     FixedState::with_seed(0).hash_one(text.as_bytes())
 }
 
-/// Holds `text` escaped for [`write`], or once more if it is: its key for
+/// Holds `text` escaped for [`write`](fn@write), or once more if it is: its key for
 /// [`release`], and the bytes it takes. `None`: too short, nothing to
 /// escape, or another text holds its key.
 pub fn hold(text: &str) -> Option<(u64, usize)> {
