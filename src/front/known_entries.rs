@@ -2,10 +2,11 @@
 //! decoded them. A coding agent sends its whole conversation again with
 //! every request of a session, each request adding a message or two; a
 //! Claude Code request with thirty file edits in its history spent 70% of
-//! its instructions building and decoding messages it had sent before. A
-//! request whose `messages` entry begins with the text of an entry decoded
-//! before takes that decoding and moves past its text; the body's shape
-//! pass, before it, adds the entry's count of values.
+//! its instructions building and decoding messages it had sent before. An
+//! entry of a request's `messages` (Messages) or `input` (Responses) whose
+//! text is that of an entry decoded before takes that decoding and moves
+//! past its text; the body's shape pass, before it, adds the entry's count
+//! of values.
 //!
 //! The text kept was a whole JSON object, read and decoded without error,
 //! so the same bytes at the same place read as the same object to the same
@@ -63,7 +64,7 @@ pub struct Decoding {
 
 struct Kept {
     text: Box<str>,
-    /// Its text's bytes, and those of its long texts held escaped.
+    /// What it counts for against `KEPT_BYTES`.
     size: usize,
     /// The keys of its long texts held escaped ([`escaped`]).
     held: Vec<u64>,
