@@ -129,8 +129,8 @@ impl<'a> Shape<'a> {
                     let unquoted = text.strip_prefix('"').and_then(|t| t.strip_suffix('"'));
                     shape.model = unquoted.filter(|model| !model.contains('\\'));
                 }
-                "messages" => shape.messages.met(entries(scan)?),
-                "input" => shape.input.met(entries(scan)?),
+                "messages" => shape.messages.met(entries(scan, &mut passed)?),
+                "input" => shape.input.met(entries(scan, &mut passed)?),
                 "stream" => {
                     shape.stream = scan.peek() == Some(b't');
                     scan.value()?;
@@ -347,8 +347,12 @@ fn quotes_in_16(body: &[u8], at: usize) -> Option<u32> {
     Some(quotes as u32)
 }
 
-/// A list member's entries, read by the scanner.
-fn entries(scan: &mut Scanner<'_>) -> Result<Entries, ScanError> {
+/// A list member's entries, read by the scanner: those a request on this
+/// thread decoded or checked before passed over, their values added to
+/// `passed`, the others kept as checked ([`known_entries`]).
+///
+/// [`known_entries`]: super::known_entries
+fn entries(scan: &mut Scanner<'_>, passed: &mut usize) -> Result<Entries, ScanError> {
     Ok(match scan.peek() {
         Some(b'"') => {
             scan.value()?;
@@ -358,7 +362,21 @@ fn entries(scan: &mut Scanner<'_>) -> Result<Entries, ScanError> {
             let mut entries = 0;
             scan.array(|scan| {
                 entries += 1;
-                scan.value().map(drop)
+                let rest = scan.rest();
+                let head = super::known_entries::head(rest.as_bytes());
+                let known =
+                    head.and_then(|head| super::known_entries::values(head, rest.as_bytes()));
+                if let Some((len, values)) = known {
+                    scan.pass(len);
+                    *passed += values;
+                    return Ok(());
+                }
+                let before = scan.marks();
+                let text = scan.value()?.get();
+                if let Some(head) = head.filter(|_| text.starts_with('{')) {
+                    super::known_entries::checked(head, text, scan.marks() - before);
+                }
+                Ok(())
             })?;
             Entries::List(entries)
         }
@@ -430,7 +448,8 @@ impl<'a> Scan<'a> {
     fn known_entry(&self, rest: &[u8]) -> Option<(usize, usize)> {
         let list = matches!(self.member, Member::Messages | Member::Input);
         if list && self.depth == 2 && self.entry_next && rest.first() == Some(&b'{') {
-            return super::known_entries::values(rest);
+            let head = super::known_entries::head(rest)?;
+            return super::known_entries::values(head, rest);
         }
         None
     }
@@ -636,7 +655,7 @@ mod tests {
             let rest = &body.as_bytes()[body.find(&entries[1]).unwrap()..];
             let head = crate::front::known_entries::head(rest).unwrap();
             crate::front::known_entries::keep(dialect, head, &entries[1], decoding);
-            let kept = crate::front::known_entries::values(rest);
+            let kept = crate::front::known_entries::values(head, rest);
             assert_eq!(
                 kept,
                 Some((entries[1].len(), values_in(entries[1].as_bytes())))
@@ -691,6 +710,52 @@ mod tests {
             "[a-z\"\\\\ ]{0,8}".prop_map(Value::String),
             prop::collection::vec(json(), 0..6).prop_map(Value::Array),
         ]
+    }
+
+    #[test]
+    fn a_history_checked_once_is_passed_over_by_the_next_check() {
+        let entry = |i: usize| {
+            let text = format!("line {i}: [a, b] {{c}}: \"d\"\n").repeat(20);
+            serde_json::json!({"role": "user", "content": [{"type": "text", "text": text}]})
+                .to_string()
+        };
+        let entries: Vec<String> = (0..4).map(entry).collect();
+        let body = format!(
+            r#"{{"model":"m","messages":[{}, {{"role":"user","content":"hi"}}],"max_tokens":1}}"#,
+            entries.join(" ,")
+        );
+        // A thread of its own: its known entries are this test's.
+        std::thread::spawn(move || {
+            let read = Shape::checked(body.as_bytes());
+            assert_eq!(read.as_ref(), Some(&Shape::of(body.as_bytes())));
+            assert_eq!(
+                read.as_ref().map(|shape| shape.messages),
+                Some(Entries::List(5))
+            );
+            // Kept by the check, with the count the shape pass makes.
+            let rest = &body.as_bytes()[body.find(&entries[2]).unwrap()..];
+            let head = crate::front::known_entries::head(rest).unwrap();
+            let kept = crate::front::known_entries::values(head, rest);
+            assert_eq!(
+                kept,
+                Some((entries[2].len(), values_in(entries[2].as_bytes())))
+            );
+            assert_eq!(Shape::checked(body.as_bytes()), read);
+            // What follows them is still checked.
+            let broken = body.replace(r#""content":"hi"}]"#, r#""content":"hi"]}"#);
+            assert_eq!(Shape::checked(broken.as_bytes()), None);
+            // No decoding came of it: an agent's decoder reads them afresh,
+            // and its decoding takes the checked entry's place.
+            let dialect = crate::conversation::Dialect::Messages;
+            let text = std::str::from_utf8(rest).unwrap();
+            assert!(crate::front::known_entries::find(dialect, head, text).is_none());
+            let (conv, _) = crate::front::messages::decode(body.as_bytes()).unwrap();
+            assert_eq!(conv.items.len(), 5);
+            assert!(crate::front::known_entries::find(dialect, head, text).is_some());
+            assert_eq!(Shape::checked(body.as_bytes()), read);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -68,10 +68,11 @@ struct Kept {
     size: usize,
     /// The keys of its long texts held escaped ([`escaped`]).
     held: Vec<u64>,
-    dialect: Dialect,
     /// The values in it, as the body's shape pass counts them.
     values: usize,
-    decoding: Arc<Decoding>,
+    /// What a front's decoder made of it; `None` for an entry only
+    /// checked, in a request passed on to another model.
+    decoded: Option<(Dialect, Arc<Decoding>)>,
     /// When it was last found or kept, on the thread's clock.
     used: u64,
 }
@@ -96,12 +97,13 @@ pub fn head(rest: &[u8]) -> Option<u64> {
 }
 
 impl Entries {
-    /// The entry `rest` (with the hash `head`) begins with, kept by
+    /// The entry `rest` (with the hash `head`) begins with, decoded by
     /// `dialect` if one is named.
     fn find(&mut self, dialect: Option<Dialect>, head: u64, rest: &[u8]) -> Option<&mut Kept> {
         let bucket = self.by_head.get_mut(&head)?;
         let kept = bucket.iter_mut().find(|kept| {
-            dialect.is_none_or(|dialect| kept.dialect == dialect)
+            let decoded = kept.decoded.as_ref().map(|(by, _)| *by);
+            dialect.is_none_or(|dialect| decoded == Some(dialect))
                 && rest.starts_with(kept.text.as_bytes())
         })?;
         self.clock += 1;
@@ -153,14 +155,16 @@ impl Entries {
 pub fn find(dialect: Dialect, head: u64, rest: &str) -> Option<(usize, Arc<Decoding>)> {
     KNOWN.with_borrow_mut(|known| {
         let kept = known.find(Some(dialect), head, rest.as_bytes())?;
-        Some((kept.text.len(), kept.decoding.clone()))
+        let decoding = kept.decoded.as_ref().map(|(_, decoding)| decoding.clone());
+        Some((kept.text.len(), decoding?))
     })
 }
 
-/// The length of the entry kept by any front that `rest` begins with, and
-/// the values in it: what the body's shape pass counts, without reading it.
-pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
-    let head = head(rest)?;
+/// The length of the entry kept (decoded by any front, or checked) that
+/// `rest` (whose [`head`] is `head`) begins with, and the values in it:
+/// what the body's shape pass counts, and the check passes, without
+/// reading it.
+pub fn values(head: u64, rest: &[u8]) -> Option<(usize, usize)> {
     KNOWN.with_borrow_mut(|known| {
         let kept = known.find(None, head, rest)?;
         Some((kept.text.len(), kept.values))
@@ -170,22 +174,59 @@ pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
 /// Keeps what `dialect`'s decoder made of `text`, a JSON object read whole
 /// as an entry of a request's history, where its [`head`] was `head`.
 pub fn keep(dialect: Dialect, head: u64, text: &str, decoding: Decoding) {
+    let values = || super::budget::values_in(text.as_bytes());
+    add(head, text, values, Some((dialect, decoding)));
+}
+
+/// Keeps `text`, a JSON object checked whole as an entry of a request's
+/// history where its [`head`] was `head`, and the `values` in it.
+pub fn checked(head: u64, text: &str, values: usize) {
+    add(head, text, || values, None);
+}
+
+fn add(
+    head: u64,
+    text: &str,
+    values: impl FnOnce() -> usize,
+    decoded: Option<(Dialect, Decoding)>,
+) {
     if !(SMALLEST..=LARGEST).contains(&text.len()) {
         return;
     }
     KNOWN.with_borrow_mut(|known| {
-        let bucket = known.by_head.get(&head);
-        if bucket.is_some_and(|b| b.iter().any(|k| k.dialect == dialect && *k.text == *text)) {
-            return;
-        }
-        let values = super::budget::values_in(text.as_bytes());
-        // Its long texts, as the model's requests will have them.
-        let (mut held, mut size) = (Vec::new(), 2 * text.len() + values * VALUE_BYTES);
-        each_text(&decoding.items, |text| {
-            if let Some((key, bytes)) = escaped::hold(text) {
-                held.push(key);
-                size += bytes;
+        let dialect = decoded.as_ref().map(|(dialect, _)| *dialect);
+        if let Some(bucket) = known.by_head.get_mut(&head) {
+            let same = |kept: &Kept| *kept.text == *text;
+            // Kept already: decoded by this front, or checked and now only
+            // checked again.
+            let by = |kept: &Kept| kept.decoded.as_ref().map(|(by, _)| *by);
+            if bucket
+                .iter()
+                .any(|kept| same(kept) && (by(kept) == dialect || dialect.is_none()))
+            {
+                return;
             }
+            // Checked, now decoded: its decoding takes its place.
+            if let Some(at) = bucket
+                .iter()
+                .position(|kept| same(kept) && by(kept).is_none())
+            {
+                known.bytes -= bucket.swap_remove(at).size;
+            }
+        }
+        let values = values();
+        let mut size = text.len();
+        let mut held = Vec::new();
+        let decoded = decoded.map(|(dialect, decoding)| {
+            // Its long texts, as the model's requests will have them.
+            size += text.len() + values * VALUE_BYTES;
+            each_text(&decoding.items, |text| {
+                if let Some((key, bytes)) = escaped::hold(text) {
+                    held.push(key);
+                    size += bytes;
+                }
+            });
+            (dialect, Arc::new(decoding))
         });
         known.make_room(size);
         known.clock += 1;
@@ -193,9 +234,8 @@ pub fn keep(dialect: Dialect, head: u64, text: &str, decoding: Decoding) {
             text: text.into(),
             size,
             held,
-            dialect,
             values,
-            decoding: Arc::new(decoding),
+            decoded,
             used: known.clock,
         };
         known.bytes += size;
@@ -285,7 +325,8 @@ mod tests {
             assert_eq!(found_before(Dialect::Responses, &a, 0), None);
             // The object, and its members' two colons and comma.
             let rest = format!("{a}{}", after(0));
-            assert_eq!(values(rest.as_bytes()), Some((a.len(), 4)));
+            let at = head(rest.as_bytes()).unwrap();
+            assert_eq!(values(at, rest.as_bytes()), Some((a.len(), 4)));
             // The same first bytes, another entry: not taken for it.
             let longer = format!("{}y\"}}", &a[..a.len() - 2]);
             assert_eq!(found(&longer), None);
