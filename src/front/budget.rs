@@ -362,8 +362,11 @@ fn entries(scan: &mut Scanner<'_>, passed: &mut usize) -> Result<Entries, ScanEr
             let mut entries = 0;
             scan.array(|scan| {
                 entries += 1;
+                // Only objects are kept: nothing else is hashed.
                 let rest = scan.rest();
-                let head = super::known_entries::head(rest.as_bytes());
+                let object = rest.starts_with('{');
+                let head = object.then(|| super::known_entries::head(rest.as_bytes()));
+                let head = head.flatten();
                 let known =
                     head.and_then(|head| super::known_entries::values(head, rest.as_bytes()));
                 if let Some((len, values)) = known {
@@ -373,7 +376,7 @@ fn entries(scan: &mut Scanner<'_>, passed: &mut usize) -> Result<Entries, ScanEr
                 }
                 let before = scan.marks();
                 let text = scan.value()?.get();
-                if let Some(head) = head.filter(|_| text.starts_with('{')) {
+                if let Some(head) = head {
                     super::known_entries::checked(head, text, scan.marks() - before);
                 }
                 Ok(())

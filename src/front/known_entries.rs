@@ -42,14 +42,18 @@ pub const SMALLEST: usize = 64;
 const HEAD: usize = 256;
 /// An entry's text, at most, to be kept.
 const LARGEST: usize = 256 * 1024;
-/// What a thread keeps, at most, counted generously: each entry's text, its
-/// decoding as its text again and `VALUE_BYTES` a JSON value in it, and
-/// its long texts held escaped. A long coding session's history, several
+/// What a thread keeps, at most, counted generously: each entry's text and
+/// `ENTRY_BYTES`, its decoding as its text again and `VALUE_BYTES` a JSON
+/// value in it, and its long texts held escaped. A long coding session's history, several
 /// sessions' shorter ones.
 const KEPT_BYTES: usize = 4 * 1024 * 1024;
 /// What a decoding may hold for each JSON value of its entry (a value kept
 /// as it is, in a map): a small value's text costs this much more.
 const VALUE_BYTES: usize = 96;
+/// What a kept entry costs besides its text and its decoding: its record,
+/// its place in the map and in its hash's list, the allocator's rounding
+/// (a small entry checked costs several times its text).
+const ENTRY_BYTES: usize = 512;
 /// Entries found by the same hash, at most: the same first bytes, told
 /// apart by what follows, are compared one by one.
 const SAME_HEAD: usize = 4;
@@ -215,7 +219,7 @@ fn add(
             }
         }
         let values = values();
-        let mut size = text.len();
+        let mut size = ENTRY_BYTES + text.len();
         let mut held = Vec::new();
         let decoded = decoded.map(|(dialect, decoding)| {
             // Its long texts, as the model's requests will have them.
@@ -375,7 +379,7 @@ mod tests {
             keep_text(Dialect::Messages, &first, "first");
             // Its text, its decoding as much again, its four values.
             let size = KNOWN.with_borrow(|known| known.bytes);
-            assert_eq!(size, 2 * len + 4 * VALUE_BYTES);
+            assert_eq!(size, ENTRY_BYTES + 2 * len + 4 * VALUE_BYTES);
             let fill = KEPT_BYTES / size;
             for tag in 1..fill {
                 keep_text(Dialect::Messages, &entry(tag, len), "x");

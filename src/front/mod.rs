@@ -257,7 +257,11 @@ fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Option<Vec<Entry<'a>
     let mut entries = Vec::new();
     let read = scan.array(|scan| {
         let rest = scan.rest();
-        let head = known_entries::head(rest.as_bytes());
+        // Only objects are kept: nothing else is hashed.
+        let head = rest
+            .starts_with('{')
+            .then(|| known_entries::head(rest.as_bytes()));
+        let head = head.flatten();
         let known = head.and_then(|head| known_entries::find(dialect, head, rest));
         let entry = match known {
             Some((len, decoding)) => {
