@@ -109,10 +109,14 @@ pub fn write_text(out: &mut Vec<u8>, text: &str) {
 /// [`write_text`] without the quotes: a part of a string written in parts.
 pub fn write_text_inside(out: &mut Vec<u8>, text: &str) {
     if !seen::write_as_sent(text, out) && !escaped::write(text, out) {
-        // What `write` writes of a string, its quotes left out. It cannot
-        // fail: a `Vec` takes what it is given.
-        let _ = CompactFormatter.write_string_fast(out, text, false);
+        escape_inside(out, text);
     }
+}
+
+/// What [`write`](fn@write) writes of a string, its quotes left out.
+fn escape_inside(out: &mut Vec<u8>, text: &str) {
+    // It cannot fail: a `Vec` takes what it is given.
+    let _ = CompactFormatter.write_string_fast(out, text, false);
 }
 
 /// The most of its scratch buffer [`to_vec`] keeps on a thread between

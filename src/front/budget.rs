@@ -362,11 +362,8 @@ fn entries(scan: &mut Scanner<'_>, passed: &mut usize) -> Result<Entries, ScanEr
             let mut entries = 0;
             scan.array(|scan| {
                 entries += 1;
-                // Only objects are kept: nothing else is hashed.
                 let rest = scan.rest();
-                let object = rest.starts_with('{');
-                let head = object.then(|| super::known_entries::head(rest.as_bytes()));
-                let head = head.flatten();
+                let head = super::known_entries::head(rest.as_bytes());
                 let known =
                     head.and_then(|head| super::known_entries::values(head, rest.as_bytes()));
                 if let Some((len, values)) = known {
@@ -450,7 +447,7 @@ impl<'a> Scan<'a> {
     /// ([`known_entries`](super::known_entries)).
     fn known_entry(&self, rest: &[u8]) -> Option<(usize, usize)> {
         let list = matches!(self.member, Member::Messages | Member::Input);
-        if list && self.depth == 2 && self.entry_next && rest.first() == Some(&b'{') {
+        if list && self.depth == 2 && self.entry_next {
             let head = super::known_entries::head(rest)?;
             return super::known_entries::values(head, rest);
         }

@@ -94,9 +94,10 @@ thread_local! {
 }
 
 /// The hash an entry is found by, of the `HEAD` bytes of `rest` (an
-/// array's text from the entry on); `None` if fewer are left.
+/// array's text from the entry on); `None` if fewer are left, or if the
+/// entry is no object (only objects are kept, nothing else is hashed).
 pub fn head(rest: &[u8]) -> Option<u64> {
-    let head = rest.get(..HEAD)?;
+    let head = rest.get(..HEAD).filter(|head| head[0] == b'{')?;
     Some(foldhash::fast::FixedState::with_seed(0).hash_one(head))
 }
 

@@ -161,12 +161,7 @@ fn decode_messages(
     items: &mut Vec<Item>,
     system: &mut Prompt,
 ) -> Result<(), ApiError> {
-    let history = match (history, value) {
-        // A list the scanner could not read entry by entry, parsed whole.
-        (None, Some(Value::Array(values))) => Ok(values.into_iter().map(Entry::from).collect()),
-        (history, value) => history.ok_or(value),
-    };
-    match history {
+    match history.ok_or(value) {
         Ok(list) if !list.is_empty() => {
             let dialect = Dialect::Messages;
             let decode = |message, at: At<'_>, items: &mut _, system: &mut _| {

@@ -172,18 +172,21 @@ pub fn picked_object_and_tools<'a, const N: usize>(
         } else if let Some(slot) = read.picked.position(&name) {
             // Given twice, the last: as an array or as a value.
             let listed = history == Some(&*name);
-            if listed {
-                read.history = None;
-            }
             read.picked.values[slot] = None;
-            if listed {
-                read.history = None;
-                if scan.peek() == Some(b'[') {
-                    read.history = entries(scan, shape.dialect);
-                }
-            }
-            if !listed || read.history.is_none() {
+            if !listed {
                 read.picked.values[slot] = Some(scan.parse_value()?);
+            } else if scan.peek() != Some(b'[') {
+                read.history = None;
+                read.picked.values[slot] = Some(scan.parse_value()?);
+            } else {
+                read.history = match entries(scan, shape.dialect) {
+                    Some(entries) => Some(entries),
+                    // Parsed whole, as any value: its entries never kept.
+                    None => match scan.parse_value()? {
+                        Value::Array(values) => Some(values.into_iter().map(Entry::from).collect()),
+                        _ => None,
+                    },
+                };
             }
         } else {
             let value = scan.parse_value()?;
@@ -225,7 +228,8 @@ pub enum Entry<'a> {
     },
 }
 
-/// A value read elsewhere (a stored conversation's), never kept.
+/// A value read otherwise (parsed whole, or a stored conversation's),
+/// never kept.
 impl From<Value> for Entry<'_> {
     fn from(value: Value) -> Self {
         Entry::Read {
@@ -257,11 +261,7 @@ fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Option<Vec<Entry<'a>
     let mut entries = Vec::new();
     let read = scan.array(|scan| {
         let rest = scan.rest();
-        // Only objects are kept: nothing else is hashed.
-        let head = rest
-            .starts_with('{')
-            .then(|| known_entries::head(rest.as_bytes()));
-        let head = head.flatten();
+        let head = known_entries::head(rest.as_bytes());
         let known = head.and_then(|head| known_entries::find(dialect, head, rest));
         let entry = match known {
             Some((len, decoding)) => {

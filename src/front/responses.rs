@@ -445,8 +445,6 @@ fn decode_input(
 ) -> Result<(), ApiError> {
     let list = match (list, input) {
         (Some(list), _) => list,
-        // A stored conversation's items with the request's.
-        (None, Some(Value::Array(values))) => values.into_iter().map(Entry::from).collect(),
         (None, Some(Value::String(text))) if !text.is_empty() => {
             items.push(Item::Message(Message::text(Role::User, text)));
             return Ok(());

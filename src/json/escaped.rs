@@ -17,7 +17,6 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::hash::BuildHasher;
 
 use foldhash::fast::FixedState;
-use sonic_rs::format::{CompactFormatter, Formatter};
 
 /// A text's length, at least, to be held.
 pub const SMALLEST: usize = 256;
@@ -55,8 +54,7 @@ pub fn hold(text: &str) -> Option<(u64, usize)> {
         }
         Entry::Vacant(entry) => {
             let mut json = Vec::with_capacity(text.len() + text.len() / 8);
-            // It cannot fail: a `Vec` takes what it is given.
-            let _ = CompactFormatter.write_string_fast(&mut json, text, false);
+            super::escape_inside(&mut json, text);
             if json.len() == text.len() {
                 return None;
             }
@@ -111,7 +109,7 @@ mod tests {
 
     fn escaped(text: &str) -> Vec<u8> {
         let mut out = Vec::new();
-        let _ = CompactFormatter.write_string_fast(&mut out, text, false);
+        super::super::escape_inside(&mut out, text);
         out
     }
 

@@ -89,8 +89,15 @@ pub async fn decode(
     } else {
         input.into_value()
     };
-    read.put("input", input);
-    let (conversation, mut context) = responses::decode_object(read, top, tools, None)?;
+    // A stored conversation's items with the request's: entries never kept.
+    let list = match input {
+        Value::Array(items) => Some(items.into_iter().map(Entry::from).collect()),
+        text => {
+            read.put("input", text);
+            None
+        }
+    };
+    let (conversation, mut context) = responses::decode_object(read, top, tools, list)?;
     context.echo.store = keep;
     context.echo.previous_response_id.clone_from(&previous);
     let saving = own.map(|input| Saving {
