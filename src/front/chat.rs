@@ -4,15 +4,16 @@
 //! `chat.completion`, whatever number of rounds the loop took.
 
 use std::borrow::Cow;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
-use serde::de::{IgnoredAny, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
-use serde_json::value::RawValue;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{description, invalid, At, Encoder, Key};
+use super::known_tools::Declared;
+use super::{
+    decode_history, description, function_tools, invalid, picked_object_and_tools, required_str,
+    take_bool, take_str, At, Encoder, Entry, Picked, Take, ToolShape, Tools,
+};
 use crate::config::file::ReasoningField;
 use crate::config::KeyPath;
 use crate::conversation::{
@@ -20,84 +21,70 @@ use crate::conversation::{
     Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
 };
 use crate::error::ApiError;
-use crate::json::{self, Raw};
+use crate::json;
 use crate::openai;
 use crate::sse;
 
 // ------------------------------------------------------------- decoding
 
+/// The root members the decoder reads, set apart as the body is parsed
+/// ([`Picked`]); the others go on in `extra`, to a chat upstream as sent.
+const READ: [&str; 14] = [
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "enable_thinking",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "response_format",
+    "user",
+];
+
+/// The members of a body [`READ`] set apart.
+type Read = Picked<{ READ.len() }>;
+
+/// A chat tool: `{type, function: {name, description, parameters, …}}`,
+/// its function read as a tool and its schema kept as the text it came as.
+const TOOL: ToolShape = ToolShape {
+    dialect: Dialect::Chat,
+    schema: "parameters",
+    nested: Some("function"),
+};
+
 /// The conversation of a chat request's body. Fields the core does not
 /// model stay in `extra`, in chat shape, for a chat upstream; tool schemas
-/// go on as the text they came as.
+/// go on as the text they came as. An OpenAI-compatible coding agent
+/// (Continue, Cline, Aider) sends its whole conversation and tools again
+/// with each request: the messages and the tool list decoded before are
+/// taken as they were ([`known_entries`](super::known_entries),
+/// [`known_tools`](super::known_tools)).
 pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
-    let request: ChatIn = crate::json::from_bytes(body).map_err(|e| not_a_request(body, e))?;
-    let ChatIn {
-        model,
-        messages,
-        tools,
-        stream,
-        stream_options,
-        enable_thinking,
-        options: given,
-        mut rest,
-    } = request;
+    let body = picked_object_and_tools(body, TOOL, &READ, Some("messages"))
+        .map_err(|error| named(body, error))?;
+    let (mut read, mut rest, tools) = (body.picked, body.rest, body.tools);
     let mut conversation = Conversation {
-        model,
+        model: take_str(&mut read, "model")?,
         origin: Dialect::Chat,
         ..Conversation::default()
     };
-    let Some(messages) = messages else {
-        return Err(invalid("messages must be an array.", "messages"));
-    };
+    let messages = (body.history, read.take("messages"));
     let mut system = Prompt::default();
-    let mut leading = true;
-    for (i, message) in messages.into_iter().enumerate() {
-        let Some(role) = message.role.as_deref() else {
-            let at = At::Root("messages");
-            return Err(at.index(i).field("role").invalid("is required."));
-        };
-        leading &= matches!(role, "system" | "developer");
-        if leading {
-            let text = content_text(message.content);
-            if !text.is_empty() {
-                system.push(text);
-            }
-            continue;
-        }
-        decode_message(message, i, &mut conversation.items)?;
-    }
+    decode_messages(messages, &mut conversation.items, &mut system)?;
     conversation.system = system.some();
-    for (i, tool) in tools.into_iter().flatten().enumerate() {
-        let Some(function) = tool.function else {
-            continue;
-        };
-        let list = At::Root("tools");
-        let tool = list.index(i);
-        let at = tool.field("function");
-        let Some(name) = function.name else {
-            return Err(at.field("name").invalid("is required."));
-        };
-        conversation.tools.push(Arc::new(FunctionTool {
-            name,
-            description: description(
-                function.description.map(Raw::checked),
-                at.field("description"),
-            )?,
-            parameters: function
-                .parameters
-                .map_or_else(Schema::empty, |schema| Raw::checked(schema).into()),
-            kind: CallKind::Function,
-            // `strict`, …
-            extra: function.rest,
-        }));
-    }
+    let declared = tools.declared(Dialect::Chat, decode_tools)?;
+    conversation.tools.clone_from(&declared.tools);
     let mut options = Options {
-        stream: stream.unwrap_or(false),
-        include_usage: stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
+        stream: take_bool(&mut read, "stream")?.unwrap_or(false),
+        include_usage: include_usage(read.take("stream_options"))?,
         ..Options::default()
     };
+    let enable_thinking = take_bool(&mut read, "enable_thinking")?;
     options.thinking = enable_thinking.or_else(|| {
         rest.get("chat_template_kwargs")
             .and_then(|k| k.get("enable_thinking"))
@@ -107,28 +94,169 @@ pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
         // Forwarded as sent to a chat upstream.
         rest.insert("enable_thinking".into(), Value::Bool(thinking));
     }
-    decode_options(&mut rest, given, &mut options)?;
+    decode_options(&mut rest, &mut read, &mut options)?;
     conversation.options = options;
     conversation.extra = rest;
     Ok(conversation)
 }
 
-/// A body that is no chat request: the parse's error, and the member at
-/// fault as the `param` (the body is read again for it, errors being rare).
-fn not_a_request(body: &[u8], error: serde_json::Error) -> ApiError {
+/// A body that is no JSON object, its error naming the member around the
+/// place it breaks off, as OpenAI writes a `param` (`messages[0].content`);
+/// the body is read again for it, errors being rare. A member whose name
+/// the body breaks off in is left out (the path's own rendering writes it
+/// `?`).
+fn named(body: &[u8], error: ApiError) -> ApiError {
     let mut json = serde_json::Deserializer::from_slice(body);
-    let at = match serde_path_to_error::deserialize::<_, ChatIn>(&mut json) {
-        // The member around the error, as OpenAI writes a `param`
-        // (`messages[0].role`); a member whose name the body breaks off in
-        // is left out (the path's own rendering writes it `?`).
+    let at = match serde_path_to_error::deserialize::<_, Value>(&mut json) {
         Err(e) => Some(KeyPath::from_serde(e.path()).to_string()).filter(|at| !at.is_empty()),
         Ok(_) => None,
     };
-    let error = ApiError::bad_request(format!("The request is not a valid chat request: {error}."));
     match at {
-        Some(param) => error.with_param(param),
-        None => error,
+        Some(param) if error.param.is_none() => error.with_param(param),
+        _ => error,
     }
+}
+
+/// `stream_options.include_usage`, false unless given.
+fn include_usage(options: Option<Value>) -> Result<bool, ApiError> {
+    match options {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(mut options)) => {
+            let at = At::Root("stream_options");
+            match options.remove("include_usage") {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(include)) => Ok(include),
+                Some(_) => Err(at.field("include_usage").invalid("must be a boolean.")),
+            }
+        }
+        Some(_) => Err(At::Root("stream_options").invalid("must be an object.")),
+    }
+}
+
+/// `messages` as items; the instructions before anything else (`system`
+/// or `developer` messages) are the system prompt.
+fn decode_messages(
+    (history, value): (Option<Vec<Entry<'_>>>, Option<Value>),
+    items: &mut Vec<Item>,
+    system: &mut Prompt,
+) -> Result<(), ApiError> {
+    let list = match history.ok_or(value) {
+        Ok(list) => list,
+        Err(_) => return Err(invalid("messages must be an array.", "messages")),
+    };
+    // A message's decoding depends on it alone: whether it leads is seen
+    // once all are decoded.
+    let decode = |message, at: At<'_>, items: &mut _, _: &mut Prompt| {
+        decode_message(message, at, items).map(|()| true)
+    };
+    decode_history(list, Dialect::Chat, "messages", items, system, decode)?;
+    let leading = items
+        .iter()
+        .take_while(|item| matches!(item, Item::Message(message) if message.role == Role::System))
+        .count();
+    for item in items.drain(..leading) {
+        if let Item::Message(message) = item {
+            let text = message.text_content();
+            if !text.is_empty() {
+                system.push(text);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One message (`at`) as items: its reasoning, its text, its calls.
+fn decode_message(message: Value, at: At<'_>, items: &mut Vec<Item>) -> Result<(), ApiError> {
+    let Value::Object(message) = message else {
+        return Err(at.invalid("must be an object."));
+    };
+    // Read in one pass: the others stay in their order, for a chat upstream.
+    let (mut role, mut content, mut calls, mut call_id) = (None, None, None, None);
+    let mut rest = Map::new();
+    for (key, value) in message {
+        match key.as_str() {
+            "role" => role = Some(value),
+            "content" => content = Some(value),
+            "tool_calls" => calls = Some(value),
+            "tool_call_id" => call_id = Some(value),
+            _ => drop(rest.insert(key, value)),
+        }
+    }
+    let role = match role {
+        None | Some(Value::Null) => return Err(at.field("role").invalid("is required.")),
+        Some(Value::String(role)) => role,
+        Some(_) => return Err(at.field("role").invalid("must be a string.")),
+    };
+    let role = match role.as_str() {
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "system" | "developer" => Role::System,
+        "tool" => {
+            let call_id = match call_id {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(id)) => id,
+                Some(_) => return Err(at.field("tool_call_id").invalid("must be a string.")),
+            };
+            items.push(Item::ToolResult(ToolResult {
+                call_id,
+                output: content_text(content),
+                is_error: false,
+            }));
+            return Ok(());
+        }
+        other => {
+            return Err(invalid(
+                format!("unsupported message role `{other}`"),
+                at.field("role").to_string(),
+            ))
+        }
+    };
+    if role == Role::Assistant {
+        let reasoning =
+            ["reasoning_content", "reasoning"]
+                .iter()
+                .find_map(|key| match rest.shift_remove(*key) {
+                    Some(Value::String(text)) if !text.is_empty() => Some(text),
+                    _ => None,
+                });
+        if let Some(text) = reasoning {
+            items.push(Item::Reasoning(Reasoning {
+                text,
+                ..Reasoning::default()
+            }));
+        }
+    }
+    let calls = tool_calls(calls, at.field("tool_calls"))?;
+    let parts = decode_content(content);
+    if !parts.is_empty() || calls.is_empty() {
+        items.push(Item::Message(Message {
+            role,
+            content: parts,
+            extra: rest,
+        }));
+    }
+    items.extend(calls);
+    Ok(())
+}
+
+/// A message's `tool_calls` (`at`): a list of calls, each with its id and
+/// its function's name.
+fn tool_calls(calls: Option<Value>, at: At<'_>) -> Result<Vec<Item>, ApiError> {
+    let calls = match calls {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(calls)) => calls,
+        Some(_) => return Err(at.invalid("must be an array.")),
+    };
+    let call = |(j, call)| match openai::ToolCall::deserialize(call) {
+        Ok(call) => Ok(Item::ToolCall(ToolCall {
+            id: call.id,
+            name: call.function.name,
+            arguments: call.function.arguments,
+            kind: CallKind::Function,
+        })),
+        Err(e) => Err(at.index(j).invalid(&format!("is not a tool call: {e}."))),
+    };
+    calls.into_iter().enumerate().map(call).collect()
 }
 
 /// The text of a message's `content`: a string, or its text parts joined.
@@ -144,280 +272,38 @@ fn content_text(content: Option<Value>) -> String {
     }
 }
 
-/// One message after the leading instructions, the `i`th.
-fn decode_message(message: MessageIn, i: usize, items: &mut Vec<Item>) -> Result<(), ApiError> {
-    let MessageIn {
-        role,
-        content,
-        tool_calls,
-        tool_call_id,
-        mut rest,
-    } = message;
-    let role = match role.as_deref().unwrap_or_default() {
-        "user" => Role::User,
-        "assistant" => Role::Assistant,
-        "system" | "developer" => Role::System,
-        "tool" => {
-            items.push(Item::ToolResult(ToolResult {
-                call_id: tool_call_id.unwrap_or_default(),
-                output: content_text(content),
-                is_error: false,
-            }));
-            return Ok(());
-        }
-        other => {
-            return Err(invalid(
-                format!("unsupported message role `{other}`"),
-                format!("messages[{i}].role"),
-            ))
-        }
-    };
-    if role == Role::Assistant {
-        let reasoning =
-            ["reasoning_content", "reasoning"]
-                .iter()
-                .find_map(|key| match rest.remove(*key) {
-                    Some(Value::String(text)) if !text.is_empty() => Some(text),
-                    _ => None,
-                });
-        if let Some(text) = reasoning {
-            items.push(Item::Reasoning(Reasoning {
-                text,
-                ..Reasoning::default()
-            }));
-        }
-    }
-    let calls = tool_calls.unwrap_or_default();
-    let parts = decode_content(content);
-    if !parts.is_empty() || calls.is_empty() {
-        items.push(Item::Message(Message {
-            role,
-            content: parts,
-            extra: rest,
-        }));
-    }
-    items.extend(calls.into_iter().map(|call| {
-        Item::ToolCall(ToolCall {
-            id: call.id,
-            name: call.function.name,
-            arguments: call.function.arguments,
+/// A request's function tools; a tool without a function is none the
+/// model can call here.
+fn decode_tools(tools: Tools<'_>) -> Result<Declared, ApiError> {
+    let tools = function_tools(tools, |tool, out| {
+        let at = tool.param.field("function");
+        let function = match tool.nested.map(|function| *function) {
+            None | Some(Tools::None) => return Ok(()),
+            Some(Tools::Object {
+                fields,
+                schema,
+                description,
+                nested: _,
+            }) => (fields, schema, description),
+            Some(_) => return Err(at.invalid("must be an object.")),
+        };
+        let (mut fields, schema, text) = function;
+        let name = required_str(&mut fields, "name", at)?;
+        let schema = schema.filter(|text| text.get() != "null");
+        out.push(Arc::new(FunctionTool {
+            name,
+            description: description(text, at.field("description"))?,
+            parameters: schema.map_or_else(Schema::empty, Schema::from),
             kind: CallKind::Function,
-        })
-    }));
-    Ok(())
-}
-
-// ------------------------------------------------------ the wire request
-//
-// Read in one pass, member by member: the members the decoder reads typed,
-// the others kept as values in `rest`, to go on to a chat upstream. (serde's
-// `flatten` would buffer every member in a tree of its own first; a tree
-// of values for the whole request costs more than the types.)
-
-#[derive(Default)]
-struct ChatIn<'a> {
-    model: Option<String>,
-    messages: Option<Vec<MessageIn>>,
-    tools: Option<Vec<ToolIn<'a>>>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptionsIn>,
-    /// Qwen-style switch; the rewrite also forwards it as
-    /// `chat_template_kwargs`.
-    enable_thinking: Option<bool>,
-    /// Boxed: nine values (720 bytes) a request seldom sends, which the
-    /// request would otherwise carry through each of its moves.
-    options: Box<OptionsIn>,
-    rest: Map<String, Value>,
-}
-
-/// The options the core maps between dialects, as sent: read as values, so
-/// a wrong one gets our error, naming it ([`decode_options`]). Not in
-/// `rest`, where each would be hashed in and out again.
-#[derive(Default)]
-struct OptionsIn {
-    max_tokens: Option<Value>,
-    temperature: Option<Value>,
-    top_p: Option<Value>,
-    stop: Option<Value>,
-    tool_choice: Option<Value>,
-    parallel_tool_calls: Option<Value>,
-    reasoning_effort: Option<Value>,
-    response_format: Option<Value>,
-    user: Option<Value>,
-}
-
-#[derive(Default)]
-struct MessageIn {
-    role: Option<String>,
-    content: Option<Value>,
-    tool_calls: Option<Vec<openai::ToolCall>>,
-    tool_call_id: Option<String>,
-    rest: Map<String, Value>,
-}
-
-/// A tool: only a function is the model's to call here.
-#[derive(Default)]
-struct ToolIn<'a> {
-    function: Option<FunctionIn<'a>>,
-}
-
-#[derive(Default)]
-struct FunctionIn<'a> {
-    name: Option<String>,
-    /// Kept as its text, as the schema is.
-    description: Option<&'a RawValue>,
-    /// Kept as its text.
-    parameters: Option<&'a RawValue>,
-    rest: Map<String, Value>,
-}
-
-#[derive(Default)]
-struct StreamOptionsIn {
-    include_usage: Option<bool>,
-}
-
-/// An object read member by member.
-trait Members<'de>: Default {
-    /// Reads the value of `key` if it is a member this type knows: whether
-    /// it was.
-    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error>;
-
-    /// Where the other members go; `None`: they are dropped.
-    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
-        None
-    }
-}
-
-struct Object<T>(PhantomData<T>);
-
-impl<'de, T: Members<'de>> Visitor<'de> for Object<T> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
-        let mut object = T::default();
-        while let Some(Key(key)) = map.next_key()? {
-            if object.member(&key, &mut map)? {
-                continue;
-            }
-            match object.rest() {
-                Some(rest) => {
-                    let value = map.next_value()?;
-                    rest.insert(key.into_owned(), value);
-                }
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(object)
-    }
-}
-
-macro_rules! deserialize_members {
-    ($($name:ident $(<$a:lifetime>)?),*) => {$(
-        impl<'de> Deserialize<'de> for $name$(<$a>)? {
-            fn deserialize<D: Deserializer<'de>>(json: D) -> Result<Self, D::Error> {
-                json.deserialize_map(Object(PhantomData))
-            }
-        }
-    )*};
-}
-
-deserialize_members!(
-    ChatIn<'de>,
-    MessageIn,
-    ToolIn<'de>,
-    FunctionIn<'de>,
-    StreamOptionsIn
-);
-
-impl<'de> Members<'de> for ChatIn<'de> {
-    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
-        match key {
-            "model" => self.model = map.next_value()?,
-            "messages" => self.messages = map.next_value()?,
-            "tools" => self.tools = map.next_value()?,
-            "stream" => self.stream = map.next_value()?,
-            "stream_options" => self.stream_options = map.next_value()?,
-            "enable_thinking" => self.enable_thinking = map.next_value()?,
-            "max_tokens" => self.options.max_tokens = map.next_value()?,
-            "temperature" => self.options.temperature = map.next_value()?,
-            "top_p" => self.options.top_p = map.next_value()?,
-            "stop" => self.options.stop = map.next_value()?,
-            "tool_choice" => self.options.tool_choice = map.next_value()?,
-            "parallel_tool_calls" => self.options.parallel_tool_calls = map.next_value()?,
-            "reasoning_effort" => self.options.reasoning_effort = map.next_value()?,
-            "response_format" => self.options.response_format = map.next_value()?,
-            "user" => self.options.user = map.next_value()?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
-        Some(&mut self.rest)
-    }
-}
-
-impl<'de> Members<'de> for MessageIn {
-    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
-        match key {
-            "role" => self.role = map.next_value()?,
-            "content" => self.content = map.next_value()?,
-            "tool_calls" => self.tool_calls = map.next_value()?,
-            "tool_call_id" => self.tool_call_id = map.next_value()?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
-        Some(&mut self.rest)
-    }
-}
-
-impl<'de> Members<'de> for ToolIn<'de> {
-    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
-        if key != "function" {
-            return Ok(false);
-        }
-        self.function = map.next_value()?;
-        Ok(true)
-    }
-}
-
-impl<'de> Members<'de> for FunctionIn<'de> {
-    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
-        match key {
-            "name" => self.name = map.next_value()?,
-            "description" => self.description = map.next_value()?,
-            // `null` is none.
-            "parameters" => {
-                let schema: &RawValue = map.next_value()?;
-                self.parameters = Some(schema).filter(|text| text.get() != "null");
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    fn rest(&mut self) -> Option<&mut Map<String, Value>> {
-        Some(&mut self.rest)
-    }
-}
-
-impl<'de> Members<'de> for StreamOptionsIn {
-    fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
-        if key != "include_usage" {
-            return Ok(false);
-        }
-        self.include_usage = map.next_value()?;
-        Ok(true)
-    }
+            // `strict`, …
+            extra: fields.into_map(),
+        }));
+        Ok(())
+    })?;
+    Ok(Declared {
+        tools,
+        ..Declared::default()
+    })
 }
 
 fn decode_content(content: Option<Value>) -> Vec<Part> {
@@ -458,23 +344,25 @@ fn decode_part(part: Value) -> Part {
 /// that stay in `rest` too.
 fn decode_options(
     rest: &mut Map<String, Value>,
-    given: Box<OptionsIn>,
+    read: &mut Read,
     options: &mut Options,
 ) -> Result<(), ApiError> {
     let invalid = |key: &'static str| {
         ApiError::bad_request(format!("`{key}` has an invalid value")).with_param(key)
     };
+    // `null` is as good as absent.
+    let mut given = |key| read.take(key).filter(|value| !value.is_null());
     // `max_completion_tokens` stays as sent for a chat upstream; other
     // dialects get it as their own limit.
     options.max_tokens = match rest.get("max_completion_tokens") {
         Some(v) => {
             let limit = v.as_u64().ok_or_else(|| invalid("max_completion_tokens"))?;
-            if let Some(sent) = given.max_tokens {
+            if let Some(sent) = given("max_tokens") {
                 rest.insert("max_tokens".into(), sent);
             }
             Some(limit)
         }
-        None => match given.max_tokens {
+        None => match given("max_tokens") {
             Some(v) => Some(v.as_u64().ok_or_else(|| invalid("max_tokens"))?),
             None => None,
         },
@@ -491,9 +379,9 @@ fn decode_options(
         }
         Some(_) => return Err(invalid("n")),
     }
-    options.temperature = number(given.temperature).ok_or_else(|| invalid("temperature"))?;
-    options.top_p = number(given.top_p).ok_or_else(|| invalid("top_p"))?;
-    options.stop = match given.stop {
+    options.temperature = number(given("temperature")).ok_or_else(|| invalid("temperature"))?;
+    options.top_p = number(given("top_p")).ok_or_else(|| invalid("top_p"))?;
+    options.stop = match given("stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s],
         Some(Value::Array(all)) => all
@@ -505,21 +393,21 @@ fn decode_options(
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(invalid("stop")),
     };
-    options.tool_choice = match given.tool_choice {
+    options.tool_choice = match given("tool_choice") {
         None => None,
         Some(choice) => Some(decode_tool_choice(&choice).ok_or_else(|| invalid("tool_choice"))?),
     };
-    options.parallel_tool_calls = match given.parallel_tool_calls {
+    options.parallel_tool_calls = match given("parallel_tool_calls") {
         None => None,
         Some(Value::Bool(b)) => Some(b),
         Some(_) => return Err(invalid("parallel_tool_calls")),
     };
-    options.reasoning_effort = match given.reasoning_effort {
+    options.reasoning_effort = match given("reasoning_effort") {
         None => None,
         Some(Value::String(s)) => Some(s),
         Some(_) => return Err(invalid("reasoning_effort")),
     };
-    options.format = match given.response_format {
+    options.format = match given("response_format") {
         None => None,
         Some(format) => match format.get("type").and_then(Value::as_str) {
             Some("text") => None,
@@ -533,7 +421,7 @@ fn decode_options(
             _ => return Err(invalid("response_format")),
         },
     };
-    options.user = match given.user {
+    options.user = match given("user") {
         None => None,
         Some(Value::String(s)) => Some(s),
         Some(_) => return Err(invalid("user")),
@@ -836,7 +724,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::decode;
-    use crate::conversation::{Description, Item, Role, Schema};
+    use crate::conversation::{Description, Dialect, Item, Role, Schema};
 
     /// The chat body a chat upstream gets for `body`, no agent rewrite.
     fn forwarded(body: &str) -> Value {
@@ -969,6 +857,88 @@ mod tests {
     }
 
     #[test]
+    fn a_history_decodes_the_same_from_the_messages_decoded_before() {
+        // A thread of its own: its kept messages and tools are this test's.
+        std::thread::spawn(a_history_decodes_the_same_on_this_thread)
+            .join()
+            .unwrap();
+    }
+
+    /// A session of an OpenAI-compatible coding agent (Cline, Continue):
+    /// its instructions, its tools, and a tool round more each turn.
+    fn a_history_decodes_the_same_on_this_thread() {
+        use crate::conversation::Conversation;
+        use crate::front::known_entries;
+
+        let instructions = json!({"role": "system", "content": "You edit code. ".repeat(40)});
+        let call = |i: usize| {
+            let arguments = json!({"path": format!("src/m{i}.py"),
+                "old": "def f(x):\n\treturn \"x\"\n".repeat(8),
+                "new": "def f(x):\n\treturn 'é'\n".repeat(8)});
+            json!({"role": "assistant", "content": "Editing.", "reasoning_content": format!("plan {i}"),
+                "tool_calls": [{"id": format!("call_{i}"), "type": "function",
+                    "function": {"name": "edit", "arguments": arguments.to_string()}}]})
+        };
+        let result = |i: usize| {
+            json!({"role": "tool", "tool_call_id": format!("call_{i}"),
+                "content": "The file has been updated.\n".repeat(12)})
+        };
+        // A list of 1 KiB or more, as coding agents' are: kept.
+        let tools = json!([{"type": "function", "function": {"name": "edit",
+            "description": "Edits a file. ".repeat(80), "strict": true,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]);
+        let turn = |n: usize| {
+            let mut messages = vec![instructions.clone(), json!({"role": "user", "content": "Fix it."})];
+            for i in 0..n {
+                messages.push(call(i));
+                messages.push(result(i));
+            }
+            // The same instructions again, not leading: a message of its own.
+            messages.push(instructions.clone());
+            json!({"model": "m", "messages": messages, "tools": tools, "stream": true})
+        };
+        // Each turn's reference decoded on a thread that has kept nothing,
+        // and the model's request made of it.
+        let sent = |conv: &Conversation| {
+            let json = crate::round::chat::encode(conv, false);
+            serde_json::from_slice::<Value>(&json).unwrap()
+        };
+        let fresh = |body: Value| {
+            std::thread::spawn(move || {
+                let conv = decode(body.to_string().as_bytes()).unwrap();
+                (format!("{conv:?}"), sent(&conv))
+            })
+            .join()
+            .unwrap()
+        };
+        for n in 1..5 {
+            let conv = decode(turn(n).to_string().as_bytes()).unwrap();
+            assert_eq!((format!("{conv:?}"), sent(&conv)), fresh(turn(n)), "turn {n}");
+            assert_eq!(conv.system_text().as_deref(), instructions["content"].as_str());
+            let last = conv.items.last();
+            assert!(matches!(last, Some(Item::Message(m)) if m.role == Role::System));
+            assert_eq!(conv.tools.len(), 1);
+        }
+        // The earlier turns' messages were kept, and the next turn found
+        // them; so was the tool list.
+        let body = turn(4).to_string();
+        let kept = |message: &Value| {
+            let rest = &body[body.find(&message.to_string()).unwrap()..];
+            let head = known_entries::head(rest.as_bytes()).unwrap();
+            known_entries::find(Dialect::Chat, head, rest).is_some()
+        };
+        assert!(kept(&instructions) && kept(&call(0)) && kept(&result(2)));
+        let listed = &body[body.find(&tools.to_string()).unwrap()..];
+        assert!(crate::front::known_tools::find(Dialect::Chat, listed).is_some());
+        // A message after kept ones that is wrong is named by its place.
+        let mut broken = turn(4);
+        broken["messages"][8]["tool_calls"][0] = json!({"type": "function"});
+        let error = decode(broken.to_string().as_bytes()).unwrap_err();
+        assert_eq!(error.param.as_deref(), Some("messages[8].tool_calls[0]"));
+        assert!(error.message.contains("missing field `id`"), "{}", error.message);
+    }
+
+    #[test]
     fn fields_of_the_wrong_shape_are_named() {
         let user = json!({"role": "user", "content": "hi"});
         for (body, param) in [
@@ -1009,7 +979,7 @@ mod tests {
         }
         let error = decode(b"[1]").unwrap_err();
         assert!(
-            error.message.contains("not a valid chat request"),
+            error.message.contains("not a valid JSON object"),
             "{}",
             error.message
         );

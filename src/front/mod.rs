@@ -403,10 +403,10 @@ pub struct ToolShape {
     pub dialect: Dialect,
     /// A function's schema (`parameters`, `input_schema`): kept as text.
     pub schema: &'static str,
-    /// The tools a tool groups (a Responses `namespace`'s `tools`), read
-    /// as tools too: a namespace of Codex's holds a fifth of its request in
-    /// schemas, which would otherwise be parsed into values and written out
-    /// again.
+    /// The tools a tool groups (a Responses `namespace`'s `tools`), or the
+    /// one it wraps (a chat tool's `function`), read as tools too: a
+    /// namespace of Codex's holds a fifth of its request in schemas, which
+    /// would otherwise be parsed into values and written out again.
     pub nested: Option<&'static str>,
 }
 
@@ -700,31 +700,6 @@ fn nested_tools<'a>(nested: Option<Box<Tools<'a>>>, at: At) -> Result<Vec<Tools<
     tool_list(nested.map_or(Tools::None, |tools| *tools), at)
 }
 
-/// A member's name, borrowed from the body unless it has escapes.
-pub struct Key<'de>(pub Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(json: D) -> Result<Self, D::Error> {
-        struct Name;
-        impl<'de> Visitor<'de> for Name {
-            type Value = Key<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a member's name")
-            }
-
-            fn visit_borrowed_str<E>(self, name: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(name)))
-            }
-
-            fn visit_str<E>(self, name: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(name.to_owned())))
-            }
-        }
-        json.deserialize_str(Name)
-    }
-}
-
 /// How deep [`lenient`] is: in a list of tools, or in one of them, nested
 /// in this many tools that group tools.
 #[derive(Clone, Copy)]
@@ -759,8 +734,13 @@ fn lenient<'a>(
                 } else if name == "description" {
                     description = Some(scan.value()?);
                 } else if Some(name.as_ref()) == shape.nested && depth < MAX_DEPTH {
-                    let list = lenient(scan, shape, Nesting::List(depth + 1))?;
-                    nested = Some(Box::new(list));
+                    // A list of tools (a namespace's), or one (a chat
+                    // tool's function).
+                    let nesting = match scan.peek() {
+                        Some(b'{') => Nesting::Tool(depth + 1),
+                        _ => Nesting::List(depth + 1),
+                    };
+                    nested = Some(Box::new(lenient(scan, shape, nesting)?));
                 } else {
                     let value = scan.parse_value()?;
                     fields.insert(name.into_owned(), value);
