@@ -212,13 +212,12 @@ fn decode_message(message: Value, at: At<'_>, items: &mut Vec<Item>) -> Result<(
         }
     };
     if role == Role::Assistant {
-        let reasoning =
-            ["reasoning_content", "reasoning"]
-                .iter()
-                .find_map(|key| match rest.shift_remove(*key) {
-                    Some(Value::String(text)) if !text.is_empty() => Some(text),
-                    _ => None,
-                });
+        let reasoning = ["reasoning_content", "reasoning"].iter().find_map(|key| {
+            match rest.shift_remove(*key) {
+                Some(Value::String(text)) if !text.is_empty() => Some(text),
+                _ => None,
+            }
+        });
         if let Some(text) = reasoning {
             items.push(Item::Reasoning(Reasoning {
                 text,
@@ -888,7 +887,10 @@ mod tests {
             "description": "Edits a file. ".repeat(80), "strict": true,
             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]);
         let turn = |n: usize| {
-            let mut messages = vec![instructions.clone(), json!({"role": "user", "content": "Fix it."})];
+            let mut messages = vec![
+                instructions.clone(),
+                json!({"role": "user", "content": "Fix it."}),
+            ];
             for i in 0..n {
                 messages.push(call(i));
                 messages.push(result(i));
@@ -913,8 +915,15 @@ mod tests {
         };
         for n in 1..5 {
             let conv = decode(turn(n).to_string().as_bytes()).unwrap();
-            assert_eq!((format!("{conv:?}"), sent(&conv)), fresh(turn(n)), "turn {n}");
-            assert_eq!(conv.system_text().as_deref(), instructions["content"].as_str());
+            assert_eq!(
+                (format!("{conv:?}"), sent(&conv)),
+                fresh(turn(n)),
+                "turn {n}"
+            );
+            assert_eq!(
+                conv.system_text().as_deref(),
+                instructions["content"].as_str()
+            );
             let last = conv.items.last();
             assert!(matches!(last, Some(Item::Message(m)) if m.role == Role::System));
             assert_eq!(conv.tools.len(), 1);
@@ -935,7 +944,11 @@ mod tests {
         broken["messages"][8]["tool_calls"][0] = json!({"type": "function"});
         let error = decode(broken.to_string().as_bytes()).unwrap_err();
         assert_eq!(error.param.as_deref(), Some("messages[8].tool_calls[0]"));
-        assert!(error.message.contains("missing field `id`"), "{}", error.message);
+        assert!(
+            error.message.contains("missing field `id`"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! every request of a session, each request adding a message or two; a
 //! Claude Code request with thirty file edits in its history spent 70% of
 //! its instructions building and decoding messages it had sent before. An
-//! entry of a request's `messages` (Messages) or `input` (Responses) whose
+//! entry of a request's `messages` (chat, Messages) or `input` (Responses) whose
 //! text is that of an entry decoded before takes that decoding and moves
 //! past its text; the body's shape pass, before it, adds the entry's count
 //! of values.

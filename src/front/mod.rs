@@ -211,7 +211,8 @@ pub struct ReadBody<'a, const N: usize> {
     pub history: Option<Vec<Entry<'a>>>,
 }
 
-/// An entry of a request's history (a Messages request's `messages`).
+/// An entry of a request's history (a chat or Messages request's `messages`,
+/// a Responses request's `input`).
 pub enum Entry<'a> {
     /// Decoded before, known by its text ([`known_entries`]), which it
     /// came as again.
