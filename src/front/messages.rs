@@ -1237,9 +1237,7 @@ mod tests {
     #[test]
     fn a_history_decodes_the_same_from_the_messages_decoded_before() {
         // A thread of its own: its kept messages are this test's.
-        std::thread::spawn(a_history_decodes_the_same_on_this_thread)
-            .join()
-            .unwrap();
+        crate::front::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
     }
 
     fn a_history_decodes_the_same_on_this_thread() {
@@ -1281,12 +1279,10 @@ mod tests {
             serde_json::from_slice::<Value>(&json).unwrap()
         };
         let fresh = |body: Value| {
-            std::thread::spawn(move || {
+            crate::front::on_a_new_thread(move || {
                 let (conv, _) = decode_json(body).unwrap();
                 (format!("{conv:?}"), sent(&conv))
             })
-            .join()
-            .unwrap()
         };
         {
             for n in 1..5 {

@@ -2011,9 +2011,7 @@ mod tests {
     #[test]
     fn a_history_decodes_the_same_from_the_items_decoded_before() {
         // A thread of its own: its kept items are this test's.
-        std::thread::spawn(a_history_decodes_the_same_on_this_thread)
-            .join()
-            .unwrap();
+        crate::front::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
     }
 
     fn a_history_decodes_the_same_on_this_thread() {
@@ -2044,9 +2042,7 @@ mod tests {
             json!({"model": "m", "input": input, "instructions": "Be brief.", "store": false})
         };
         let fresh = |body: Value| {
-            std::thread::spawn(move || format!("{:?}", decode_json(body).unwrap()))
-                .join()
-                .unwrap()
+            crate::front::on_a_new_thread(move || format!("{:?}", decode_json(body).unwrap()))
         };
         for n in 1..4 {
             let decoded = decode_json(turn(n)).unwrap();
