@@ -224,9 +224,25 @@ async fn limits_on_messages_and_open_streams() {
     let res = post_json(proxy.port, "/v1/chat/completions", &many).await;
     assert_eq!(res.status, 400);
     assert_eq!(res.json()["error"]["param"], "messages");
+    // Given twice, the list read is the last: the one bounded.
+    let json = [("content-type", "application/json")];
+    let one = r#"[{"role":"user","content":"1"}]"#;
+    let twice = format!(
+        r#"{{"model":"a","messages":{one},"messages":{}}}"#,
+        many["messages"]
+    );
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &json,
+        twice.as_bytes(),
+    )
+    .await;
+    assert_eq!(res.status, 400, "{}", res.text());
+    assert_eq!(res.json()["error"]["param"], "messages");
     // A body cut short is not JSON, whatever its lists looked like so far:
     // said in the client's dialect.
-    let json = [("content-type", "application/json")];
     for (path, cut) in [
         ("/v1/chat/completions", &br#"{"model":"a","messages":["#[..]),
         (

@@ -47,18 +47,17 @@ pub enum Entries {
     Text,
     /// An array of this many entries.
     List(usize),
-    /// Anything else, given twice, or in a body cut short: the parse tells
-    /// what is wrong.
+    /// Anything else, or in a body cut short: the parse tells what is
+    /// wrong.
     Other,
 }
 
 impl Entries {
-    /// The member met (again).
+    /// The member met (again): given twice, the last counts, as the
+    /// decoders and JSON readers at large take it; so the limits on a list
+    /// bound the one that is read.
     fn met(&mut self, entries: Entries) {
-        *self = match self {
-            Entries::Absent => entries,
-            _ => Entries::Other,
-        };
+        *self = entries;
     }
 }
 
@@ -903,10 +902,13 @@ mod tests {
     }
 
     #[test]
-    fn a_member_given_twice_or_not_at_the_root_is_left_to_the_parse() {
-        let shape = Shape::of(br#"{"model":"a","messages":[],"model":"b","messages":[1]}"#);
+    fn a_model_given_twice_or_not_at_the_root_is_left_to_the_parse() {
+        // A list given twice: the last, as the decoders take it.
+        let shape = Shape::of(br#"{"model":"a","messages":[],"model":"b","messages":[1,2]}"#);
         assert_eq!(shape.model, None);
-        assert_eq!(shape.messages, Entries::Other);
+        assert_eq!(shape.messages, Entries::List(2));
+        let body = br#"{"messages":[1,2,3],"messages":[1],"stream":false}"#;
+        assert_eq!(Shape::checked(body).unwrap().messages, Entries::List(1));
         let shape = Shape::of(br#"{"x":{"model":"a","input":"hi"},"messages":[{"model":"b"},2]}"#);
         assert_eq!((shape.model, shape.input), (None, Entries::Absent));
         assert_eq!(shape.messages, Entries::List(2));
