@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::known_tools::Declared;
 use super::{
     decode_history, description, function_tools, invalid, picked_object_and_tools, required_str,
-    take_bool, take_str, At, Encoder, Entry, Picked, Take, ToolShape, Tools,
+    take_bool, take_str, take_str_at, At, Encoder, Entry, Picked, Take, ToolShape, Tools,
 };
 use crate::config::file::ReasoningField;
 use crate::config::KeyPath;
@@ -22,6 +22,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
+use crate::json::scan::Built;
 use crate::openai;
 use crate::sse;
 
@@ -165,40 +166,22 @@ fn decode_messages(
     Ok(())
 }
 
+/// The members of a message the decoder reads; the others go on with it.
+const MESSAGE: [&str; 4] = ["role", "content", "tool_calls", "tool_call_id"];
+
 /// One message (`at`) as items: its reasoning, its text, its calls.
-fn decode_message(message: Value, at: At<'_>, items: &mut Vec<Item>) -> Result<(), ApiError> {
-    let Value::Object(message) = message else {
-        return Err(at.invalid("must be an object."));
-    };
-    // Read in one pass: the others stay in their order, for a chat upstream.
-    let (mut role, mut content, mut calls, mut call_id) = (None, None, None, None);
-    let mut rest = Map::new();
-    for (key, value) in message {
-        match key.as_str() {
-            "role" => role = Some(value),
-            "content" => content = Some(value),
-            "tool_calls" => calls = Some(value),
-            "tool_call_id" => call_id = Some(value),
-            _ => drop(rest.insert(key, value)),
-        }
-    }
-    let role = match role {
-        None | Some(Value::Null) => return Err(at.field("role").invalid("is required.")),
-        Some(Value::String(role)) => role,
-        Some(_) => return Err(at.field("role").invalid("must be a string.")),
-    };
+fn decode_message(message: Built, at: At<'_>, items: &mut Vec<Item>) -> Result<(), ApiError> {
+    let (mut message, mut rest) = Picked::members(message, &MESSAGE, at)?;
+    let role = required_str(&mut message, "role", at)?;
+    let content = message.take("content");
     let role = match role.as_str() {
         "user" => Role::User,
         "assistant" => Role::Assistant,
         "system" | "developer" => Role::System,
         "tool" => {
-            let call_id = match call_id {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(id)) => id,
-                Some(_) => return Err(at.field("tool_call_id").invalid("must be a string.")),
-            };
+            let call_id = take_str_at(&mut message, "tool_call_id", at.field("tool_call_id"))?;
             items.push(Item::ToolResult(ToolResult {
-                call_id,
+                call_id: call_id.unwrap_or_default(),
                 output: content_text(content),
                 is_error: false,
             }));
@@ -225,7 +208,7 @@ fn decode_message(message: Value, at: At<'_>, items: &mut Vec<Item>) -> Result<(
             }));
         }
     }
-    let calls = tool_calls(calls, at.field("tool_calls"))?;
+    let calls = tool_calls(message.take("tool_calls"), at.field("tool_calls"))?;
     let parts = decode_content(content);
     if !parts.is_empty() || calls.is_empty() {
         items.push(Item::Message(Message {

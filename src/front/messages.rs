@@ -29,6 +29,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
+use crate::json::scan::Built;
 
 /// Anthropic's keep-alive event: what a silent stream gets instead of an SSE
 /// comment (see [`Encoder::heartbeat`]).
@@ -178,25 +179,26 @@ fn decode_messages(
     }
 }
 
+/// The members of a message the decoder reads; the others go on with it.
+const MESSAGE: [&str; 2] = ["role", "content"];
+
 /// One message as items: its tool results first (chat templates want them
 /// right after the calls), then its parts, reasoning and calls in order.
 fn decode_message(
-    message: Value,
+    message: Built,
     param: At<'_>,
     items: &mut Vec<Item>,
     system: &mut Prompt,
 ) -> Result<(), ApiError> {
-    let Value::Object(mut message) = message else {
-        return Err(param.invalid("must be an object."));
-    };
-    let role = match required_str(&mut message, "role", param)?.as_str() {
+    let (mut read, message) = Picked::members(message, &MESSAGE, param)?;
+    let role = match required_str(&mut read, "role", param)?.as_str() {
         "user" => Role::User,
         "assistant" => Role::Assistant,
         // Claude Code sends one after the first user turn. Many chat
         // templates refuse a system message that does not lead, so it joins
         // the system prompt.
         "system" => {
-            match message.remove("content") {
+            match read.take("content") {
                 Some(Value::String(text)) if !text.is_empty() => system.push(text),
                 Some(Value::Array(blocks)) => block_texts(blocks).for_each(|t| system.push(t)),
                 _ => {}
@@ -210,7 +212,7 @@ fn decode_message(
             ))
         }
     };
-    let blocks = match message.remove("content") {
+    let blocks = match read.take("content") {
         Some(Value::String(text)) => {
             items.push(Item::Message(Message {
                 role,

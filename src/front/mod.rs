@@ -24,7 +24,7 @@ use crate::conversation::{
     Description, Dialect, Finish, FunctionTool, Item, Prompt, Reasoning, Schema, ToolCall, Usage,
 };
 use crate::error::ApiError;
-use crate::json::scan::{BadJson, ScanError, Scanner, MAX_DEPTH};
+use crate::json::scan::{BadJson, Built, ScanError, Scanner, MAX_DEPTH};
 use crate::json::Raw;
 use known_entries::Decoding;
 use known_tools::Declared;
@@ -141,10 +141,7 @@ pub fn picked_object_and_tools<'a, const N: usize>(
     let text = crate::json::utf8(body).ok_or_else(|| not_json(explain(body, None)))?;
     let mut scan = Scanner::new(text);
     let mut read = ReadBody {
-        picked: Picked {
-            names,
-            values: Box::new(std::array::from_fn(|_| None)),
-        },
+        picked: Picked::new(names),
         rest: Map::new(),
         tools: ReadTools::Read {
             tools: Tools::None,
@@ -223,7 +220,7 @@ pub enum Entry<'a> {
     /// Read now: its value, the text it came as, and its
     /// [`head`](known_entries::head).
     Read {
-        value: Value,
+        value: Built,
         text: &'a str,
         head: Option<u64>,
     },
@@ -234,7 +231,7 @@ pub enum Entry<'a> {
 impl From<Value> for Entry<'_> {
     fn from(value: Value) -> Self {
         Entry::Read {
-            value,
+            value: Built::Value(value),
             text: "",
             head: None,
         }
@@ -246,7 +243,7 @@ impl Entry<'_> {
     /// request's input).
     pub fn into_value(self) -> Result<Value, ApiError> {
         match self {
-            Entry::Read { value, .. } => Ok(value),
+            Entry::Read { value, .. } => Ok(value.into_value()),
             Entry::Known { text, .. } => crate::json::from_bytes(text.as_bytes()).map_err(not_json),
         }
     }
@@ -272,7 +269,7 @@ fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Option<Vec<Entry<'a>
             }
             None => {
                 let at = scan.offset();
-                let value = scan.built().ok_or(ScanError { at })?;
+                let value = scan.built_entry().ok_or(ScanError { at })?;
                 let text = &rest[..scan.offset() - at];
                 Entry::Read { value, text, head }
             }
@@ -298,7 +295,7 @@ pub fn decode_history(
     list: &'static str,
     items: &mut Vec<Item>,
     system: &mut Prompt,
-    mut decode: impl FnMut(Value, At<'_>, &mut Vec<Item>, &mut Prompt) -> Result<bool, ApiError>,
+    mut decode: impl FnMut(Built, At<'_>, &mut Vec<Item>, &mut Prompt) -> Result<bool, ApiError>,
 ) -> Result<(), ApiError> {
     items.reserve(entries.len());
     let list = At::Root(list);
@@ -433,6 +430,36 @@ impl Take for Map<String, Value> {
 }
 
 impl<const N: usize> Picked<N> {
+    fn new(names: &'static [&'static str; N]) -> Self {
+        Picked {
+            names,
+            values: Box::new(std::array::from_fn(|_| None)),
+        }
+    }
+
+    /// An entry's object (`at`): the members named set apart, the others
+    /// in a map, in their order (a name given twice in its first place,
+    /// with its last value).
+    pub fn members(
+        entry: Built,
+        names: &'static [&'static str; N],
+        at: At<'_>,
+    ) -> Result<(Self, Map<String, Value>), ApiError> {
+        let members = match entry {
+            Built::Members(members) => members,
+            Built::Value(Value::Object(members)) => members.into_iter().collect(),
+            Built::Value(_) => return Err(at.invalid("must be an object.")),
+        };
+        let (mut picked, mut rest) = (Picked::new(names), Map::new());
+        for (name, value) in members {
+            match picked.position(&name) {
+                Some(slot) => picked.values[slot] = Some(value),
+                None => drop(rest.insert(name, value)),
+            }
+        }
+        Ok((picked, rest))
+    }
+
     /// Where `key` goes, if it is picked.
     fn position(&self, key: &str) -> Option<usize> {
         self.names.iter().position(|name| *name == key)

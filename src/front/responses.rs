@@ -30,6 +30,7 @@ use crate::conversation::{
 use crate::error::ApiError;
 use crate::front::Encoder;
 use crate::json;
+use crate::json::scan::Built;
 
 /// Between a namespace and a function name in a flattened tool name.
 const NAMESPACE_SEPARATOR: &str = "__";
@@ -461,7 +462,8 @@ fn decode_input(
     // A coding agent's history, most of it decoded before. An item's
     // decoding depends on it alone but for a call's namespace, which the
     // request's names must learn each time (`flatten`).
-    let decode = |item: Value, at: At<'_>, items: &mut Vec<Item>, _: &mut Prompt| {
+    let decode = |item: Built, at: At<'_>, items: &mut Vec<Item>, _: &mut Prompt| {
+        let item = item.into_value();
         let alone = item.get("namespace").is_none();
         items.extend(decode_item(item, at, ctx)?);
         Ok(alone)
