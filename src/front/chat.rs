@@ -157,13 +157,27 @@ fn decode_messages(
         .count();
     for item in items.drain(..leading) {
         if let Item::Message(message) = item {
-            let text = message.text_content();
+            let text = instructions(message.content);
             if !text.is_empty() {
                 system.push(text);
             }
         }
     }
     Ok(())
+}
+
+/// The text of an instruction message's parts: each part's `text`, of
+/// whatever type (`text`, or another API's `input_text`), joined by lines.
+fn instructions(parts: Vec<Part>) -> String {
+    let texts = parts.into_iter().filter_map(|part| match part {
+        Part::Text(text) => Some(text),
+        Part::Other(Value::Object(mut part)) => match part.remove("text") {
+            Some(Value::String(text)) => Some(text),
+            _ => None,
+        },
+        _ => None,
+    });
+    texts.collect::<Vec<_>>().join("\n")
 }
 
 /// The members of a message the decoder reads; the others go on with it.
@@ -807,7 +821,8 @@ mod tests {
         let conversation = decode(
             br#"{"messages":[
             {"role":"system","content":"Be brief."},
-            {"role":"developer","content":[{"type":"text","text":"Use tools."}]},
+            {"role":"developer","content":[{"type":"text","text":"Use tools."},
+             {"type":"input_text","text":"Be kind."}]},
             {"role":"user","content":"Weather?"},
             {"role":"assistant","content":"Looking.","reasoning_content":"Paris.",
              "tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}]},
@@ -817,7 +832,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             conversation.system_text().as_deref(),
-            Some("Be brief.\n\nUse tools.")
+            Some("Be brief.\n\nUse tools.\nBe kind.")
         );
         let kinds: Vec<&str> = conversation
             .items

@@ -285,7 +285,7 @@ fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Option<Vec<Entry<'a>
 }
 
 /// A history's entries as items (and system prompt text), each decoded by
-/// `decode` (given its value, its place, and where its items and text go)
+/// `decode` (given it as built, its place, and where its items and text go)
 /// unless it was before; those decoded now are known to the requests that
 /// follow, unless `decode` says its decoding depends on more than the
 /// entry.
