@@ -568,7 +568,7 @@ mod tests {
 
     #[test]
     fn a_text_a_request_carried_goes_out_as_its_client_escaped_it() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             // Escapes serde_json would not write: `\/`, `\u00e9`.
             let raw = "a \\/ path, caf\\u00e9,\\n\\\"quoted\\\"\\n".repeat(60);
             let body = format!(r#"{{"system":"{raw}"}}"#);
@@ -590,9 +590,7 @@ mod tests {
             write_text_inside(&mut out, &other);
             let inside = &escaped[1..escaped.len() - 1];
             assert_eq!(String::from_utf8(out).unwrap(), format!("x{inside}"));
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]

@@ -34,3 +34,13 @@ pub mod sse;
 pub mod store;
 pub mod tools;
 pub mod upstream;
+
+/// `f`'s result on a thread of its own, which has kept nothing (history
+/// entries, tool lists, strings read and held are each thread's): for tests of
+/// what a thread keeps.
+#[cfg(test)]
+pub fn on_a_new_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(f)
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}

@@ -166,17 +166,20 @@ agents:
         let long = |tag: &str| format!("{tag}: caf\\u00e9 \\/ \\\"x\\\"\\n").repeat(80);
         let (block, note, asked, dev) = (long("block"), long("note"), long("asked"), long("dev"));
         let text = |raw: &str| serde_json::from_str::<String>(&format!("\"{raw}\"")).unwrap();
-        std::thread::spawn(move || {
+        crate::on_a_new_thread(move || {
             let (agent, toolset) = agent("prepend");
             let messages = format!(
                 r#"{{"model":"a","max_tokens":9,"system":[{{"type":"text","text":"Short."}},{{"type":"text","text":"{block}"}}],
                 "messages":[{{"role":"user","content":[{{"type":"text","text":"{asked}"}},{{"type":"text","text":"hi"}}]}},
                 {{"role":"system","content":"{note}"}}]}}"#
             );
-            let (mut conversation, _) = crate::front::messages::decode(messages.as_bytes()).unwrap();
+            let (mut conversation, _) =
+                crate::front::messages::decode(messages.as_bytes()).unwrap();
             rewrite(&agent, &toolset, &mut conversation);
             let sent = String::from_utf8(crate::round::chat::encode(&conversation, false)).unwrap();
-            assert!(sent.contains(&format!(r#""content":"AGENT\n\nShort.\n\n{block}\n\n{note}""#)));
+            assert!(sent.contains(&format!(
+                r#""content":"AGENT\n\nShort.\n\n{block}\n\n{note}""#
+            )));
             assert!(sent.contains(&format!(r#"{{"type":"text","text":"{asked}"}}"#)));
             let read: Value = serde_json::from_str(&sent).unwrap();
             let system = format!("AGENT\n\nShort.\n\n{}\n\n{}", text(&block), text(&note));
@@ -187,17 +190,18 @@ agents:
             let responses = format!(
                 r#"{{"model":"a","instructions":"Be brief.","input":[{{"role":"developer","content":[{{"type":"input_text","text":"{dev}"}},{{"type":"input_text","text":"Also."}}]}},{{"role":"user","content":"hi"}}]}}"#
             );
-            let (mut conversation, _) = crate::front::responses::decode(responses.as_bytes()).unwrap();
+            let (mut conversation, _) =
+                crate::front::responses::decode(responses.as_bytes()).unwrap();
             rewrite(&agent, &toolset, &mut conversation);
             let sent = String::from_utf8(crate::round::chat::encode(&conversation, false)).unwrap();
-            assert!(sent.contains(&format!(r#""content":"AGENT\n\nBe brief.\n\n{dev}\nAlso.""#)));
+            assert!(sent.contains(&format!(
+                r#""content":"AGENT\n\nBe brief.\n\n{dev}\nAlso.""#
+            )));
             let read: Value = serde_json::from_str(&sent).unwrap();
             let system = format!("AGENT\n\nBe brief.\n\n{}\nAlso.", text(&dev));
             assert_eq!(system_text(&read), system);
             assert_eq!(conversation.system_text().unwrap(), system);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]

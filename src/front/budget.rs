@@ -620,9 +620,7 @@ mod tests {
         );
         let fresh = {
             let body = body.clone();
-            std::thread::spawn(move || format!("{:?}", Shape::of(body.as_bytes())))
-                .join()
-                .unwrap()
+            crate::on_a_new_thread(move || format!("{:?}", Shape::of(body.as_bytes())))
         };
         let declared = std::sync::Arc::default();
         crate::front::known_tools::keep(crate::conversation::Dialect::Messages, &tools, &declared);
@@ -644,7 +642,7 @@ mod tests {
             entries.join(",")
         );
         // A thread of its own: its known entries are this test's.
-        std::thread::spawn(move || {
+        crate::on_a_new_thread(move || {
             let fresh = Shape::of(body.as_bytes());
             assert_eq!(fresh.messages, Entries::List(4));
             let dialect = crate::conversation::Dialect::Messages;
@@ -667,9 +665,7 @@ mod tests {
                 Shape::of(elsewhere.as_bytes()).values,
                 reference(elsewhere.as_bytes())
             );
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
@@ -724,7 +720,7 @@ mod tests {
             entries.join(" ,")
         );
         // A thread of its own: its known entries are this test's.
-        std::thread::spawn(move || {
+        crate::on_a_new_thread(move || {
             let read = Shape::checked(body.as_bytes());
             assert_eq!(read.as_ref(), Some(&Shape::of(body.as_bytes())));
             assert_eq!(
@@ -752,9 +748,7 @@ mod tests {
             assert_eq!(conv.items.len(), 5);
             assert!(crate::front::known_entries::find(dialect, head, text).is_some());
             assert_eq!(Shape::checked(body.as_bytes()), read);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
@@ -763,7 +757,7 @@ mod tests {
         let tools = serde_json::to_string(&(0..40).map(tool).collect::<Vec<_>>()).unwrap();
         let body = format!(r#"{{"model":"m","tools": {tools} ,"messages":[]}}"#);
         // A thread of its own: its known lists are this test's.
-        std::thread::spawn(move || {
+        crate::on_a_new_thread(move || {
             assert!(crate::front::known_tools::values(tools.as_bytes()).is_none());
             let read = Shape::checked(body.as_bytes());
             assert_eq!(read.as_ref(), Some(&Shape::of(body.as_bytes())));
@@ -777,9 +771,7 @@ mod tests {
             // No decoding came of it: an agent's decoder reads it afresh.
             let dialect = crate::conversation::Dialect::Chat;
             assert!(crate::front::known_tools::find(dialect, &tools).is_none());
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     proptest! {

@@ -856,7 +856,7 @@ mod tests {
     #[test]
     fn a_history_decodes_the_same_from_the_messages_decoded_before() {
         // A thread of its own: its kept messages and tools are this test's.
-        crate::front::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
+        crate::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
     }
 
     /// A session of an OpenAI-compatible coding agent (Cline, Continue):
@@ -902,7 +902,7 @@ mod tests {
             serde_json::from_slice::<Value>(&json).unwrap()
         };
         let fresh = |body: Value| {
-            crate::front::on_a_new_thread(move || {
+            crate::on_a_new_thread(move || {
                 let conv = decode(body.to_string().as_bytes()).unwrap();
                 (format!("{conv:?}"), sent(&conv))
             })

@@ -81,6 +81,13 @@ struct Kept {
     used: u64,
 }
 
+/// An entry let go lets its long texts go.
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.held.iter().copied().for_each(escaped::release);
+    }
+}
+
 #[derive(Default)]
 struct Entries {
     /// By the hash of the `HEAD` bytes from their start.
@@ -142,13 +149,7 @@ impl Entries {
         let stays = youngest_gone.and_then(|gone| ages.get(gone + 1));
         let stays = stays.map_or(u64::MAX, |&(used, _)| used);
         self.by_head.retain(|_, bucket| {
-            bucket.retain(|kept| {
-                let stay = kept.used >= stays;
-                if !stay {
-                    kept.held.iter().copied().for_each(escaped::release);
-                }
-                stay
-            });
+            bucket.retain(|kept| kept.used >= stays);
             !bucket.is_empty()
         });
         self.bytes -= freed;
@@ -248,9 +249,7 @@ fn add(
         if bucket.len() == SAME_HEAD {
             let oldest = bucket.iter().enumerate().min_by_key(|(_, kept)| kept.used);
             if let Some((at, _)) = oldest {
-                let gone = bucket.swap_remove(at);
-                gone.held.iter().copied().for_each(escaped::release);
-                known.bytes -= gone.size;
+                known.bytes -= bucket.swap_remove(at).size;
             }
         }
         bucket.push(kept);
@@ -322,7 +321,7 @@ mod tests {
 
     #[test]
     fn an_entry_is_found_by_its_whole_text_and_dialect() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             let (a, b) = (entry(1, 300), entry(2, 300));
             keep_text(Dialect::Messages, &a, "a");
             assert_eq!(found(&a).as_deref(), Some("a"));
@@ -347,14 +346,12 @@ mod tests {
             assert_eq!(found(&entry(5, LARGEST + 1)), None);
             // Too close to the body's end to be found.
             assert_eq!(head(&[b' '; HEAD - 1]), None);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn an_entrys_long_texts_are_held_escaped_while_it_is_kept() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             let edit = "def f(x):\n\treturn \"x\"\n".repeat(20);
             let written = |text: &str| crate::json::escaped::write(text, &mut Vec::new());
             keep_text(Dialect::Messages, &entry(1, 300), &edit);
@@ -367,14 +364,12 @@ mod tests {
             }
             assert!(found(&entry(1, 300)).is_none());
             assert!(!written(&edit));
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn a_thread_keeps_its_bound_letting_the_least_recently_used_go() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             let len = 64 * 1024;
             let first = entry(0, len);
             keep_text(Dialect::Messages, &first, "first");
@@ -398,14 +393,12 @@ mod tests {
             assert!(found(&entry(1, len)).is_none());
             assert!(found(&entry(fill - 1, len)).is_some());
             assert!(found(&entry(1000, len)).is_some());
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn entries_alike_in_their_first_bytes_are_kept_a_few_at_a_time() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             // The same first 256 bytes, then each its own.
             let alike = |tag: usize| format!("{}{tag}\"}}", &entry(0, 400)[..390]);
             for tag in 0..SAME_HEAD {
@@ -420,8 +413,6 @@ mod tests {
             }
             let count = KNOWN.with_borrow(|known| known.by_head.values().flatten().count());
             assert_eq!(count, SAME_HEAD);
-        })
-        .join()
-        .unwrap();
+        });
     }
 }

@@ -1239,7 +1239,7 @@ mod tests {
     #[test]
     fn a_history_decodes_the_same_from_the_messages_decoded_before() {
         // A thread of its own: its kept messages are this test's.
-        crate::front::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
+        crate::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
     }
 
     fn a_history_decodes_the_same_on_this_thread() {
@@ -1281,7 +1281,7 @@ mod tests {
             serde_json::from_slice::<Value>(&json).unwrap()
         };
         let fresh = |body: Value| {
-            crate::front::on_a_new_thread(move || {
+            crate::on_a_new_thread(move || {
                 let (conv, _) = decode_json(body).unwrap();
                 (format!("{conv:?}"), sent(&conv))
             })
@@ -1903,9 +1903,7 @@ mod tests {
         let round2 = fixture("claude-code-2.1.330-tool-round2.request.json");
         let body = round2.clone();
         // A thread of its own: nothing known yet.
-        let fresh = std::thread::spawn(move || decode(&body).unwrap())
-            .join()
-            .unwrap();
+        let fresh = crate::on_a_new_thread(move || decode(&body).unwrap());
         decode(&fixture("claude-code-2.1.330-plain.request.json")).unwrap();
         let text = std::str::from_utf8(&round2).unwrap();
         let tools = text.find("\"tools\":").unwrap() + "\"tools\":".len();

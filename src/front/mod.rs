@@ -947,16 +947,6 @@ pub fn error_event(dialect: crate::conversation::Dialect, error: &ApiError) -> B
     }
 }
 
-/// `f`'s result on a thread of its own, which has kept nothing (history
-/// entries, tool lists and strings read are each thread's): for tests of
-/// what a thread keeps.
-#[cfg(test)]
-pub fn on_a_new_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(f)
-        .join()
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-}
-
 #[cfg(test)]
 mod tests {
     use super::{error_event, new_id, Take, ToolFields};

@@ -2013,7 +2013,7 @@ mod tests {
     #[test]
     fn a_history_decodes_the_same_from_the_items_decoded_before() {
         // A thread of its own: its kept items are this test's.
-        crate::front::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
+        crate::on_a_new_thread(a_history_decodes_the_same_on_this_thread);
     }
 
     fn a_history_decodes_the_same_on_this_thread() {
@@ -2044,7 +2044,7 @@ mod tests {
             json!({"model": "m", "input": input, "instructions": "Be brief.", "store": false})
         };
         let fresh = |body: Value| {
-            crate::front::on_a_new_thread(move || format!("{:?}", decode_json(body).unwrap()))
+            crate::on_a_new_thread(move || format!("{:?}", decode_json(body).unwrap()))
         };
         for n in 1..4 {
             let decoded = decode_json(turn(n)).unwrap();
@@ -2615,9 +2615,7 @@ mod tests {
     #[test]
     fn tools_known_from_an_earlier_request_decode_as_read_afresh() {
         // A thread of its own: nothing known yet.
-        let fresh = std::thread::spawn(|| decode(CODEX_ROUND2).unwrap())
-            .join()
-            .unwrap();
+        let fresh = crate::on_a_new_thread(|| decode(CODEX_ROUND2).unwrap());
         let (_, ctx) = decode(CODEX_ROUND1).unwrap();
         let body = std::str::from_utf8(CODEX_ROUND2).unwrap();
         let tools = body.find("\"tools\":").unwrap() + "\"tools\":".len();
@@ -2632,9 +2630,7 @@ mod tests {
         other["tools"].as_array_mut().unwrap().remove(0);
         let other = serde_json::to_vec(&other).unwrap();
         let (fewer, _) = decode(&other).unwrap();
-        let fresh = std::thread::spawn(move || decode(&other).unwrap())
-            .join()
-            .unwrap();
+        let fresh = crate::on_a_new_thread(move || decode(&other).unwrap());
         assert_eq!(format!("{fewer:?}"), format!("{:?}", fresh.0));
         assert!(fewer.tools.len() < known.tools.len());
     }

@@ -169,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_kept_string_is_found_only_whole_and_closed() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             let raw = text(3000, "end");
             keep(&raw, Some("its text"));
             let found = |rest: String| unescaped(rest.as_bytes());
@@ -192,14 +192,12 @@ mod tests {
             let long = text(LARGEST + 10, "");
             keep(&long, Some("l"));
             assert_eq!(found(format!("{long}\"")), None);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn strings_alike_share_a_set_and_the_last_used_stays() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             let (a, b, c) = (text(2000, "a"), text(2000, "b"), text(2000, "c"));
             assert_eq!(set(a.as_bytes()), set(b.as_bytes()));
             keep(&a, Some("A"));
@@ -212,14 +210,12 @@ mod tests {
             assert_eq!(found(&a), None);
             assert_eq!(found(&b).as_deref(), Some("B"));
             assert_eq!(found(&c).as_deref(), Some("C"));
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn a_built_string_is_written_as_it_came_by_its_text() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             let raw = text(2000, "\\u00e9");
             let written = |text: &str| {
                 let mut out = b"[".to_vec();
@@ -234,14 +230,12 @@ mod tests {
             // Another text, or a part of it: escaped by the caller.
             assert_eq!(written(&"t".repeat(1499)), None);
             assert_eq!(written(&"u".repeat(1500)), None);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn a_string_checked_then_built_is_kept_once_with_its_text() {
-        std::thread::spawn(|| {
+        crate::on_a_new_thread(|| {
             let raw = text(1500, "x");
             let rest = format!("{raw}\"");
             keep(&raw, None);
@@ -267,8 +261,6 @@ mod tests {
                     .count()
             });
             assert_eq!(kept, 1);
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
