@@ -59,6 +59,10 @@ impl<'s> Client<'s> {
         self.session
     }
 
+    pub fn session_mut(&mut self) -> &mut Session {
+        self.session
+    }
+
     pub fn header_sent(&self) -> bool {
         self.session.response_written().is_some()
     }

@@ -8,6 +8,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::{Error, ErrorType, Result};
 
+mod names;
+pub use names::field_name;
+
 /// Asks a buffering proxy in front of us (nginx) to pass an event stream
 /// on as it comes. A name, not a string: a lookup by a string parses it.
 pub const X_ACCEL_BUFFERING: http::HeaderName = http::HeaderName::from_static(X_ACCEL);

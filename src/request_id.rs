@@ -4,8 +4,9 @@
 use http::{HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 
-/// A name, not a string: a lookup by a string parses it first.
-pub const HEADER: HeaderName = HeaderName::from_static(NAME);
+/// A name, not a string: a lookup by a string parses it first. A static,
+/// to be borrowed by a request (`http_client::Request`).
+pub static HEADER: HeaderName = HeaderName::from_static(NAME);
 const NAME: &str = "x-request-id";
 
 /// Makes sure `req` carries a request id and returns it. The id is stored in
@@ -14,7 +15,7 @@ const NAME: &str = "x-request-id";
 pub fn ensure(req: &mut RequestHeader) -> String {
     if let Some(id) = req
         .headers
-        .get(HEADER)
+        .get(&HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|id| is_sane(id))
     {
@@ -44,13 +45,13 @@ mod tests {
     #[test]
     fn keeps_a_sane_id_and_replaces_others() {
         let mut req = RequestHeader::build("GET", b"/", None).unwrap();
-        req.insert_header(HEADER, "abc-123").unwrap();
+        req.insert_header(NAME, "abc-123").unwrap();
         assert_eq!(ensure(&mut req), "abc-123");
         let mut req = RequestHeader::build("GET", b"/", None).unwrap();
-        req.insert_header(HEADER, "x".repeat(200)).unwrap();
+        req.insert_header(NAME, "x".repeat(200)).unwrap();
         let id = ensure(&mut req);
         assert_eq!(id.len(), 32);
         assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
-        assert_eq!(req.headers[HEADER], id.as_str(), "stored in the request");
+        assert_eq!(req.headers[&HEADER], id.as_str(), "stored in the request");
     }
 }

@@ -12,12 +12,21 @@ use sha2::{Digest, Sha256};
 /// Names, not strings: a name compared with a string is spelled out and
 /// compared without case, for each field of every request.
 pub static HEADERS: [HeaderName; 6] = [
-    HeaderName::from_static("x-session-id"),
-    HeaderName::from_static("session-id"),
-    HeaderName::from_static("x-claude-code-session-id"),
-    HeaderName::from_static("thread-id"),
-    HeaderName::from_static("x-librechat-conversation-id"),
-    HeaderName::from_static("x-openwebui-chat-id"),
+    HeaderName::from_static(HEADER_NAMES[0]),
+    HeaderName::from_static(HEADER_NAMES[1]),
+    HeaderName::from_static(HEADER_NAMES[2]),
+    HeaderName::from_static(HEADER_NAMES[3]),
+    HeaderName::from_static(HEADER_NAMES[4]),
+    HeaderName::from_static(HEADER_NAMES[5]),
+];
+
+const HEADER_NAMES: [&str; 6] = [
+    "x-session-id",
+    "session-id",
+    "x-claude-code-session-id",
+    "thread-id",
+    "x-librechat-conversation-id",
+    "x-openwebui-chat-id",
 ];
 
 /// The longest session id kept from a client.
@@ -26,18 +35,30 @@ pub const MAX_LEN: usize = 128;
 /// The client's session id from `headers` (by [`HEADERS`]), cut to
 /// [`MAX_LEN`] characters.
 pub fn from_headers(headers: &http::HeaderMap) -> Option<String> {
-    // One pass over the request's few headers, not a lookup (a parse of the
-    // name and a hash) for each of ours: the first of HEADERS present wins.
+    // One pass over the request's headers, not a lookup (a hash of the
+    // name) for each of ours: the first of HEADERS present wins. A coding
+    // agent sends twenty: a name of none of our lengths is passed over
+    // without a compare.
     let (_, value) = headers
         .iter()
+        .filter(|(name, _)| LENGTHS & (1 << name.as_str().len().min(63)) != 0)
         .filter_map(|(name, value)| Some((HEADERS.iter().position(|h| name == h)?, value)))
         .min_by_key(|(rank, _)| *rank)?;
-    value
-        .to_str()
-        .ok()
-        .filter(|v| !v.is_empty())
-        .map(|v| v.chars().take(MAX_LEN).collect())
+    let value = value.to_str().ok().filter(|v| !v.is_empty())?;
+    // Visible ASCII (`to_str`): a byte is a character.
+    Some(value[..value.len().min(MAX_LEN)].to_owned())
 }
+
+/// A bit for the length of each of [`HEADERS`].
+const LENGTHS: u64 = {
+    let mut bits = 0u64;
+    let mut i = 0;
+    while i < HEADER_NAMES.len() {
+        bits |= 1 << HEADER_NAMES[i].len();
+        i += 1;
+    }
+    bits
+};
 
 /// Whom a request is for: the client key's tenant (`store::tenant_of`, set
 /// by the operator, unforgeable) or, where the operator trusts it
@@ -96,6 +117,12 @@ mod tests {
         headers.insert("thread-id", "sdk".parse().unwrap());
         headers.insert("content-type", "application/json".parse().unwrap());
         assert_eq!(from_headers(&headers).as_deref(), Some("sdk"));
+        // A name of a session header's length is not taken for it.
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-session-ix", "no".parse().unwrap());
+        assert_eq!(from_headers(&headers), None);
+        headers.insert("x-claude-code-session-id", "cc".parse().unwrap());
+        assert_eq!(from_headers(&headers).as_deref(), Some("cc"));
     }
 
     #[test]

@@ -165,6 +165,71 @@ async fn a_request_and_its_answer_are_passed_on_with_their_fields_as_sent_but_th
 }
 
 #[tokio::test]
+async fn a_coding_agents_fields_reach_the_upstream_as_sent_request_after_request() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({"ok": true}))).await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    // Claude Code's, as it spells them, a name given twice, and a value
+    // past ASCII (obs-text, which a header value may hold).
+    let fields = [
+        ("Content-Type", "application/json"),
+        ("User-Agent", "claude-cli/2.1.330 (external, sdk-cli)"),
+        (
+            "X-Claude-Code-Session-Id",
+            "8c11ba6a-dc9d-4234-8a2a-0d4d94b18cec",
+        ),
+        ("X-Stainless-Arch", "x64"),
+        ("X-Stainless-Lang", "js"),
+        ("X-Stainless-Runtime-Version", "v26.12.1"),
+        (
+            "anthropic-beta",
+            "claude-code-20250219,interleaved-thinking-2025-05-14",
+        ),
+        ("anthropic-version", "2023-06-01"),
+        ("x-api-key", "sk-client-key"),
+        ("X-Made-Up", "first"),
+        ("x-made-up", "second"),
+        ("X-Note", "café"),
+    ];
+    // On the proxy's threads the names are made once, then found: each
+    // request must come out the same.
+    for _ in 0..6 {
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/messages",
+            &fields,
+            br#"{"model":"claude-sonnet","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
+        assert_eq!(res.status, 200);
+    }
+    let sent = upstream.requests();
+    assert_eq!(sent.len(), 6);
+    for sent in &sent {
+        for (name, value) in &fields[..8] {
+            assert_eq!(sent.header(name), Some(*value), "{name}");
+        }
+        let made_up: Vec<&str> = sent
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("x-made-up"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(made_up, ["first", "second"], "both, in order");
+        assert_eq!(sent.header("x-note"), Some("café"));
+        assert_eq!(
+            sent.header("x-api-key"),
+            None,
+            "the upstream's key goes instead"
+        );
+        assert_eq!(
+            sent.header("authorization"),
+            Some("Bearer sk-upstream-secret")
+        );
+    }
+}
+
+#[tokio::test]
 async fn other_paths_are_proxied() {
     let upstream = FakeServer::start(|req, _| match req.path.as_str() {
         "/v1/embeddings" => Reply::json(

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
+use hyper::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use memchr::memmem;
@@ -25,6 +25,8 @@ pub struct Load {
     pub addr: SocketAddr,
     pub path: &'static str,
     pub body: Bytes,
+    /// Fields sent besides `host` and `content-type`: a real client's.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body goes chunked, its length unsaid (pingora's proxy path is
     /// what forwards such a request for another route).
     pub chunked: bool,
@@ -213,10 +215,18 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<SendRequest<Full<Bytes>>> {
     Ok(sender)
 }
 
-fn post(path: &str, body: Bytes, chunked: bool) -> anyhow::Result<Request<Full<Bytes>>> {
+fn post(
+    path: &str,
+    body: Bytes,
+    chunked: bool,
+    headers: &[(HeaderName, HeaderValue)],
+) -> anyhow::Result<Request<Full<Bytes>>> {
     let mut request = Request::post(path)
         .header(HOST, "bench")
         .header(CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
     if chunked {
         request = request.header(TRANSFER_ENCODING, "chunked");
     }
@@ -244,7 +254,7 @@ async fn exchange(
     scratch: &mut Scratch,
 ) -> anyhow::Result<Timing> {
     sender.ready().await?;
-    let request = post(load.path, load.body.clone(), load.chunked)?;
+    let request = post(load.path, load.body.clone(), load.chunked, &load.headers)?;
     let started = Instant::now();
     let response = sender.send_request(request).await?;
     let status = response.status();
@@ -515,18 +525,19 @@ pub async fn open_streams(load: &Load, count: usize) -> anyhow::Result<OpenStrea
         clients: Vec::with_capacity(count),
     };
     for i in 0..count {
-        let (addr, path, body, chunked, started) = (
+        let (addr, path, body, chunked, headers, started) = (
             load.addr,
             load.path,
             load.body.clone(),
             load.chunked,
+            load.headers.clone(),
             started.clone(),
         );
         streams.clients.push(tokio::spawn(async move {
             let held = async {
                 let mut sender = connect(addr).await?;
                 let mut body = sender
-                    .send_request(post(path, body, chunked)?)
+                    .send_request(post(path, body, chunked, &headers)?)
                     .await?
                     .into_body();
                 let mut announced = false;

@@ -230,6 +230,36 @@ impl ClientRequest {
         Bytes::from(serde_json::to_vec(&body).expect("JSON out"))
     }
 
+    /// The captured request's header fields, as the client sent them, but
+    /// those the load generator sets (`host`, `content-type`) and those of
+    /// its connection (`content-length`, `connection`). Codex's capture has
+    /// its body alone.
+    fn headers(self) -> Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)> {
+        let capture = match self {
+            ClientRequest::ClaudeCode => {
+                include_str!("../../tests/fixtures/clients/claude-code-2.1.330-plain.request.json")
+            }
+            ClientRequest::Codex => return Vec::new(),
+        };
+        let capture: serde_json::Value =
+            serde_json::from_str(capture).expect("a captured request is JSON");
+        let fields = capture["headers"].as_object().cloned().unwrap_or_default();
+        fields
+            .iter()
+            .filter(|(name, _)| {
+                !["host", "content-type", "content-length", "connection"]
+                    .contains(&name.to_ascii_lowercase().as_str())
+            })
+            .filter_map(|(name, value)| {
+                let name = hyper::header::HeaderName::from_bytes(name.as_bytes()).ok()?;
+                Some((
+                    name,
+                    hyper::header::HeaderValue::from_str(value.as_str()?).ok()?,
+                ))
+            })
+            .collect()
+    }
+
     fn answer(self) -> Answer {
         match self {
             ClientRequest::ClaudeCode => Answer::Messages,
@@ -417,6 +447,10 @@ impl Bench {
             tokens,
             delay_us,
         } = shape;
+        let headers = match target.ask {
+            Ask::Client { request, .. } => request.headers(),
+            _ => Vec::new(),
+        };
         let (body, answer): (Bytes, Answer) = match target.ask {
             Ask::Chat(model) => (
                 format!(
@@ -452,6 +486,7 @@ impl Bench {
             addr: self.addrs[target.host as usize],
             path: target.path,
             body,
+            headers,
             chunked: target.chunked,
             stream,
             answer,

@@ -35,7 +35,7 @@ mod h1;
 mod pool;
 mod request;
 
-pub use request::{EditHeaders, Request};
+pub use request::{EditHeaders, Request, CONTENT_TYPE, JSON};
 
 /// How long a DNS answer is reused before the name is looked up again.
 const DNS_TTL: Duration = Duration::from_secs(30);
@@ -390,14 +390,18 @@ impl Endpoint {
     /// Boxed: connecting and sending is a large future (pingora's connector,
     /// TLS) that lives only until the response header. On the heap it is
     /// freed then, instead of weighing on the task of every open stream.
-    pub fn send(&self, req: Request, body: Option<Bytes>) -> BoxFuture<'_, Result<Exchange>> {
+    pub fn send<'a>(
+        &'a self,
+        req: Request<'a>,
+        body: Option<Bytes>,
+    ) -> BoxFuture<'a, Result<Exchange>> {
         let deadline = self.timeouts.total.map(|t| tokio::time::Instant::now() + t);
         crate::boxed::pinned(|| within(deadline, self.exchange(req, body, deadline)))
     }
 
     async fn exchange(
         &self,
-        req: Request,
+        req: Request<'_>,
         body: Option<Bytes>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Exchange> {

@@ -33,7 +33,7 @@ use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::http1::{
-    has_token, is_chunked, is_event_stream, is_name, same_bytes, Body, Chunk, Decoded,
+    field_name, has_token, is_chunked, is_event_stream, is_name, same_bytes, Body, Chunk, Decoded,
 };
 use crate::request_id;
 
@@ -147,10 +147,11 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
     // lookups in the map afterwards each hashed a name.
     let mut framing = Framing::new();
     for field in request.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| MALFORMED)?;
-        let value = same_bytes(&raw, buf, field.value)
-            .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
-            .ok_or(MALFORMED)?;
+        let name = field_name(field.name.as_bytes()).ok_or(MALFORMED)?;
+        let value = same_bytes(&raw, buf, field.value).ok_or(MALFORMED)?;
+        // SAFETY: httparse lets into a value the bytes a header value may
+        // hold, and no others (HTAB, SP to `~`, and from 0x80): checked once.
+        let value = unsafe { HeaderValue::from_maybe_shared_unchecked(value) };
         framing.read(&name, field.value);
         fields.try_append(name, value).map_err(|_| MALFORMED)?;
     }
@@ -516,6 +517,18 @@ impl Session {
         &mut self.header
     }
 
+    /// Takes the request's head out, leaving an empty one, for its fields to
+    /// be lent while the session is waited on; [`Session::put_back`] returns
+    /// it before anything reads it again.
+    pub fn take_header(&mut self) -> RequestHeader {
+        let (empty, ()) = http::Request::new(()).into_parts();
+        std::mem::replace(&mut self.header, RequestHeader::from(empty))
+    }
+
+    pub fn put_back(&mut self, header: RequestHeader) {
+        self.header = header;
+    }
+
     /// The connection closes after this request.
     pub fn close_after(&mut self) {
         self.keep_alive = false;
@@ -635,7 +648,7 @@ impl Session {
         let said = Said::of(fields.clone());
         self.out = frame_response(status, &said, &self.header, &mut self.keep_alive);
         let stamp = Stamp {
-            request_id: self.header.headers.get(request_id::HEADER),
+            request_id: self.header.headers.get(&request_id::HEADER),
             date: !said.date,
             keep_alive: self.keep_alive,
             coded: self.out != Out::Close,

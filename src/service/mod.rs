@@ -381,7 +381,7 @@ impl ProxyHttp for AgentProxy {
             );
         }
         forward::drop_hop_fields(upstream_response)?;
-        upstream_response.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
+        upstream_response.insert_header(request_id::HEADER.clone(), ctx.request_id.as_str())?;
         if is_event_stream(upstream_response) {
             ctx.stream = Some(StreamGuard::open());
         }
@@ -474,7 +474,7 @@ async fn respond_proxied(
     let mut header = ResponseHeader::build_no_case(status, Some(3))?;
     header.insert_header(http::header::CONTENT_TYPE, "application/json")?;
     header.insert_header(http::header::CONTENT_LENGTH, body.len())?;
-    header.insert_header(request_id::HEADER, request_id)?;
+    header.insert_header(request_id::HEADER.clone(), request_id)?;
     session
         .write_response_header(Box::new(header), false)
         .await?;

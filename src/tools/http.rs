@@ -3,14 +3,15 @@
 
 use std::time::Duration;
 
-use ::http::header::CONTENT_TYPE;
 use ::http::HeaderValue;
 use bytes::Bytes;
 use pingora::{ErrorType, OrErr};
 
 use super::{capped_text, CallContext, Outcome, Run};
 use crate::config::file::HttpToolFile;
-use crate::http_client::{EditHeaders, Endpoint, EndpointOptions, Request, Timeouts};
+use crate::http_client::{
+    EditHeaders, Endpoint, EndpointOptions, Request, Timeouts, CONTENT_TYPE, JSON,
+};
 
 pub struct HttpTool {
     endpoint: Endpoint,
@@ -64,14 +65,18 @@ impl HttpTool {
     /// The endpoint enforces `timeout_ms` on the whole exchange.
     async fn post(&self, arguments: &str, request_id: &str) -> Outcome {
         let cap = self.cap;
+        let id = match HeaderValue::from_str(request_id)
+            .or_err(ErrorType::InvalidHTTPHeader, "invalid request id")
+        {
+            Ok(id) => id,
+            Err(e) => return self.failed("request failed", &e),
+        };
         let request = Request::new("POST", &self.path).and_then(|mut req| {
-            let id = HeaderValue::from_str(request_id)
-                .or_err(ErrorType::InvalidHTTPHeader, "invalid request id")?;
-            req.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            req.append(crate::request_id::HEADER, id);
+            req.append(&CONTENT_TYPE, &JSON);
+            req.append(&crate::request_id::HEADER, &id);
             // The tool's own headers win over ours.
             for (name, value) in &self.headers {
-                req.insert(name.clone(), value.clone())?;
+                req.insert(name, value)?;
             }
             Ok(req)
         });

@@ -28,7 +28,9 @@ pub use pool::{affinity_key, session_key, Busy, HealthCheck, Member, Pool, NO_SY
 
 use crate::config::file::{UpstreamApi, UpstreamFile};
 use crate::error::AtEndpoint;
-use crate::http_client::{EditHeaders, Endpoint, EndpointOptions, Exchange, Request, Timeouts};
+use crate::http_client::{
+    EditHeaders, Endpoint, EndpointOptions, Exchange, Request, Timeouts, CONTENT_TYPE, JSON,
+};
 
 /// The runtime of one configured upstream, built from its spec: the pool
 /// with its health state, the replicas' connection pools and DNS answers.
@@ -45,12 +47,16 @@ pub struct Upstream {
     ready: health::ReadyState,
 }
 
+/// Names the credentials go by, to borrow.
+static AUTHORIZATION: http::HeaderName = http::header::AUTHORIZATION;
+static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// A request for an upstream, built for whichever replica serves it.
 pub struct Outbound<'a> {
     pub method: &'a str,
     /// The client-facing path (`/v1/chat/completions`), mapped per replica.
     pub path: &'a str,
-    pub headers: &'a [(http::HeaderName, http::HeaderValue)],
+    pub headers: &'a [(&'a http::HeaderName, &'a http::HeaderValue)],
     pub body: Option<Bytes>,
     /// Conversation key for `prefix_affinity`.
     pub affinity: Option<u64>,
@@ -146,18 +152,18 @@ impl Upstream {
     /// Sets the upstream's credentials. The client's own `Authorization` is
     /// dropped when the upstream has a key of its own, or when it was the
     /// proxy's key.
-    pub fn authorize(
-        &self,
-        req: &mut impl EditHeaders,
+    pub fn authorize<'a>(
+        &'a self,
+        req: &mut impl EditHeaders<'a>,
         client_key_is_ours: bool,
     ) -> pingora::Result<()> {
         if self.bearer.is_some() || client_key_is_ours {
             // Anthropic clients send their key as `x-api-key`.
-            req.remove(&http::HeaderName::from_static("x-api-key"));
-            req.remove(&http::header::AUTHORIZATION);
+            req.remove(&X_API_KEY);
+            req.remove(&AUTHORIZATION);
         }
         match &self.bearer {
-            Some(bearer) => req.insert(http::header::AUTHORIZATION, bearer.clone()),
+            Some(bearer) => req.insert(&AUTHORIZATION, bearer),
             None => Ok(()),
         }
     }
@@ -182,8 +188,8 @@ impl Upstream {
         while let Some(index) = attempts.next_replica(self) {
             let member = self.pool.member(index);
             let mut req = Request::new(request.method, Self::map_path(member, request.path))?;
-            for (name, value) in request.headers {
-                req.append(name.clone(), value.clone());
+            for &(name, value) in request.headers {
+                req.append(name, value);
             }
             self.authorize(&mut req, request.client_key_is_ours)?;
             match member.endpoint.send(req, request.body.clone()).await {
@@ -223,23 +229,22 @@ impl Upstream {
         let id = http::HeaderValue::from_str(request_id).map_err(|_| {
             pingora::Error::explain(ErrorType::InvalidHTTPHeader, "invalid request id")
         })?;
-        // Room for the client's key too: a list grown for it was moved.
-        let mut headers = Vec::with_capacity(3);
-        headers.extend([
-            (
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            ),
-            (crate::request_id::HEADER, id),
-        ]);
-        headers.extend(client_auth.map(|auth| (http::header::AUTHORIZATION, auth.clone())));
+        let ours = [(&CONTENT_TYPE, &JSON), (&crate::request_id::HEADER, &id)];
+        let with_auth;
+        let headers: &[_] = match client_auth {
+            Some(auth) => {
+                with_auth = [ours[0], ours[1], (&AUTHORIZATION, auth)];
+                &with_auth
+            }
+            None => &ours,
+        };
         self.send(&Outbound {
             method: "POST",
             path: match api {
                 UpstreamApi::Chat => "/v1/chat/completions",
                 UpstreamApi::Responses => "/v1/responses",
             },
-            headers: &headers,
+            headers,
             body: Some(body),
             affinity,
             client_key_is_ours: client_auth.is_none(),
@@ -262,10 +267,7 @@ impl Upstream {
         body: Option<Bytes>,
         wait: Duration,
     ) -> Result<(u16, Bytes), String> {
-        let json = [(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        )];
+        let json = [(&CONTENT_TYPE, &JSON)];
         let request = Outbound {
             method,
             path,
