@@ -201,24 +201,28 @@ enum ClientRequest {
 }
 
 impl ClientRequest {
+    /// The capture as recorded: Claude Code's keeps the request's method and
+    /// headers beside its body, Codex's is its body alone.
+    fn capture(self) -> serde_json::Value {
+        let capture = match self {
+            ClientRequest::ClaudeCode => {
+                include_str!("../../tests/fixtures/clients/claude-code-2.1.330-plain.request.json")
+            }
+            ClientRequest::Codex => {
+                include_str!("../../tests/fixtures/clients/codex-0.169.0-round1.request.json")
+            }
+        };
+        serde_json::from_str(capture).expect("a captured request is JSON")
+    }
+
     /// The captured request, with the model, the stream and the answer's
     /// length set as the shape says.
     fn body(self, model: &str, stream: bool, tokens: u32) -> Bytes {
-        let (capture, tokens_field, none) = match self {
-            ClientRequest::ClaudeCode => (
-                include_str!("../../tests/fixtures/clients/claude-code-2.1.330-plain.request.json"),
-                "max_tokens",
-                serde_json::json!({ "type": "none" }),
-            ),
-            ClientRequest::Codex => (
-                include_str!("../../tests/fixtures/clients/codex-0.169.0-round1.request.json"),
-                "max_output_tokens",
-                serde_json::json!("none"),
-            ),
+        let (tokens_field, none) = match self {
+            ClientRequest::ClaudeCode => ("max_tokens", serde_json::json!({ "type": "none" })),
+            ClientRequest::Codex => ("max_output_tokens", serde_json::json!("none")),
         };
-        let mut capture: serde_json::Value =
-            serde_json::from_str(capture).expect("a captured request is JSON");
-        // The Claude Code capture keeps the request's method and headers.
+        let mut capture = self.capture();
         let mut body = match capture.get_mut("body") {
             Some(body) => body.take(),
             None => capture,
@@ -232,18 +236,12 @@ impl ClientRequest {
 
     /// The captured request's header fields, as the client sent them, but
     /// those the load generator sets (`host`, `content-type`) and those of
-    /// its connection (`content-length`, `connection`). Codex's capture has
-    /// its body alone.
+    /// its connection (`content-length`, `connection`); none for Codex's.
     fn headers(self) -> Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)> {
-        let capture = match self {
-            ClientRequest::ClaudeCode => {
-                include_str!("../../tests/fixtures/clients/claude-code-2.1.330-plain.request.json")
-            }
-            ClientRequest::Codex => return Vec::new(),
+        let capture = self.capture();
+        let Some(fields) = capture["headers"].as_object() else {
+            return Vec::new();
         };
-        let capture: serde_json::Value =
-            serde_json::from_str(capture).expect("a captured request is JSON");
-        let fields = capture["headers"].as_object().cloned().unwrap_or_default();
         fields
             .iter()
             .filter(|(name, _)| {
@@ -252,10 +250,8 @@ impl ClientRequest {
             })
             .filter_map(|(name, value)| {
                 let name = hyper::header::HeaderName::from_bytes(name.as_bytes()).ok()?;
-                Some((
-                    name,
-                    hyper::header::HeaderValue::from_str(value.as_str()?).ok()?,
-                ))
+                let value = hyper::header::HeaderValue::from_str(value.as_str()?).ok()?;
+                Some((name, value))
             })
             .collect()
     }
