@@ -69,14 +69,11 @@ where
     /// (their names) inside one.
     fn json(self) -> fmt::Result {
         let w = self.w;
-        w.write_str("{\"timestamp\":\"")?;
-        timestamp(w)?;
-        write!(w, "\",\"level\":\"{}\",\"fields\":{{", self.meta.level())?;
+        json_head(w, *self.meta.level())?;
         let mut fields = Fields::<_, Json>::new(&mut *w);
         self.event.record(&mut fields);
         fields.result?;
-        w.write_str("},\"target\":")?;
-        json_string(w, self.meta.target())?;
+        json_target(w, self.meta.target())?;
         if let Some(scope) = self.ctx.event_scope() {
             w.write_str(",\"spans\":[")?;
             for (i, span) in scope.from_root().enumerate() {
@@ -94,23 +91,7 @@ where
     fn text(self) -> fmt::Result {
         let w = self.w;
         let ansi = w.has_ansi_escapes();
-        let (dim, reset) = if ansi {
-            ("\x1b[2m", "\x1b[0m")
-        } else {
-            ("", "")
-        };
-        w.write_str(dim)?;
-        timestamp(w)?;
-        w.write_str(reset)?;
-        let (level, colour) = match *self.meta.level() {
-            Level::TRACE => ("TRACE", "\x1b[35m"),
-            Level::DEBUG => ("DEBUG", "\x1b[34m"),
-            Level::INFO => (" INFO", "\x1b[32m"),
-            Level::WARN => (" WARN", "\x1b[33m"),
-            Level::ERROR => ("ERROR", "\x1b[31m"),
-        };
-        let colour = if ansi { colour } else { "" };
-        write!(w, " {colour}{level}{reset} ")?;
+        text_head(w, ansi, *self.meta.level())?;
         if let Some(scope) = self.ctx.event_scope() {
             for span in scope.from_root() {
                 w.write_str(span.name())?;
@@ -123,12 +104,69 @@ where
             }
             w.write_char(' ')?;
         }
-        write!(w, "{dim}{}:{reset} ", self.meta.target())?;
+        text_target(w, ansi, self.meta.target())?;
         let mut fields = Fields::<_, Text>::new(&mut *w);
         self.event.record(&mut fields);
         fields.result?;
         w.write_char('\n')
     }
+}
+
+/// A JSON line up to its fields: `{"timestamp":…,"level":…,"fields":{`.
+pub(super) fn json_head(w: &mut impl Write, level: Level) -> fmt::Result {
+    w.write_str("{\"timestamp\":\"")?;
+    timestamp(w)?;
+    w.write_str("\",\"level\":\"")?;
+    w.write_str(level.as_str())?;
+    w.write_str("\",\"fields\":{")
+}
+
+/// What follows a JSON line's fields: `},"target":…` (its spans and `}`
+/// after it).
+pub(super) fn json_target(w: &mut impl Write, target: &str) -> fmt::Result {
+    w.write_str("},\"target\":")?;
+    json_string(w, target)
+}
+
+/// `(dim, reset)`: the escapes around a text line's quieter parts, at a
+/// terminal.
+fn dim(ansi: bool) -> (&'static str, &'static str) {
+    match ansi {
+        true => ("\x1b[2m", "\x1b[0m"),
+        false => ("", ""),
+    }
+}
+
+/// A text line up to its spans: `2026-12-01T20:56:05.123456Z  INFO `.
+pub(super) fn text_head(w: &mut impl Write, ansi: bool, level: Level) -> fmt::Result {
+    let (dim, reset) = dim(ansi);
+    w.write_str(dim)?;
+    timestamp(w)?;
+    w.write_str(reset)?;
+    let (level, colour) = match level {
+        Level::TRACE => ("TRACE", "\x1b[35m"),
+        Level::DEBUG => ("DEBUG", "\x1b[34m"),
+        Level::INFO => (" INFO", "\x1b[32m"),
+        Level::WARN => (" WARN", "\x1b[33m"),
+        Level::ERROR => ("ERROR", "\x1b[31m"),
+    };
+    w.write_char(' ')?;
+    if ansi {
+        w.write_str(colour)?;
+    }
+    w.write_str(level)?;
+    w.write_str(reset)?;
+    w.write_char(' ')
+}
+
+/// A text line's target, before its fields: `agent_proxy::service: `.
+pub(super) fn text_target(w: &mut impl Write, ansi: bool, target: &str) -> fmt::Result {
+    let (dim, reset) = dim(ansi);
+    w.write_str(dim)?;
+    w.write_str(target)?;
+    w.write_char(':')?;
+    w.write_str(reset)?;
+    w.write_char(' ')
 }
 
 thread_local! {
@@ -184,7 +222,9 @@ fn date_time(seconds: u64) -> [u8; 19] {
 }
 
 /// How a line writes its fields.
-trait Form {
+pub(super) trait Form {
+    /// Whether this is the JSON form.
+    const JSON: bool;
     /// What comes before a field's value: a separator unless it is the
     /// first, and its name.
     fn name(w: &mut impl Write, first: bool, name: &str) -> fmt::Result;
@@ -192,13 +232,17 @@ trait Form {
     fn f64(w: &mut impl Write, value: f64) -> fmt::Result;
     /// A `%`- or `?`-value (and the message).
     fn debug(w: &mut impl Write, value: &dyn fmt::Debug) -> fmt::Result;
+    /// A `%`-value that is a string: as [`Form::debug`] writes it.
+    fn shown(w: &mut impl Write, value: &str) -> fmt::Result;
 }
 
 /// `message` first and bare, then `name=value`: strings quoted and escaped
 /// (a value cannot break the line), numbers and `%`-values as they are.
-struct Text;
+pub(super) struct Text;
 
 impl Form for Text {
+    const JSON: bool = false;
+
     fn name(w: &mut impl Write, first: bool, name: &str) -> fmt::Result {
         // `write_str`s, not `write!`: formatting machinery for three strings
         // was half of a line's cost.
@@ -231,13 +275,19 @@ impl Form for Text {
     fn debug(w: &mut impl Write, value: &dyn fmt::Debug) -> fmt::Result {
         write!(Sanitized(w), "{value:?}")
     }
+
+    fn shown(w: &mut impl Write, value: &str) -> fmt::Result {
+        Sanitized(w).write_str(value)
+    }
 }
 
 /// The members of a JSON object: strings and `%`/`?` values as JSON
 /// strings, numbers and booleans as themselves.
-struct Json;
+pub(super) struct Json;
 
 impl Form for Json {
+    const JSON: bool = true;
+
     fn name(w: &mut impl Write, first: bool, name: &str) -> fmt::Result {
         if !first {
             w.write_char(',')?;
@@ -262,6 +312,10 @@ impl Form for Json {
         w.write_char('"')?;
         write!(Escaped(&mut *w), "{value:?}")?;
         w.write_char('"')
+    }
+
+    fn shown(w: &mut impl Write, value: &str) -> fmt::Result {
+        json_string(w, value)
     }
 }
 
@@ -329,9 +383,12 @@ struct Sanitized<'a, W>(&'a mut W);
 
 impl<W: Write> Write for Sanitized<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        // C1 controls are U+0080–U+009F: 0xC2 0x80–0x9F in UTF-8.
-        let plain = !s.bytes().any(|b| b < 0x20 || b == 0x7f || b == 0xc2);
-        if plain {
+        // C1 controls are U+0080–U+009F: 0xC2 0x80–0x9F in UTF-8. Folded
+        // without a branch a byte, the look is vectorised.
+        let suspect = s.bytes().fold(false, |seen, b| {
+            seen | (b < 0x20) | (b == 0x7f) | (b == 0xc2)
+        });
+        if !suspect {
             return self.0.write_str(s);
         }
         for c in s.chars() {
@@ -350,8 +407,9 @@ impl<W: Write> Write for Sanitized<'_, W> {
 
 /// Whether a string's `Debug` form differs from it between quotes.
 fn needs_escape(s: &str) -> bool {
-    s.bytes()
-        .any(|b| b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f || b >= 0x80)
+    s.bytes().fold(false, |seen, b| {
+        seen | (b < 0x20) | (b == b'"') | (b == b'\\') | (b >= 0x7f)
+    })
 }
 
 fn json_string(w: &mut impl Write, s: &str) -> fmt::Result {
@@ -392,12 +450,12 @@ impl<W: Write> Write for Escaped<'_, W> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
     /// What `f` logs through [`Lines`], in `json` or text.
-    fn logged(json: bool, f: impl FnOnce()) -> String {
+    pub(in crate::logs) fn logged(json: bool, f: impl FnOnce()) -> String {
         let out = Arc::new(Mutex::new(Vec::new()));
         let sink = out.clone();
         let subscriber = tracing_subscriber::fmt()

@@ -5,16 +5,20 @@
 //! - `format`: each event's line, written by a formatter of our own (a
 //!   fifth of the cost of tracing-subscriber's); colours only at a
 //!   terminal, where they help, not in a file or a collector's pipe.
+//! - `request`: a request's line, written from its typed fields without
+//!   tracing's dispatch (a sixth of a passed-on request's cost before).
 //! - `queue`: the lines go to stderr from a thread of their own, so a
 //!   request's line costs its thread no `write(2)`, and a slow collector
 //!   never holds up a request.
 
 mod format;
 mod queue;
+mod request;
 
 use std::io::IsTerminal;
 
 pub use format::Lines;
+pub use request::RequestLine;
 
 /// Starts logging for the process (once, first thing in `main`). What is
 /// queued when the process exits (by `std::process::exit` too) is written
@@ -23,9 +27,11 @@ pub fn init(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     queue::start();
+    let ansi = !json && std::io::stderr().is_terminal();
+    let _ = request::STYLE.set(request::Style { json, ansi });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(!json && std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .event_format(Lines { json })
         .with_writer(|| queue::Line)
         .init();

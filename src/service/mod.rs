@@ -43,7 +43,6 @@ use pingora::modules::http::HttpModules;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session as ProxySession};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
-use tracing::info;
 
 use crate::agent::tool_loop::Summary;
 use crate::config::Config;
@@ -245,24 +244,24 @@ impl AgentProxy {
             }
             None => "-",
         };
-        info!(
-            request_id = %ctx.request_id,
-            method = %req.method,
-            path = %req.uri.path(),
+        crate::logs::RequestLine {
+            request_id: &ctx.request_id,
+            method: req.method.as_str(),
+            path: req.uri.path(),
             status,
-            route = ctx.route,
-            agent = if agent.is_empty() { "-" } else { agent },
-            session = ctx.session.as_deref().unwrap_or("-"),
+            route: ctx.route,
+            agent: if agent.is_empty() { "-" } else { agent },
+            session: ctx.session.as_deref().unwrap_or("-"),
             upstream,
-            rounds = summary.rounds,
-            tools = summary.tool_calls,
-            prompt_tokens = summary.usage.prompt_tokens,
-            completion_tokens = summary.usage.completion_tokens,
-            first_token_ms = summary.first_token.map(|d| d.as_millis() as u64),
-            ms = elapsed.as_millis() as u64,
-            error = error.map_or("-", |e| e.etype().as_str()),
-            "request"
-        );
+            rounds: summary.rounds,
+            tools: summary.tool_calls,
+            prompt_tokens: summary.usage.prompt_tokens,
+            completion_tokens: summary.usage.completion_tokens,
+            first_token_ms: summary.first_token.map(|d| d.as_millis() as u64),
+            ms: elapsed.as_millis() as u64,
+            error: error.map_or("-", |e| e.etype().as_str()),
+        }
+        .log();
     }
 }
 
