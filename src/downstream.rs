@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::StatusCode;
+use pingora::http::RequestHeader;
 use tokio::time::{Instant, Sleep};
 
 use crate::conversation::Dialect;
@@ -59,10 +60,6 @@ impl<'s> Client<'s> {
         self.session
     }
 
-    pub fn session_mut(&mut self) -> &mut Session {
-        self.session
-    }
-
     pub fn header_sent(&self) -> bool {
         self.session.response_written().is_some()
     }
@@ -102,6 +99,31 @@ impl<'s> Client<'s> {
                 _ = silent, if streaming => {}
             }
             self.write(Bytes::from_static(self.heartbeat_bytes)).await?;
+        }
+    }
+
+    /// Runs `work` on the client's request head to its end unless the
+    /// client disconnects first, as [`Client::wait`] runs work: the head is
+    /// lent where it is (a request passed on borrows its fields, where a
+    /// copy counted each name and value up and down). Before any answer,
+    /// so no heartbeat is due.
+    pub async fn wait_on_head<T>(
+        &mut self,
+        work: impl AsyncFnOnce(&RequestHeader) -> T,
+    ) -> Result<T, Gone> {
+        let (head, mut watch) = self.session.head_and_watch();
+        let work = work(head);
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut work => return Ok(out),
+                closed = watch.idle(), if self.watching => match closed {
+                    Err(_) => return Err(Gone),
+                    // Bytes of a pipelined request: not a disconnect.
+                    Ok(()) => self.watching = false,
+                },
+            }
         }
     }
 

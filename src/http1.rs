@@ -251,6 +251,11 @@ pub enum Decoded {
 }
 
 impl Body {
+    /// Whether all of it was read (none is a length of 0).
+    pub fn done(&self) -> bool {
+        matches!(self, Body::Done | Body::Length(0))
+    }
+
     /// Takes the next piece of the body (or framing) off the front of `buf`.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded> {
         loop {

@@ -141,31 +141,32 @@ async fn relay(
 ) -> Result<(), Gone> {
     let upstream = &config.default_upstream;
     // The client's head goes out borrowed, not copied (a coding agent's
-    // twenty fields, each name and value counted up and down twice): it
-    // leaves the session while `wait` holds the client, and is back before
-    // anything is answered or logged.
-    let incoming = client.session_mut().take_header();
-    let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
-    let fields = &incoming.headers;
-    let listed = ConnectionListed::of(fields);
-    // At the request's size: collected through a filter, the list began
-    // at four and grew (a reallocation, a tenth of a microsecond).
-    let mut headers = Vec::with_capacity(fields.len());
-    headers.extend(fields.iter().filter(|(name, _)| {
-        !HOP_BY_HOP.contains(name)
-            && !SET_BY_PROXY.contains(name)
-            && !listed.names(name.as_str().as_bytes())
-    }));
-    let outbound = Outbound {
-        method: incoming.method.as_str(),
-        path,
-        headers: &headers,
-        body,
-        affinity,
-        client_key_is_ours: !config.api_keys.is_empty(),
-    };
-    let sent = client.wait(upstream.send(&outbound)).await;
-    client.session_mut().put_back(incoming);
+    // twenty fields, each name and value counted up and down twice).
+    let sent = client
+        .wait_on_head(async move |incoming| {
+            let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
+            let fields = &incoming.headers;
+            let listed = ConnectionListed::of(fields);
+            // At the request's size: collected through a filter, the list
+            // began at four and grew (a reallocation, a tenth of a
+            // microsecond).
+            let mut headers = Vec::with_capacity(fields.len());
+            headers.extend(fields.iter().filter(|(name, _)| {
+                !HOP_BY_HOP.contains(name)
+                    && !SET_BY_PROXY.contains(name)
+                    && !listed.names(name.as_str().as_bytes())
+            }));
+            let outbound = Outbound {
+                method: incoming.method.as_str(),
+                path,
+                headers: &headers,
+                body,
+                affinity,
+                client_key_is_ours: !config.api_keys.is_empty(),
+            };
+            upstream.send(&outbound).await
+        })
+        .await;
     let mut exchange = match sent? {
         Ok(exchange) => exchange,
         Err(e) => {

@@ -479,6 +479,38 @@ pub enum Finished {
 }
 
 /// One request on the client's connection, and its response.
+/// What of a session watching the client takes ([`Session::head_and_watch`]).
+pub struct Watch<'s> {
+    stream: &'s mut Stream,
+    buf: &'s mut BytesMut,
+    body: &'s Body,
+    keep_alive: &'s mut bool,
+}
+
+impl Watch<'_> {
+    /// Resolves when the client goes away (an error), or sends the first
+    /// bytes of its next request (kept for it). Pending while the body is
+    /// unread: its bytes are not a sign of either.
+    pub async fn idle(&mut self) -> Result<()> {
+        if !self.body.done() || !self.buf.is_empty() {
+            return std::future::pending().await;
+        }
+        // One byte, as pingora probes: the rest waits in the socket.
+        let mut probe = [0u8; 1];
+        let read = self
+            .stream
+            .read(&mut probe)
+            .await
+            .or_err(ErrorType::ReadError, "while idle")?;
+        if read == 0 {
+            *self.keep_alive = false;
+            return Error::e_explain(ErrorType::ConnectionClosed, "the client closed");
+        }
+        self.buf.extend_from_slice(&probe[..read]);
+        Ok(())
+    }
+}
+
 pub struct Session {
     stream: Stream,
     header: RequestHeader,
@@ -517,16 +549,17 @@ impl Session {
         &mut self.header
     }
 
-    /// Takes the request's head out, leaving an empty one, for its fields to
-    /// be lent while the session is waited on; [`Session::put_back`] returns
-    /// it before anything reads it again.
-    pub fn take_header(&mut self) -> RequestHeader {
-        let (empty, ()) = http::Request::new(()).into_parts();
-        std::mem::replace(&mut self.header, RequestHeader::from(empty))
-    }
-
-    pub fn put_back(&mut self, header: RequestHeader) {
-        self.header = header;
+    /// The request's head, lent where it is, beside a watch on the client
+    /// ([`Watch::idle`]): work that reads the head (a request passed on
+    /// borrows its fields) while the client is watched.
+    pub fn head_and_watch(&mut self) -> (&RequestHeader, Watch<'_>) {
+        let watch = Watch {
+            stream: &mut self.stream,
+            buf: &mut self.buf,
+            body: &self.body,
+            keep_alive: &mut self.keep_alive,
+        };
+        (&self.header, watch)
     }
 
     /// The connection closes after this request.
@@ -612,7 +645,7 @@ impl Session {
 
     /// Whether the request's body was read to its end (or has none).
     pub fn body_done(&self) -> bool {
-        matches!(self.body, Body::Done | Body::Length(0))
+        self.body.done()
     }
 
     /// `100 Continue`, to a client waiting for it before it sends the body
@@ -712,26 +745,9 @@ impl Session {
         Ok(())
     }
 
-    /// Resolves when the client goes away (an error), or sends the first
-    /// bytes of its next request (kept for it). Pending while the body is
-    /// unread: its bytes are not a sign of either.
+    /// [`Watch::idle`].
     pub async fn idle(&mut self) -> Result<()> {
-        if !self.body_done() || !self.buf.is_empty() {
-            return std::future::pending().await;
-        }
-        // One byte, as pingora probes: the rest waits in the socket.
-        let mut probe = [0u8; 1];
-        let read = self
-            .stream
-            .read(&mut probe)
-            .await
-            .or_err(ErrorType::ReadError, "while idle")?;
-        if read == 0 {
-            self.keep_alive = false;
-            return Error::e_explain(ErrorType::ConnectionClosed, "the client closed");
-        }
-        self.buf.extend_from_slice(&probe[..read]);
-        Ok(())
+        self.head_and_watch().1.idle().await
     }
 
     /// Ends the response: its last chunk, and the flush; then [`finished`]
