@@ -468,6 +468,21 @@ pub(super) mod tests {
         String::from_utf8(bytes).expect("UTF-8")
     }
 
+    /// What `f` returns and logs (as text) under `RUST_LOG=filter`.
+    pub(in crate::logs) fn filtered<T>(filter: &str, f: impl FnOnce() -> T) -> (T, String) {
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_ansi(false)
+            .event_format(Lines { json: false })
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        let returned = tracing::subscriber::with_default(subscriber, f);
+        let bytes = out.lock().map(|b| b.clone()).unwrap_or_default();
+        (returned, String::from_utf8(bytes).expect("UTF-8"))
+    }
+
     struct Sink(Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Sink {

@@ -53,6 +53,20 @@ pub struct RequestLine<'a> {
     pub error: &'a str,
 }
 
+/// Whether `RUST_LOG` lets the line through: asked as of an event with its
+/// fields, as the line's own callsite was (a directive may name fields).
+fn enabled() -> bool {
+    tracing::enabled!(
+        kind: tracing::metadata::Kind::EVENT,
+        target: TARGET,
+        Level::INFO,
+        {
+            message, request_id, method, path, status, route, agent, session, upstream,
+            rounds, tools, prompt_tokens, completion_tokens, first_token_ms, ms, error
+        }
+    )
+}
+
 thread_local! {
     /// The line being written, its room kept for the thread's next.
     static LINE: RefCell<String> = const { RefCell::new(String::new()) };
@@ -62,7 +76,7 @@ impl RequestLine<'_> {
     /// Queues the line, where logging is on for [`TARGET`] at `INFO`.
     pub fn log(&self) {
         let Some(&style) = STYLE.get() else { return };
-        if !tracing::enabled!(target: TARGET, Level::INFO) {
+        if !enabled() {
             return;
         }
         LINE.with_borrow_mut(|line| {
@@ -70,7 +84,7 @@ impl RequestLine<'_> {
             if self.write(line, style).is_ok() {
                 // `Line` queues it whole, or writes it itself without the
                 // writer thread.
-                let _ = queue::Line.write(line.as_bytes());
+                let _ = queue::Line.write_all(line.as_bytes());
             }
         });
     }
@@ -148,7 +162,7 @@ impl RequestLine<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::format::tests::logged;
+    use super::super::format::tests::{filtered, logged};
     use super::*;
 
     /// The line through tracing, as the request line was logged before.
@@ -222,6 +236,48 @@ mod tests {
                 assert_eq!(untimed(&ours, json), untimed(&theirs, json));
                 assert_eq!(ours.matches('\n').count(), 1, "{ours}");
             }
+        }
+    }
+
+    #[test]
+    fn rust_log_lets_the_line_through_as_it_let_the_event() {
+        let line = RequestLine {
+            request_id: "r",
+            method: "GET",
+            path: "/",
+            status: 200,
+            route: "health",
+            agent: "-",
+            session: "-",
+            upstream: "-",
+            rounds: 0,
+            tools: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            first_token_ms: None,
+            ms: 0,
+            error: "-",
+        };
+        for filter in [
+            "info",
+            "warn",
+            "off",
+            "agent_proxy=warn",
+            "warn,agent_proxy::service=info",
+            "agent_proxy::service=debug",
+            "info,agent_proxy::service=warn",
+            // Directives that name fields apply to events with them alone.
+            "info,agent_proxy[{dropped}]=off",
+            "off,agent_proxy[{dropped}]=info",
+            "off,agent_proxy[{request_id}]=info",
+            "info,agent_proxy::service[{status}]=off",
+        ] {
+            let (ours, written) = filtered(filter, || {
+                let ours = enabled();
+                through_tracing(&line);
+                ours
+            });
+            assert_eq!(ours, !written.is_empty(), "RUST_LOG={filter}");
         }
     }
 }

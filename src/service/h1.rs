@@ -478,7 +478,6 @@ pub enum Finished {
     Closed,
 }
 
-/// One request on the client's connection, and its response.
 /// What of a session watching the client takes ([`Session::head_and_watch`]).
 pub struct Watch<'s> {
     stream: &'s mut Stream,
@@ -511,6 +510,7 @@ impl Watch<'_> {
     }
 }
 
+/// One request on the client's connection, and its response.
 pub struct Session {
     stream: Stream,
     header: RequestHeader,
