@@ -73,7 +73,8 @@ thread_local! {
 }
 
 impl RequestLine<'_> {
-    /// Queues the line, where logging is on for [`TARGET`] at `INFO`.
+    /// Queues the line, where `RUST_LOG` lets its target (`agent_proxy::service`)
+    /// log at `INFO`.
     pub fn log(&self) {
         let Some(&style) = STYLE.get() else { return };
         if !enabled() {
