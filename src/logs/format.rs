@@ -456,26 +456,22 @@ pub(super) mod tests {
 
     /// What `f` logs through [`Lines`], in `json` or text.
     pub(in crate::logs) fn logged(json: bool, f: impl FnOnce()) -> String {
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let sink = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .event_format(Lines { json })
-            .with_writer(move || Sink(sink.clone()))
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let bytes = out.lock().map(|b| b.clone()).unwrap_or_default();
-        String::from_utf8(bytes).expect("UTF-8")
+        captured(json, "trace", f).1
     }
 
     /// What `f` returns and logs (as text) under `RUST_LOG=filter`.
     pub(in crate::logs) fn filtered<T>(filter: &str, f: impl FnOnce() -> T) -> (T, String) {
+        captured(false, filter, f)
+    }
+
+    /// What `f` returns and logs through [`Lines`] under `RUST_LOG=filter`.
+    fn captured<T>(json: bool, filter: &str, f: impl FnOnce() -> T) -> (T, String) {
         let out = Arc::new(Mutex::new(Vec::new()));
         let sink = out.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_ansi(false)
-            .event_format(Lines { json: false })
+            .event_format(Lines { json })
             .with_writer(move || Sink(sink.clone()))
             .finish();
         let returned = tracing::subscriber::with_default(subscriber, f);
