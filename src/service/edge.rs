@@ -64,6 +64,20 @@ pub struct Edge {
     connections: Connections,
 }
 
+/// A request's head, read and parsed.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once, on the stack; a boxed session would be an allocation more a request"
+)]
+enum Arrived {
+    /// Not HTTP/1 we take: refused.
+    Malformed(Stream, h1::Malformed),
+    /// For pingora's proxy path: the request as it arrived.
+    ForPingora(Stream, BytesMut),
+    /// For our handlers.
+    Ours(h1::Session, ProxyPath),
+}
+
 /// How [`Edge::serve`] left a request.
 enum Served {
     /// Answered: how the connection is left.
@@ -85,42 +99,68 @@ impl Edge {
 
     /// One request, through our hooks in pingora's order for a request that
     /// `request_filter` answers.
-    async fn serve(&self, mut session: h1::Session, shutdown: &ShutdownWatch) -> Served {
-        if *shutdown.borrow() {
-            session.close_after();
-        }
-        let app = &self.app;
-        let mut ctx = app.new_ctx();
-        // Our routes' future, built in its box (`boxed`); pingora's trait
-        // would box it by a copy.
-        match boxed::pinned(|| app.route(&mut session, &mut ctx)).await {
-            Ok(true) => {
-                app.log(
-                    session.req_header(),
-                    session.response_written(),
-                    None,
-                    &mut ctx,
-                );
-                session.end().await;
-                Served::Answered(session.finished())
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` copies `session` (456 bytes) from its argument \
+                  into a local of its future on the first poll; a block uses it in place"
+    )]
+    fn serve<'a>(
+        &'a self,
+        mut session: h1::Session,
+        shutdown: &'a ShutdownWatch,
+    ) -> impl Future<Output = Served> + 'a {
+        async move {
+            if *shutdown.borrow() {
+                session.close_after();
             }
-            Ok(false) => {
-                let (stream, request) = session.into_passed_on();
-                Served::PassedOn(stream, request)
-            }
-            Err(e) => {
-                let code = app.fail(&mut session, &e, &ctx).await;
-                if !super::is_routine(&e) {
-                    error!("Fail to filter request: {e}, status: {code}");
+            let app = &self.app;
+            let mut ctx = app.new_ctx();
+            // Our routes' future is part of this one, which is boxed.
+            match app.route(&mut session, &mut ctx).await {
+                Ok(true) => {
+                    app.log(
+                        session.req_header(),
+                        session.response_written(),
+                        None,
+                        &mut ctx,
+                    );
+                    session.end().await;
+                    Served::Answered(session.finished())
                 }
-                app.log(
-                    session.req_header(),
-                    session.response_written(),
-                    Some(&e),
-                    &mut ctx,
-                );
-                Served::Answered(h1::Finished::Closed)
+                Ok(false) => {
+                    let (stream, request) = session.into_passed_on();
+                    Served::PassedOn(stream, request)
+                }
+                Err(e) => {
+                    let code = app.fail(&mut session, &e, &ctx).await;
+                    if !super::is_routine(&e) {
+                        error!("Fail to filter request: {e}, status: {code}");
+                    }
+                    app.log(
+                        session.req_header(),
+                        session.response_written(),
+                        Some(&e),
+                        &mut ctx,
+                    );
+                    Served::Answered(h1::Finished::Closed)
+                }
             }
+        }
+    }
+
+    /// What the head in `buf` asks for. Not async: the parsed head (400
+    /// bytes) then never lives in the connection's future, which a request
+    /// finds cold when many connections are open; it goes straight into the
+    /// session, or into the bytes pingora's proxy path reads.
+    fn arrived(&self, stream: Stream, mut buf: BytesMut) -> Arrived {
+        let head = match h1::parse(&mut buf) {
+            Ok(head) => head,
+            Err(malformed) => return Arrived::Malformed(stream, malformed),
+        };
+        match super::proxy_path(&head, &self.config.load()) {
+            // `buf`'s room (4 KiB) goes now, not as late as pingora's request.
+            ProxyPath::Now => Arrived::ForPingora(stream, head.as_sent(&buf)),
+            proxy_path => Arrived::Ours(h1::Session::new(stream, head, buf), proxy_path),
         }
     }
 
@@ -188,43 +228,41 @@ impl ServerApp for Edge {
         loop {
             let first = arriving.is_some();
             let timeouts = self.head_timeouts();
-            let mut buf = read_head(&mut stream, next, &mut between, timeouts, first).await?;
-            let head = match h1::parse(&mut buf) {
-                Ok(head) => head,
-                Err(malformed) => {
+            let buf = read_head(&mut stream, next, &mut between, timeouts, first).await?;
+            let arrived = self.arrived(stream, buf);
+            let reused = match arrived {
+                Arrived::Malformed(stream, malformed) => {
                     boxed::pinned(move || refuse(stream, malformed)).await;
                     return None;
                 }
-            };
-            let proxy_path = super::proxy_path(&head, &self.config.load());
-            let reused = if proxy_path == ProxyPath::Now {
-                let request = head.as_sent(&buf);
-                // Its room (4 KiB) would last as long as pingora's request.
-                drop(buf);
-                self.pass_on(stream, request, persisted.take(), shutdown)
-                    .await
-            } else {
-                let session = h1::Session::new(stream, head, buf);
+                Arrived::ForPingora(stream, request) => {
+                    self.pass_on(stream, request, persisted.take(), shutdown)
+                        .await
+                }
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
-                match boxed::pinned(|| self.serve(session, shutdown)).await {
-                    Served::Answered(h1::Finished::Reusable(reusable, read)) => {
-                        arriving = None;
-                        (stream, next) = (reusable, read);
-                        continue;
-                    }
-                    Served::Answered(h1::Finished::Unread(stream)) => {
-                        boxed::pinned(move || close_draining(stream)).await;
-                        return None;
-                    }
-                    Served::Answered(h1::Finished::Closed) => return None,
-                    Served::PassedOn(stream, request) if proxy_path == ProxyPath::Perhaps => {
-                        self.pass_on(stream, request, persisted.take(), shutdown)
-                            .await
-                    }
-                    Served::PassedOn(..) => {
-                        error!("a request passed on from a route that never is: connection closed");
-                        None
+                Arrived::Ours(session, proxy_path) => {
+                    match boxed::pinned(|| self.serve(session, shutdown)).await {
+                        Served::Answered(h1::Finished::Reusable(reusable, read)) => {
+                            arriving = None;
+                            (stream, next) = (reusable, read);
+                            continue;
+                        }
+                        Served::Answered(h1::Finished::Unread(stream)) => {
+                            boxed::pinned(move || close_draining(stream)).await;
+                            return None;
+                        }
+                        Served::Answered(h1::Finished::Closed) => return None,
+                        Served::PassedOn(stream, request) if proxy_path == ProxyPath::Perhaps => {
+                            self.pass_on(stream, request, persisted.take(), shutdown)
+                                .await
+                        }
+                        Served::PassedOn(..) => {
+                            error!(
+                                "a request passed on from a route that never is: connection closed"
+                            );
+                            None
+                        }
                     }
                 }
             };

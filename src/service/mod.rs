@@ -158,10 +158,7 @@ impl AgentProxy {
             Ok(dialect) => dialect,
             Err((dialect, error)) => return reject(session, dialect, &error).await,
         };
-        let req = session.req_header();
-        let method = req.method.clone();
-        let path = req.uri.path().to_owned();
-        match path.as_str() {
+        match session.req_header().uri.path() {
             "/healthz" if ctx.route == "health" => return health::live(session).await,
             "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
             _ => {}
@@ -179,7 +176,10 @@ impl AgentProxy {
         match ctx.route {
             "metrics" => health::metrics(session).await,
             "models" => models::list(session, &config, dialect).await,
-            "model" => models::one(session, &config, &path["/v1/models/".len()..], dialect).await,
+            "model" => {
+                let id = session.req_header().uri.path()["/v1/models/".len()..].to_owned();
+                models::one(session, &config, &id, dialect).await
+            }
             "chat" => front_door::handle(session, ctx, Dialect::Chat).await,
             "responses" => front_door::handle(session, ctx, Dialect::Responses).await,
             "messages" => front_door::handle(session, ctx, Dialect::Messages).await,
@@ -190,7 +190,9 @@ impl AgentProxy {
             }
             _ if config.passthrough => Ok(false),
             _ => {
-                let error = ApiError::not_found(format!("no route for {method} {path}"));
+                let req = session.req_header();
+                let error =
+                    ApiError::not_found(format!("no route for {} {}", req.method, req.uri.path()));
                 reject(session, dialect, &error).await
             }
         }
