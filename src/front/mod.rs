@@ -413,10 +413,12 @@ pub struct ToolShape {
 /// would hash it in and out again. What is not taken is dropped.
 pub struct Picked<const N: usize> {
     names: &'static [&'static str; N],
-    /// The members found, each with its place in `names`. A request gives
-    /// a few of the names (a small chat request 3 of 14): a place for each
-    /// was a KiB written for nothing, and cold at many connections.
-    values: Vec<(usize, Value)>,
+    /// Where each name's member is in `values`, plus one (0: not found).
+    places: [u8; N],
+    /// The members found, in the order found. A request gives a few of the
+    /// names (a small chat request 3 of 14): a value's room for each was a
+    /// KiB written for nothing, and cold at many connections.
+    values: Vec<Option<Value>>,
 }
 
 /// An object whose members a decoder takes out one by one.
@@ -432,25 +434,30 @@ impl Take for Map<String, Value> {
 
 impl<const N: usize> Picked<N> {
     fn new(names: &'static [&'static str; N]) -> Self {
+        const { assert!(N < 256, "a place in `values` is a byte") };
         Picked {
             names,
+            places: [0; N],
             values: Vec::with_capacity(N.min(8)),
         }
     }
 
-    /// Sets (or with `None` unsets) the member of place `slot`.
+    /// Sets (or with `None` unsets) the member of the name at `slot`. Each
+    /// name has one place in `values` at most, so there are N at most.
     fn set(&mut self, slot: usize, value: Option<Value>) {
-        if let Some(found) = self.found(slot) {
-            self.values.swap_remove(found);
-        }
-        if let Some(value) = value {
-            self.values.push((slot, value));
+        match self.places[slot] {
+            0 if value.is_none() => {}
+            0 => {
+                self.values.push(value);
+                self.places[slot] = self.values.len() as u8;
+            }
+            place => self.values[usize::from(place) - 1] = value,
         }
     }
 
-    /// Where in `values` the member of place `slot` is, if it was found.
-    fn found(&self, slot: usize) -> Option<usize> {
-        self.values.iter().position(|(at, _)| *at == slot)
+    /// Where in `values` the member of the name at `slot` is, if it was found.
+    fn place(&self, slot: usize) -> Option<usize> {
+        usize::from(self.places[slot]).checked_sub(1)
     }
 
     /// An entry's object (`at`): the members named set apart, the others
@@ -499,8 +506,7 @@ impl<const N: usize> Picked<N> {
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
-        let found = self.found(self.slot(key)?)?;
-        Some(&self.values[found].1)
+        self.values.get(self.place(self.slot(key)?)?)?.as_ref()
     }
 
     /// Sets a member (one the decoder takes, to be read as `value`).
@@ -513,8 +519,8 @@ impl<const N: usize> Picked<N> {
 
 impl<const N: usize> Take for Picked<N> {
     fn take(&mut self, key: &str) -> Option<Value> {
-        let found = self.found(self.slot(key)?)?;
-        Some(self.values.swap_remove(found).1)
+        let place = self.place(self.slot(key)?)?;
+        self.values.get_mut(place)?.take()
     }
 }
 
