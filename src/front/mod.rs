@@ -415,9 +415,10 @@ pub struct Picked<const N: usize> {
     names: &'static [&'static str; N],
     /// Where each name's member is in `values`, plus one (0: not found).
     places: [u8; N],
-    /// The members found, in the order found. A request gives a few of the
-    /// names (a small chat request 3 of 14): a value's room for each was a
-    /// KiB written for nothing, and cold at many connections.
+    /// The members found, in the order first found (a name unset keeps its
+    /// place, as `None`). A request gives a few of the names (a small chat
+    /// request 3 of 14): a value's room for each was a KiB written for
+    /// nothing, and cold at many connections.
     values: Vec<Option<Value>>,
 }
 

@@ -148,7 +148,7 @@ impl Edge {
         }
     }
 
-    /// What the head in `buf` asks for. Not async: the parsed head (400
+    /// What the head in `buf` asks for. Not async: the parsed head (408
     /// bytes) then never lives in the connection's future, which a request
     /// finds cold when many connections are open; it goes straight into the
     /// session, or into the bytes pingora's proxy path reads.
