@@ -24,6 +24,15 @@ use crate::sse;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gone;
 
+/// What the client's idleness (`Session::idle`) says: gone, or the bytes of
+/// a pipelined request, not a disconnect, and nothing more to learn from
+/// the socket (`watching` goes off).
+fn seen(closed: pingora::Result<()>, watching: &mut bool) -> Result<(), Gone> {
+    closed.map_err(|_| Gone)?;
+    *watching = false;
+    Ok(())
+}
+
 pub struct Client<'s> {
     session: &'s mut Session,
     heartbeat: Duration,
@@ -88,12 +97,7 @@ impl<'s> Client<'s> {
                 biased;
                 out = &mut work => return Ok(out),
                 closed = self.session.idle(), if watching => {
-                    match closed {
-                        Err(_) => return Err(Gone),
-                        // Bytes of a pipelined request: not a disconnect,
-                        // and nothing more to learn from the socket.
-                        Ok(_) => self.watching = false,
-                    }
+                    seen(closed, &mut self.watching)?;
                     continue;
                 }
                 _ = silent, if streaming => {}
@@ -118,11 +122,7 @@ impl<'s> Client<'s> {
             tokio::select! {
                 biased;
                 out = &mut work => return Ok(out),
-                closed = watch.idle(), if self.watching => match closed {
-                    Err(_) => return Err(Gone),
-                    // Bytes of a pipelined request: not a disconnect.
-                    Ok(()) => self.watching = false,
-                },
+                closed = watch.idle(), if self.watching => seen(closed, &mut self.watching)?,
             }
         }
     }

@@ -169,13 +169,14 @@ pub fn picked_object_and_tools<'a, const N: usize>(
         } else if let Some(slot) = read.picked.position(&name) {
             // Given twice, the last: as an array or as a value.
             let listed = history == Some(&*name);
-            read.picked.set(slot, None);
             if !listed {
                 read.picked.set(slot, Some(scan.parse_value()?));
             } else if scan.peek() != Some(b'[') {
                 read.history = None;
                 read.picked.set(slot, Some(scan.parse_value()?));
             } else {
+                // A value given before the array is no longer the last.
+                read.picked.set(slot, None);
                 read.history = match entries(scan, shape.dialect) {
                     Some(entries) => Some(entries),
                     // Parsed whole, as any value: its entries never kept.
