@@ -23,6 +23,7 @@ pub mod logs;
 pub mod mcp;
 pub mod metrics;
 pub mod openai;
+pub mod per_thread;
 pub mod reload;
 pub mod request_id;
 pub mod round;

@@ -3,36 +3,44 @@
 //! names come from the config (or the MCP servers it names), never from what
 //! a client or a model sends.
 
-use std::sync::LazyLock;
+use std::collections::btree_map::{BTreeMap, Entry};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Metric, MetricFamily, MetricType};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
 };
 
+use crate::per_thread::PerThread;
+
+/// The metrics a request writes are [`Split`]: each thread counts in its
+/// own part (a count that both cores wrote at each request moved its line
+/// between them, `per_thread`), and a scrape adds the parts up.
 pub struct Metrics {
     registry: Registry,
     /// By route (`agent`, `chat`, `proxy`, `models`, …), agent, status, stream.
-    pub requests: IntCounterVec,
-    pub request_seconds: HistogramVec,
-    pub first_token_seconds: HistogramVec,
-    pub tool_calls: IntCounterVec,
-    pub tool_seconds: HistogramVec,
-    pub rounds: HistogramVec,
+    pub requests: Split<IntCounterVec>,
+    pub request_seconds: Split<HistogramVec>,
+    pub first_token_seconds: Split<HistogramVec>,
+    pub tool_calls: Split<IntCounterVec>,
+    pub tool_seconds: Split<HistogramVec>,
+    pub rounds: Split<HistogramVec>,
     pub upstream_errors: IntCounterVec,
-    pub tokens: IntCounterVec,
+    pub tokens: Split<IntCounterVec>,
     pub config_reloads: IntCounterVec,
     /// Response store failures by operation (`read`, `write`, `too_large`).
     pub store_errors: IntCounterVec,
     /// Agent requests by where their session id came from.
-    pub sessions: SessionSources,
+    pub sessions: PerThread<SessionSources>,
     /// Store calls by operation (`read`, `write`, `note_read`, `note_write`), as the store answered.
-    pub store_seconds: HistogramVec,
+    pub store_seconds: Split<HistogramVec>,
     /// Knowledge searches by base and phase (`embed`: the query's
     /// embedding on the upstream; `search`: the index's scan).
     pub knowledge_seconds: HistogramVec,
-    pub streams_in_flight: IntGauge,
+    pub streams_in_flight: Split<IntGauge>,
 }
 
 /// `agent_proxy_sessions_total`'s two series, looked up once.
@@ -52,6 +60,113 @@ impl SessionSources {
     }
 }
 
+/// A metric kept in a part per thread ([`PerThread`]), registered once:
+/// a scrape merges the parts' series, label set by label set (counters and
+/// gauges add up, histograms bucket by bucket).
+pub struct Split<M>(Arc<PerThread<M>>);
+
+impl<M> Clone for Split<M> {
+    fn clone(&self) -> Self {
+        Split(self.0.clone())
+    }
+}
+
+impl<M: Collector + Clone + 'static> Split<M> {
+    fn register(
+        registry: &Registry,
+        make: impl Fn() -> prometheus::Result<M>,
+    ) -> prometheus::Result<Self> {
+        let split = Split(Arc::new(PerThread::try_new(make)?));
+        registry.register(Box::new(split.clone()))?;
+        Ok(split)
+    }
+
+    /// The calling thread's part.
+    pub fn local(&self) -> &M {
+        self.0.local()
+    }
+
+    /// Part `index`, for series looked up once in each part.
+    fn part(&self, index: usize) -> &M {
+        self.0.part(index)
+    }
+}
+
+impl<M: Collector> Collector for Split<M> {
+    fn desc(&self) -> Vec<&Desc> {
+        // The parts are made alike: the first one describes them all.
+        self.0.parts().next().map(M::desc).unwrap_or_default()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut parts = self.0.parts().map(M::collect);
+        let Some(mut families) = parts.next() else {
+            return Vec::new();
+        };
+        for other in parts {
+            for (family, other) in families.iter_mut().zip(other) {
+                merge(family, other);
+            }
+        }
+        families
+    }
+}
+
+/// Adds `other`'s series into `family`'s, label set by label set.
+fn merge(family: &mut MetricFamily, mut other: MetricFamily) {
+    let kind = family.get_field_type();
+    let mut by_labels: BTreeMap<Vec<(String, String)>, Metric> = family
+        .take_metric()
+        .into_iter()
+        .map(|metric| (labels(&metric), metric))
+        .collect();
+    for metric in other.take_metric() {
+        match by_labels.entry(labels(&metric)) {
+            Entry::Vacant(entry) => {
+                entry.insert(metric);
+            }
+            Entry::Occupied(mut entry) => add(kind, entry.get_mut(), &metric),
+        }
+    }
+    family.set_metric(by_labels.into_values().collect());
+}
+
+fn labels(metric: &Metric) -> Vec<(String, String)> {
+    metric
+        .get_label()
+        .iter()
+        .map(|pair| (pair.name().to_owned(), pair.value().to_owned()))
+        .collect()
+}
+
+fn add(kind: MetricType, into: &mut Metric, from: &Metric) {
+    match kind {
+        MetricType::COUNTER => {
+            let mut counter = into.get_counter().clone();
+            counter.set_value(counter.get_value() + from.get_counter().get_value());
+            into.set_counter(counter);
+        }
+        MetricType::GAUGE => {
+            let mut gauge = into.get_gauge().clone();
+            gauge.set_value(gauge.get_value() + from.get_gauge().get_value());
+            into.set_gauge(gauge);
+        }
+        MetricType::HISTOGRAM => {
+            let (mut sum, other) = (into.get_histogram().clone(), from.get_histogram());
+            sum.set_sample_count(sum.get_sample_count() + other.get_sample_count());
+            sum.set_sample_sum(sum.get_sample_sum() + other.get_sample_sum());
+            let mut buckets = sum.get_bucket().to_vec();
+            for (bucket, more) in buckets.iter_mut().zip(other.get_bucket()) {
+                bucket.set_cumulative_count(bucket.cumulative_count() + more.cumulative_count());
+            }
+            sum.set_bucket(buckets);
+            into.set_histogram(sum);
+        }
+        // Not split (summaries, untyped): none of ours.
+        _ => {}
+    }
+}
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
@@ -64,59 +179,72 @@ const STORE_BUCKETS: &[f64] = &[
 impl Metrics {
     fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let counter =
-            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
-                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-                registry.register(Box::new(c.clone()))?;
-                Ok(c)
-            };
-        let histogram = |name: &str,
-                         help: &str,
-                         labels: &[&str],
-                         buckets: &[f64]|
-         -> Result<HistogramVec, prometheus::Error> {
-            let h = HistogramVec::new(
+        let registry = &registry;
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok::<_, prometheus::Error>(c)
+        };
+        let split_counter = |name: &str, help: &str, labels: &[&str]| {
+            Split::register(registry, || {
+                IntCounterVec::new(Opts::new(name, help), labels)
+            })
+        };
+        let new_histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            HistogramVec::new(
                 HistogramOpts::new(name, help).buckets(buckets.to_vec()),
                 labels,
-            )?;
-            registry.register(Box::new(h.clone()))?;
-            Ok(h)
+            )
         };
-        let streams_in_flight = IntGauge::new(
-            "agent_proxy_streams_in_flight",
-            "Event streams being sent to clients",
+        let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            let h = new_histogram(name, help, labels, buckets)?;
+            registry.register(Box::new(h.clone()))?;
+            Ok::<_, prometheus::Error>(h)
+        };
+        let split_histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            Split::register(registry, || new_histogram(name, help, labels, buckets))
+        };
+        let streams_in_flight = Split::register(registry, || {
+            IntGauge::new(
+                "agent_proxy_streams_in_flight",
+                "Event streams being sent to clients",
+            )
+        })?;
+        let sessions = split_counter(
+            "agent_proxy_sessions_total",
+            "Agent requests by the source of their session id (client: a header or body field; derived: from how the conversation begins)",
+            &["source"],
         )?;
-        registry.register(Box::new(streams_in_flight.clone()))?;
         Ok(Metrics {
-            requests: counter(
+            requests: split_counter(
                 "agent_proxy_requests_total",
                 "Requests by route, agent, status and stream",
                 &["route", "agent", "status", "stream"],
             )?,
-            request_seconds: histogram(
+            request_seconds: split_histogram(
                 "agent_proxy_request_duration_seconds",
                 "Total time of a request",
                 &["route"],
                 LATENCY_BUCKETS,
             )?,
-            first_token_seconds: histogram(
+            first_token_seconds: split_histogram(
                 "agent_proxy_time_to_first_token_seconds",
                 "Time from the request to the first content or reasoning delta",
                 &["agent"],
                 LATENCY_BUCKETS,
             )?,
-            tool_calls: counter(
+            tool_calls: split_counter(
                 "agent_proxy_tool_calls_total",
                 "Local tool calls by tool and outcome",
                 &["tool", "outcome"],
             )?,
-            tool_seconds: histogram(
+            tool_seconds: split_histogram(
                 "agent_proxy_tool_duration_seconds",
                 "Time a local tool call took",
                 &["tool"],
                 LATENCY_BUCKETS,
             )?,
-            rounds: histogram(
+            rounds: split_histogram(
                 "agent_proxy_rounds",
                 "Model calls per agent request",
                 &["agent"],
@@ -127,7 +255,7 @@ impl Metrics {
                 "Failed upstream attempts (retried or not) by upstream and kind",
                 &["upstream", "kind"],
             )?,
-            tokens: counter(
+            tokens: split_counter(
                 "agent_proxy_tokens_total",
                 "Tokens used by agent and kind (prompt, completion)",
                 &["agent", "kind"],
@@ -142,12 +270,8 @@ impl Metrics {
                 "Store operations that failed (responses and memory notes), by operation",
                 &["op"],
             )?,
-            sessions: SessionSources::of(&counter(
-                "agent_proxy_sessions_total",
-                "Agent requests by the source of their session id (client: a header or body field; derived: from how the conversation begins)",
-                &["source"],
-            )?),
-            store_seconds: histogram(
+            sessions: PerThread::from_fn(|i| SessionSources::of(sessions.part(i))),
+            store_seconds: split_histogram(
                 "agent_proxy_store_duration_seconds",
                 "Time a response store call took, by operation (a write: from the answer's end until it landed)",
                 &["op"],
@@ -160,7 +284,7 @@ impl Metrics {
                 STORE_BUCKETS,
             )?,
             streams_in_flight,
-            registry,
+            registry: registry.clone(),
         })
     }
 
@@ -179,20 +303,27 @@ impl Metrics {
     pub fn observe_tool(&self, tool: &str, offered: bool, ok: bool, took: Duration) {
         let tool = if offered { tool } else { "other" };
         let outcome = if ok { "ok" } else { "error" };
-        self.tool_calls.with_label_values(&[tool, outcome]).inc();
+        self.tool_calls
+            .local()
+            .with_label_values(&[tool, outcome])
+            .inc();
         self.tool_seconds
+            .local()
             .with_label_values(&[tool])
             .observe(took.as_secs_f64());
     }
 
     /// `agent`'s own series.
     pub fn agent_series(&self, agent: &str) -> AgentSeries {
-        AgentSeries {
-            rounds: self.rounds.with_label_values(&[agent]),
-            prompt_tokens: self.tokens.with_label_values(&[agent, "prompt"]),
-            completion_tokens: self.tokens.with_label_values(&[agent, "completion"]),
-            first_token_seconds: self.first_token_seconds.with_label_values(&[agent]),
-        }
+        AgentSeries(Arc::new(PerThread::from_fn(|i| Series {
+            rounds: self.rounds.part(i).with_label_values(&[agent]),
+            prompt_tokens: self.tokens.part(i).with_label_values(&[agent, "prompt"]),
+            completion_tokens: self
+                .tokens
+                .part(i)
+                .with_label_values(&[agent, "completion"]),
+            first_token_seconds: self.first_token_seconds.part(i).with_label_values(&[agent]),
+        })))
     }
 
     pub fn upstream_error(&self, upstream: &str, kind: &str) {
@@ -202,10 +333,20 @@ impl Metrics {
     }
 }
 
-/// An agent's series, looked up once when its config loads: a lookup by
-/// labels hashes them under a lock, and an agent request made four.
+/// An agent's series, looked up once when its config loads (a lookup by
+/// labels hashes them under a lock, and an agent request made four), in each
+/// thread's part.
 #[derive(Clone)]
-pub struct AgentSeries {
+pub struct AgentSeries(Arc<PerThread<Series>>);
+
+impl AgentSeries {
+    /// The calling thread's part.
+    pub fn local(&self) -> &Series {
+        self.0.local()
+    }
+}
+
+pub struct Series {
     pub rounds: Histogram,
     pub prompt_tokens: IntCounter,
     pub completion_tokens: IntCounter,
@@ -226,14 +367,14 @@ pub struct StreamGuard(());
 
 impl StreamGuard {
     pub fn open() -> Self {
-        metrics().streams_in_flight.inc();
+        metrics().streams_in_flight.local().inc();
         StreamGuard(())
     }
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        metrics().streams_in_flight.dec();
+        metrics().streams_in_flight.local().dec();
     }
 }
 
@@ -253,5 +394,49 @@ mod tests {
         assert!(text.contains("agent_proxy_tool_calls_total{outcome=\"ok\",tool=\"other\"} 1"));
         assert!(!text.contains("made_up"));
         assert!(text.contains("agent_proxy_streams_in_flight 1"));
+    }
+
+    #[test]
+    fn a_split_metric_is_scraped_as_the_sum_of_its_parts() {
+        let registry = Registry::new();
+        let counter = Split::register(&registry, || {
+            IntCounterVec::new(Opts::new("t_total", "t"), &["k"])
+        })
+        .unwrap();
+        let histogram = Split::register(&registry, || {
+            HistogramVec::new(
+                HistogramOpts::new("t_seconds", "t").buckets(vec![0.1, 1.0]),
+                &["k"],
+            )
+        })
+        .unwrap();
+        let open = Split::register(&registry, || IntGauge::new("t_open", "t")).unwrap();
+        counter.part(0).with_label_values(&["a"]).inc();
+        counter.part(1).with_label_values(&["a"]).inc_by(2);
+        counter.part(2).with_label_values(&["b"]).inc();
+        histogram.part(0).with_label_values(&["a"]).observe(0.05);
+        histogram.part(5).with_label_values(&["a"]).observe(0.5);
+        // A stream opened on one thread and closed on another, and one open.
+        open.part(3).inc();
+        open.part(4).dec();
+        open.part(4).inc();
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        for line in [
+            "t_total{k=\"a\"} 3\n",
+            "t_total{k=\"b\"} 1\n",
+            "t_seconds_bucket{k=\"a\",le=\"0.1\"} 1\n",
+            "t_seconds_bucket{k=\"a\",le=\"1\"} 2\n",
+            "t_seconds_bucket{k=\"a\",le=\"+Inf\"} 2\n",
+            "t_seconds_sum{k=\"a\"} 0.55\n",
+            "t_seconds_count{k=\"a\"} 2\n",
+            "t_open 1\n",
+        ] {
+            assert!(text.contains(line), "{line:?} in {text}");
+        }
+        assert_eq!(text.matches("# TYPE t_total counter").count(), 1);
     }
 }

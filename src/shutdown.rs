@@ -5,7 +5,7 @@
 //! a rollout never waits longer than the longest live stream.
 //! The grace period stays the upper bound: what is left then is cut.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,21 +13,26 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::info;
 
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+use crate::per_thread::{Count, Counted};
+
+/// Every request counts itself here, on its thread's part: one count that
+/// all threads wrote was a line moved between the cores twice a request.
+static IN_FLIGHT: LazyLock<Count> = LazyLock::new(Count::new);
 
 /// Counts one request for as long as it lives.
-pub struct InFlight(());
+pub struct InFlight(Option<Counted>);
 
 impl InFlight {
     pub fn enter() -> Self {
-        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-        InFlight(())
+        InFlight(Some(IN_FLIGHT.raise()))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        if let Some(counted) = self.0.take() {
+            IN_FLIGHT.lower(counted);
+        }
     }
 }
 
@@ -42,12 +47,9 @@ impl BackgroundService for Drain {
                 return;
             }
         }
-        info!(
-            in_flight = IN_FLIGHT.load(Ordering::SeqCst),
-            "shutting down: draining"
-        );
+        info!(in_flight = IN_FLIGHT.get(), "shutting down: draining");
         loop {
-            if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+            if IN_FLIGHT.get() == 0 {
                 info!("drained; exiting");
                 std::process::exit(0);
             }

@@ -8,6 +8,10 @@
 //! server's close makes the socket readable, which the runtime records, so a
 //! zero-cost read attempt at reuse tells a closed connection from a live one;
 //! a sweeper drops the expired and the closed every few seconds.
+//!
+//! Each thread keeps its own lists (`per_thread`): a connection is made for
+//! one runtime's driver anyway, and a lock that both cores took at each
+//! request moved its line between them twice a request.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,10 +23,12 @@ use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
 use super::h1::Link;
+use crate::per_thread::PerThread;
 
 /// How long a connection may sit idle before it is closed.
 pub const IDLE: Duration = Duration::from_secs(60);
-/// Idle connections kept at most, over all peers: beyond it the oldest closes.
+/// Idle connections kept at most by a thread, over all peers: beyond it the
+/// oldest closes.
 const CAPACITY: usize = 1024;
 /// How often the sweeper runs.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -35,9 +41,15 @@ pub fn shared() -> &'static Pool {
 }
 
 pub struct Pool {
-    idle: Mutex<Idle>,
+    parts: PerThread<Part>,
     capacity: usize,
     expiry: Duration,
+}
+
+/// A thread's idle connections.
+#[derive(Default)]
+struct Part {
+    idle: Mutex<Idle>,
     /// Whether a sweeper task runs: it stops with the runtime it was spawned
     /// on (each test has its own), and the next release starts another.
     sweeping: AtomicBool,
@@ -55,24 +67,19 @@ struct Idle {
 impl Pool {
     fn new(capacity: usize, expiry: Duration) -> Self {
         Pool {
-            idle: Mutex::new(Idle::default()),
+            parts: PerThread::new(Part::default),
             capacity,
             expiry,
-            sweeping: AtomicBool::new(false),
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Idle> {
-        // Plain data: a poisoned lock still holds usable lists.
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The most recently released live connection to `peer`, if any.
     pub fn take(&self, peer: u64) -> Option<Link> {
         let peer = key(peer);
+        let part = self.parts.local();
         loop {
             let (since, mut link) = {
-                let mut idle = self.lock();
+                let mut idle = part.lock();
                 // An emptied list stays for the connection's return (the
                 // sweeper drops it if none comes): no removal and no new
                 // list per request.
@@ -94,8 +101,9 @@ impl Pool {
             return;
         }
         let peer = key(peer);
+        let part = self.parts.local();
         let evicted = {
-            let mut idle = self.lock();
+            let mut idle = part.lock();
             idle.by_peer
                 .entry(peer)
                 .or_default()
@@ -104,11 +112,12 @@ impl Pool {
             (idle.count > self.capacity).then(|| idle.evict_oldest())
         };
         drop(evicted);
-        self.keep_sweeping();
+        self.keep_sweeping(part);
     }
 
-    fn keep_sweeping(&'static self) {
-        if self.sweeping.swap(true, Ordering::AcqRel) {
+    fn keep_sweeping(&'static self, part: &'static Part) {
+        // Read first: a swap writes the line at every release.
+        if part.sweeping.load(Ordering::Acquire) || part.sweeping.swap(true, Ordering::AcqRel) {
             return;
         }
         /// Marks the sweeper gone when its task ends, however it ends.
@@ -118,21 +127,21 @@ impl Pool {
                 self.0.store(false, Ordering::Release);
             }
         }
-        let running = Running(&self.sweeping);
+        let running = Running(&part.sweeping);
         tokio::spawn(async move {
             let _running = running;
             loop {
                 tokio::time::sleep(SWEEP_EVERY).await;
-                self.sweep();
+                self.sweep(part);
             }
         });
     }
 
-    /// Drops the expired and the closed connections, and the lists left
+    /// Drops a thread's expired and closed connections, and the lists left
     /// empty.
-    fn sweep(&self) {
+    fn sweep(&self, part: &Part) {
         let mut gone = Vec::new();
-        let mut idle = self.lock();
+        let mut idle = part.lock();
         let mut count = 0;
         idle.by_peer.retain(|_, list| {
             let mut kept = VecDeque::with_capacity(list.len());
@@ -150,6 +159,13 @@ impl Pool {
         idle.count = count;
         drop(idle);
         drop(gone);
+    }
+}
+
+impl Part {
+    fn lock(&self) -> MutexGuard<'_, Idle> {
+        // Plain data: a poisoned lock still holds usable lists.
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -272,7 +288,7 @@ mod tests {
             fds.push(fd(&ours));
             pool.put(peer, ours);
         }
-        assert_eq!(pool.lock().count, 2);
+        assert_eq!(pool.parts.local().lock().count, 2);
         assert_eq!(pool.take(1).map(|s| fd(&s)), Some(fds[2]));
         assert!(
             pool.take(1).is_none(),
@@ -289,8 +305,8 @@ mod tests {
         let (ours, _theirs2) = connection().await;
         pool.put(2, ours);
         assert!(pool.take(1).is_none());
-        pool.sweep();
-        let idle = pool.lock();
+        pool.sweep(pool.parts.local());
+        let idle = pool.parts.local().lock();
         assert_eq!((idle.count, idle.by_peer.len()), (0, 0));
     }
 

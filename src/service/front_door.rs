@@ -91,7 +91,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     ctx.route = "agent";
     // The session: the client's id for it, else one derived from how the
     // conversation begins (so every turn of it has the same).
-    let sources = &crate::metrics::metrics().sessions;
+    let sources = crate::metrics::metrics().sessions.local();
     let (session_id, source) = match conversation.session.clone() {
         Some(id) => (id, &sources.client),
         None => {

@@ -216,6 +216,7 @@ impl AgentProxy {
         let elapsed = ctx.started.elapsed();
         let m = metrics();
         m.requests
+            .local()
             .with_label_values(&[
                 ctx.route,
                 agent,
@@ -224,10 +225,11 @@ impl AgentProxy {
             ])
             .inc();
         m.request_seconds
+            .local()
             .with_label_values(&[ctx.route])
             .observe(elapsed.as_secs_f64());
         let served_by = ctx.agent.as_deref().and_then(|id| ctx.config.agent(id));
-        if let Some(series) = served_by.map(|a| &a.series) {
+        if let Some(series) = served_by.map(|a| a.series.local()) {
             series.rounds.observe(f64::from(summary.rounds));
             series.prompt_tokens.inc_by(summary.usage.prompt_tokens);
             series

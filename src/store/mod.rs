@@ -346,6 +346,7 @@ pub const MAX_NOTES_PER_OWNER: usize = 1000;
 fn observe(op: &str, started: Instant) {
     metrics()
         .store_seconds
+        .local()
         .with_label_values(&[op])
         .observe(started.elapsed().as_secs_f64());
 }

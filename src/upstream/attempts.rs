@@ -83,7 +83,7 @@ impl Attempts {
         self.begun += 1;
         self.counted = false;
         self.addresses = None;
-        self.busy = Some(Busy::enter(upstream.pool.member(index)));
+        self.busy = upstream.pool.busy(index);
         Some(index)
     }
 

@@ -21,7 +21,8 @@ pub struct Member {
     pub url: String,
     healthy: AtomicBool,
     failed_checks: AtomicU32,
-    in_flight: AtomicUsize,
+    /// On lines of its own: written by every request where it is read.
+    in_flight: crossbeam_utils::CachePadded<AtomicUsize>,
 }
 
 impl Member {
@@ -31,7 +32,7 @@ impl Member {
             url,
             healthy: AtomicBool::new(true),
             failed_checks: AtomicU32::new(0),
-            in_flight: AtomicUsize::new(0),
+            in_flight: Default::default(),
         }
     }
 
@@ -113,6 +114,15 @@ impl Pool {
 
     pub fn member(&self, index: usize) -> &Arc<Member> {
         &self.members[index % self.members.len()]
+    }
+
+    /// A request counted on member `index` while it lives, where the choice
+    /// of a member reads the counts (`least_in_flight` among several): a
+    /// count that every request on both cores writes moves its line between
+    /// them at each write, and puts the member's other fields out of cache.
+    pub fn busy(&self, index: usize) -> Option<Busy> {
+        (self.balance == Balance::LeastInFlight && self.members.len() > 1)
+            .then(|| Busy::enter(self.member(index)))
     }
 
     /// Whether [`order`](Self::order) reads a request's conversation key:
