@@ -11,6 +11,7 @@
 
 mod expand;
 pub mod file;
+mod held;
 mod locate;
 
 use std::collections::BTreeMap;
@@ -32,6 +33,7 @@ use crate::tools::Tool;
 use crate::upstream::Upstream;
 pub use file::RuntimeFile as Runtime;
 use file::{ApiKeyFile, ConfigFile, IndexKind, McpServerFile, StoreFile, StoreKind, UpstreamFile};
+pub use held::Held;
 pub use locate::KeyPath;
 use locate::{locate, Location};
 

@@ -29,6 +29,7 @@ use pingora::{Error, ErrorType, OrErr, Result};
 use tokio::io::AsyncWriteExt;
 
 use crate::http1::Fields;
+use crate::per_thread::PerThread;
 use crate::socket::Socket;
 
 mod h1;
@@ -57,8 +58,9 @@ pub struct Endpoint {
     timeouts: Timeouts,
     /// Roots that replace the system's for this endpoint (`ca_file`).
     ca: Option<Arc<[WrappedX509]>>,
-    /// The peers of the last name lookup.
-    peers: Mutex<Option<Arc<Peers>>>,
+    /// The peers of each thread's last name lookup: the counts of an `Arc`
+    /// shared by both cores' requests moved between them at each request.
+    peers: PerThread<Mutex<Option<Arc<Peers>>>>,
 }
 
 /// Every address of an endpoint's host, each as a peer (pingora pools
@@ -261,7 +263,7 @@ impl Endpoint {
             base_path,
             timeouts: options.timeouts,
             ca,
-            peers: Mutex::new(None),
+            peers: PerThread::new(Default::default),
         })
     }
 
@@ -289,15 +291,15 @@ impl Endpoint {
     }
 
     /// The peers to connect to, built once per DNS answer and shared by
-    /// every exchange until `DNS_TTL` passes. Names are resolved
+    /// a thread's exchanges until `DNS_TTL` passes. Names are resolved
     /// asynchronously (pingora's `HttpPeer::new` would block the runtime).
     pub async fn peers(&self) -> Result<Arc<Peers>> {
-        let cached = self.lock_peers().clone();
-        if let Some(peers) = &cached {
+        if let Some(peers) = self.lock_peers().as_ref() {
             if peers.resolved.elapsed() < DNS_TTL {
                 return Ok(peers.clone());
             }
         }
+        let cached = self.lock_peers().clone();
         let addrs = happy_eyeballs_order(self.resolve().await?);
         // The address that connected last stays first while it is listed.
         let preferred = cached
@@ -382,7 +384,7 @@ impl Endpoint {
 
     fn lock_peers(&self) -> std::sync::MutexGuard<'_, Option<Arc<Peers>>> {
         // The cache holds plain data: a poisoned lock still holds a usable value.
-        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+        self.peers.local().lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sends `req` with an optional body and waits for the response header;

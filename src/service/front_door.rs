@@ -157,7 +157,7 @@ async fn read_agent_request(
     session: &mut Session,
     ctx: &RequestCtx,
     dialect: Dialect,
-    config: &Arc<Config>,
+    config: &Config,
 ) -> std::result::Result<Box<AgentRequest>, Result<bool>> {
     let body = match read_body(session, config.limits.max_body_bytes).await {
         Ok(body) => body,

@@ -70,7 +70,7 @@ impl AgentProxy {
 }
 
 pub struct RequestCtx {
-    config: Arc<Config>,
+    config: crate::config::Held,
     started: Instant,
     request_id: String,
     /// What kind of request this is, for metrics: `agent`, `chat`, `proxy`,
@@ -280,7 +280,7 @@ impl ProxyHttp for AgentProxy {
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
-            config: self.config.load_full(),
+            config: crate::config::Held::current(&self.config),
             started: Instant::now(),
             request_id: String::new(),
             route: PROXY,

@@ -4,14 +4,13 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::config::Config;
 use crate::conversation::Usage;
 
 /// The request a tool call serves: for injected parameters, request ids,
 /// and agents calling agents.
 #[derive(Clone)]
 pub struct CallContext {
-    pub config: Arc<Config>,
+    pub config: crate::config::Held,
     pub request_id: String,
     /// The chat request's `user` field (the client's word).
     pub user: Option<String>,
