@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 
@@ -65,8 +66,6 @@ impl Drop for StreamSlot {
 #[derive(Default)]
 pub struct Connections {
     registry: Mutex<Registry>,
-    /// Numbers the idle waits: the lowest marked is the oldest.
-    waits: AtomicU64,
 }
 
 #[derive(Default)]
@@ -77,8 +76,10 @@ struct Registry {
 
 #[derive(Default)]
 struct Slot {
-    /// The number of the idle wait the connection is in (never 0), or 0
-    /// while it serves a request or once it was chosen to be shed.
+    /// When the idle wait the connection is in began (nanoseconds from the
+    /// first, plus one: never 0), or 0 while it serves a request or once it
+    /// was chosen to be shed. A clock, not a shared count: a count that
+    /// every request on both cores raised moved its line between them.
     idle_since: AtomicU64,
     shed: Notify,
 }
@@ -134,7 +135,8 @@ impl Connections {
 impl Connection<'_> {
     /// Marks the connection idle until the returned guard is dropped.
     pub fn idle(&self) -> Idle<'_> {
-        let since = self.connections.waits.fetch_add(1, Ordering::Relaxed) + 1;
+        static FIRST: LazyLock<Instant> = LazyLock::new(Instant::now);
+        let since = Instant::now().saturating_duration_since(*FIRST).as_nanos() as u64 + 1;
         self.slot.idle_since.store(since, Ordering::Release);
         Idle { slot: &self.slot }
     }
