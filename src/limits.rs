@@ -77,7 +77,7 @@ struct Registry {
 #[derive(Default)]
 struct Slot {
     /// When the idle wait the connection is in began (nanoseconds from the
-    /// first, plus one: never 0), or 0 while it serves a request or once it
+    /// process's first idle wait, plus one: never 0), or 0 while it serves a request or once it
     /// was chosen to be shed. A clock, not a shared count: a count that
     /// every request on both cores raised moved its line between them.
     idle_since: AtomicU64,
@@ -106,14 +106,16 @@ impl Connections {
     pub fn admit(&self, max: usize) -> Option<Connection<'_>> {
         let mut registry = self.registry();
         if max > 0 && registry.open.len() >= max {
+            // Two waits may begin at one tick of a coarse clock: the
+            // connection opened first goes first.
             let oldest = registry
                 .open
-                .values()
-                .filter_map(|slot| {
+                .iter()
+                .filter_map(|(id, slot)| {
                     let since = slot.idle_since.load(Ordering::Acquire);
-                    (since != 0).then_some((since, slot))
+                    (since != 0).then_some(((since, *id), slot))
                 })
-                .min_by_key(|(since, _)| *since)?
+                .min_by_key(|(order, _)| *order)?
                 .1;
             // Not chosen twice; a request arriving meanwhile keeps the
             // choice for the connection's next idle wait.

@@ -14,11 +14,12 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::per_thread::PerThread;
+use crate::per_thread::Lazy;
 
-/// The metrics a request writes are [`Split`]: each thread counts in its
-/// own part (a count that both cores wrote at each request moved its line
-/// between them, `per_thread`), and a scrape adds the parts up.
+/// The metrics that requests and streams write as they go are [`Split`]:
+/// each thread counts in its own part (a count that both cores wrote at each
+/// request moved its line between them, `per_thread`), and a scrape adds the
+/// parts up. Those of failures and of rarer work are one for all threads.
 pub struct Metrics {
     registry: Registry,
     /// By route (`agent`, `chat`, `proxy`, `models`, …), agent, status, stream.
@@ -34,7 +35,7 @@ pub struct Metrics {
     /// Response store failures by operation (`read`, `write`, `too_large`).
     pub store_errors: IntCounterVec,
     /// Agent requests by where their session id came from.
-    pub sessions: PerThread<SessionSources>,
+    pub sessions: Lazy<SessionSources>,
     /// Store calls by operation (`read`, `write`, `note_read`, `note_write`), as the store answered.
     pub store_seconds: Split<HistogramVec>,
     /// Knowledge searches by base and phase (`embed`: the query's
@@ -60,10 +61,10 @@ impl SessionSources {
     }
 }
 
-/// A metric kept in a part per thread ([`PerThread`]), registered once:
-/// a scrape merges the parts' series, label set by label set (counters and
-/// gauges add up, histograms bucket by bucket).
-pub struct Split<M>(Arc<PerThread<M>>);
+/// A metric kept in a part per thread that writes it ([`Lazy`]), registered
+/// once: a scrape merges the parts' series, label set by label set
+/// (counters and gauges add up, histograms bucket by bucket).
+pub struct Split<M>(Arc<Lazy<M>>);
 
 impl<M> Clone for Split<M> {
     fn clone(&self) -> Self {
@@ -74,9 +75,15 @@ impl<M> Clone for Split<M> {
 impl<M: Collector + Clone + 'static> Split<M> {
     fn register(
         registry: &Registry,
-        make: impl Fn() -> prometheus::Result<M>,
+        make: impl Fn() -> prometheus::Result<M> + Send + Sync + 'static,
     ) -> prometheus::Result<Self> {
-        let split = Split(Arc::new(PerThread::try_new(make)?));
+        // The first part checks the names and labels; the others, made of
+        // the same, cannot fail, but would share the first's if they did.
+        let first = make()?;
+        let split = Split(Arc::new(Lazy::new(move |index| match index {
+            0 => first.clone(),
+            _ => make().unwrap_or_else(|_| first.clone()),
+        })));
         registry.register(Box::new(split.clone()))?;
         Ok(split)
     }
@@ -95,11 +102,11 @@ impl<M: Collector + Clone + 'static> Split<M> {
 impl<M: Collector> Collector for Split<M> {
     fn desc(&self) -> Vec<&Desc> {
         // The parts are made alike: the first one describes them all.
-        self.0.parts().next().map(M::desc).unwrap_or_default()
+        self.0.part(0).desc()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let mut parts = self.0.parts().map(M::collect);
+        let mut parts = self.0.made().map(M::collect);
         let Some(mut families) = parts.next() else {
             return Vec::new();
         };
@@ -162,8 +169,8 @@ fn add(kind: MetricType, into: &mut Metric, from: &Metric) {
             sum.set_bucket(buckets);
             into.set_histogram(sum);
         }
-        // Not split (summaries, untyped): none of ours.
-        _ => {}
+        // Summaries and untyped metrics: none of ours is split.
+        _ => debug_assert!(false, "a split {kind:?} metric"),
     }
 }
 
@@ -185,11 +192,12 @@ impl Metrics {
             registry.register(Box::new(c.clone()))?;
             Ok::<_, prometheus::Error>(c)
         };
-        let split_counter = |name: &str, help: &str, labels: &[&str]| {
-            Split::register(registry, || {
-                IntCounterVec::new(Opts::new(name, help), labels)
-            })
-        };
+        let split_counter =
+            |name: &'static str, help: &'static str, labels: &'static [&'static str]| {
+                Split::register(registry, move || {
+                    IntCounterVec::new(Opts::new(name, help), labels)
+                })
+            };
         let new_histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
             HistogramVec::new(
                 HistogramOpts::new(name, help).buckets(buckets.to_vec()),
@@ -201,8 +209,11 @@ impl Metrics {
             registry.register(Box::new(h.clone()))?;
             Ok::<_, prometheus::Error>(h)
         };
-        let split_histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
-            Split::register(registry, || new_histogram(name, help, labels, buckets))
+        let split_histogram = |name: &'static str,
+                               help: &'static str,
+                               labels: &'static [&'static str],
+                               buckets: &'static [f64]| {
+            Split::register(registry, move || new_histogram(name, help, labels, buckets))
         };
         let streams_in_flight = Split::register(registry, || {
             IntGauge::new(
@@ -270,7 +281,7 @@ impl Metrics {
                 "Store operations that failed (responses and memory notes), by operation",
                 &["op"],
             )?,
-            sessions: PerThread::from_fn(|i| SessionSources::of(sessions.part(i))),
+            sessions: Lazy::new(move |i| SessionSources::of(sessions.part(i))),
             store_seconds: split_histogram(
                 "agent_proxy_store_duration_seconds",
                 "Time a response store call took, by operation (a write: from the answer's end until it landed)",
@@ -314,15 +325,19 @@ impl Metrics {
     }
 
     /// `agent`'s own series.
-    pub fn agent_series(&self, agent: &str) -> AgentSeries {
-        AgentSeries(Arc::new(PerThread::from_fn(|i| Series {
-            rounds: self.rounds.part(i).with_label_values(&[agent]),
-            prompt_tokens: self.tokens.part(i).with_label_values(&[agent, "prompt"]),
+    pub fn agent_series(&'static self, agent: &str) -> AgentSeries {
+        let agent = agent.to_owned();
+        AgentSeries(Arc::new(Lazy::new(move |i| Series {
+            rounds: self.rounds.part(i).with_label_values(&[&agent]),
+            prompt_tokens: self.tokens.part(i).with_label_values(&[&agent, "prompt"]),
             completion_tokens: self
                 .tokens
                 .part(i)
-                .with_label_values(&[agent, "completion"]),
-            first_token_seconds: self.first_token_seconds.part(i).with_label_values(&[agent]),
+                .with_label_values(&[&agent, "completion"]),
+            first_token_seconds: self
+                .first_token_seconds
+                .part(i)
+                .with_label_values(&[&agent]),
         })))
     }
 
@@ -337,7 +352,7 @@ impl Metrics {
 /// labels hashes them under a lock, and an agent request made four), in each
 /// thread's part.
 #[derive(Clone)]
-pub struct AgentSeries(Arc<PerThread<Series>>);
+pub struct AgentSeries(Arc<Lazy<Series>>);
 
 impl AgentSeries {
     /// The calling thread's part.
@@ -346,6 +361,7 @@ impl AgentSeries {
     }
 }
 
+/// An agent's series in one thread's part.
 pub struct Series {
     pub rounds: Histogram,
     pub prompt_tokens: IntCounter,

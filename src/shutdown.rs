@@ -13,26 +13,25 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::info;
 
-use crate::per_thread::{Count, Counted};
+use crate::per_thread::Count;
 
 /// Every request counts itself here, on its thread's part: one count that
 /// all threads wrote was a line moved between the cores twice a request.
 static IN_FLIGHT: LazyLock<Count> = LazyLock::new(Count::new);
 
 /// Counts one request for as long as it lives.
-pub struct InFlight(Option<Counted>);
+pub struct InFlight(());
 
 impl InFlight {
     pub fn enter() -> Self {
-        InFlight(Some(IN_FLIGHT.raise()))
+        IN_FLIGHT.raise();
+        InFlight(())
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(counted) = self.0.take() {
-            IN_FLIGHT.lower(counted);
-        }
+        IN_FLIGHT.lower();
     }
 }
 

@@ -9,9 +9,11 @@
 //! zero-cost read attempt at reuse tells a closed connection from a live one;
 //! a sweeper drops the expired and the closed every few seconds.
 //!
-//! Each thread keeps its own lists (`per_thread`): a connection is made for
-//! one runtime's driver anyway, and a lock that both cores took at each
-//! request moved its line between them twice a request.
+//! Each thread keeps its own lists (`per_thread`): without work stealing a
+//! connection is made for one thread's runtime anyway, and a lock that both
+//! cores took at each request moved its line between them twice a request.
+//! A runtime with work stealing, whose tasks move between its threads, keeps
+//! one list for all of them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +22,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::io::AsyncReadExt;
+use tokio::runtime::RuntimeFlavor;
 use tokio::time::Instant;
 
 use super::h1::Link;
@@ -42,6 +45,8 @@ pub fn shared() -> &'static Pool {
 
 pub struct Pool {
     parts: PerThread<Part>,
+    /// For runtimes with work stealing.
+    shared: Part,
     capacity: usize,
     expiry: Duration,
 }
@@ -68,6 +73,7 @@ impl Pool {
     fn new(capacity: usize, expiry: Duration) -> Self {
         Pool {
             parts: PerThread::new(Part::default),
+            shared: Part::default(),
             capacity,
             expiry,
         }
@@ -75,8 +81,7 @@ impl Pool {
 
     /// The most recently released live connection to `peer`, if any.
     pub fn take(&self, peer: u64) -> Option<Link> {
-        let peer = key(peer);
-        let part = self.parts.local();
+        let (peer, part) = self.place(peer);
         loop {
             let (since, mut link) = {
                 let mut idle = part.lock();
@@ -100,8 +105,7 @@ impl Pool {
         if !is_quiet(&mut link.stream) {
             return;
         }
-        let peer = key(peer);
-        let part = self.parts.local();
+        let (peer, part) = self.place(peer);
         let evicted = {
             let mut idle = part.lock();
             idle.by_peer
@@ -195,9 +199,16 @@ impl Idle {
 /// per read.
 type Key = (u64, Option<tokio::runtime::Id>);
 
-fn key(peer: u64) -> Key {
-    let runtime = tokio::runtime::Handle::try_current().ok();
-    (peer, runtime.map(|handle| handle.id()))
+impl Pool {
+    /// A connection's key, and the part of the pool it waits in.
+    fn place(&self, peer: u64) -> (Key, &Part) {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let part = match &runtime {
+            Some(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => &self.shared,
+            _ => self.parts.local(),
+        };
+        ((peer, runtime.map(|handle| handle.id())), part)
+    }
 }
 
 /// Whether an idle connection has nothing to read: neither a close nor
@@ -328,5 +339,30 @@ mod tests {
         assert!(second.block_on(async { pool.take(1) }).is_none());
         let taken = first.block_on(async { pool.take(1) });
         assert_eq!(taken.as_ref().map(fd), Some(made));
+    }
+
+    /// With work stealing a task moves between the runtime's threads: what
+    /// one of them released, another finds.
+    #[test]
+    fn with_work_stealing_a_connection_is_found_from_any_thread_of_the_runtime() {
+        let pool = leaked(8, IDLE);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (ours, _theirs) = runtime.block_on(connection());
+        let made = fd(&ours);
+        runtime.block_on(async {
+            tokio::spawn(async move { pool.put(1, ours) })
+                .await
+                .unwrap()
+        });
+        let taken = runtime.block_on(async {
+            tokio::spawn(async move { pool.take(1).map(|link| fd(&link)) })
+                .await
+                .unwrap()
+        });
+        assert_eq!(taken, Some(made));
     }
 }

@@ -61,7 +61,7 @@ impl Member {
 pub struct Busy(Arc<Member>);
 
 impl Busy {
-    pub fn enter(member: &Arc<Member>) -> Self {
+    fn enter(member: &Arc<Member>) -> Self {
         member.in_flight.fetch_add(1, Ordering::Relaxed);
         Busy(member.clone())
     }
