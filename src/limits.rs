@@ -77,9 +77,10 @@ struct Registry {
 #[derive(Default)]
 struct Slot {
     /// When the idle wait the connection is in began (nanoseconds from the
-    /// process's first idle wait, plus one: never 0), or 0 while it serves a request or once it
-    /// was chosen to be shed. A clock, not a shared count: a count that
-    /// every request on both cores raised moved its line between them.
+    /// process's first idle wait, plus one: never 0), or 0 while it serves
+    /// a request or once it was chosen to be shed. A clock, not a shared
+    /// count: a count that every request on both cores raised moved its
+    /// line between them.
     idle_since: AtomicU64,
     shed: Notify,
 }
