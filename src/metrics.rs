@@ -187,16 +187,17 @@ impl Metrics {
     fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let registry = &registry;
+        let new_counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+        };
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            let c = new_counter(name, help, labels)?;
             registry.register(Box::new(c.clone()))?;
             Ok::<_, prometheus::Error>(c)
         };
         let split_counter =
             |name: &'static str, help: &'static str, labels: &'static [&'static str]| {
-                Split::register(registry, move || {
-                    IntCounterVec::new(Opts::new(name, help), labels)
-                })
+                Split::register(registry, move || new_counter(name, help, labels))
             };
         let new_histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
             HistogramVec::new(

@@ -45,7 +45,7 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use crate::agent::tool_loop::Summary;
-use crate::config::Config;
+use crate::config::{Config, Held};
 use crate::conversation::Dialect;
 use crate::downstream::{Client, Gone};
 use crate::error::ApiError;
@@ -70,7 +70,7 @@ impl AgentProxy {
 }
 
 pub struct RequestCtx {
-    config: crate::config::Held,
+    config: Held,
     started: Instant,
     request_id: String,
     /// What kind of request this is, for metrics: `agent`, `chat`, `proxy`,
@@ -280,7 +280,7 @@ impl ProxyHttp for AgentProxy {
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
-            config: crate::config::Held::current(&self.config),
+            config: Held::current(&self.config),
             started: Instant::now(),
             request_id: String::new(),
             route: PROXY,

@@ -4,13 +4,14 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::config::Held;
 use crate::conversation::Usage;
 
 /// The request a tool call serves: for injected parameters, request ids,
 /// and agents calling agents.
 #[derive(Clone)]
 pub struct CallContext {
-    pub config: crate::config::Held,
+    pub config: Held,
     pub request_id: String,
     /// The chat request's `user` field (the client's word).
     pub user: Option<String>,
