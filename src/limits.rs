@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -62,10 +62,12 @@ impl Drop for StreamSlot {
 /// A connection is registered once, as it opens; between requests it only
 /// marks itself idle and busy in its own slot, without the registry's lock.
 /// Finding the oldest idle one, which only a connection beyond the cap has
-/// to, reads every slot.
+/// to, reads every slot; so does a shutdown, which wakes each.
 #[derive(Default)]
 pub struct Connections {
     registry: Mutex<Registry>,
+    /// Set once the server is shutting down.
+    closing: AtomicBool,
 }
 
 #[derive(Default)]
@@ -133,9 +135,24 @@ impl Connections {
             slot,
         })
     }
+
+    /// The server is shutting down: every idle wait ends, now or as it
+    /// begins ([`Connection::closing`], or the permit each slot keeps).
+    pub fn close_idle(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        for slot in self.registry().open.values() {
+            slot.shed.notify_one();
+        }
+    }
 }
 
 impl Connection<'_> {
+    /// Whether the server is shutting down: the connection closes rather
+    /// than wait for another request.
+    pub fn closing(&self) -> bool {
+        self.connections.closing.load(Ordering::SeqCst)
+    }
+
     /// Marks the connection idle until the returned guard is dropped.
     pub fn idle(&self) -> Idle<'_> {
         static FIRST: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -146,8 +163,9 @@ impl Connection<'_> {
 }
 
 impl Idle<'_> {
-    /// Resolves when the connection was chosen to make room for another. A
-    /// choice made just as a request arrived is kept for the next idle wait.
+    /// Resolves when the connection was chosen to make room for another, or
+    /// the server is shutting down. A choice made just as a request arrived
+    /// is kept for the next idle wait.
     pub async fn shed(&self) {
         self.slot.shed.notified().await;
     }
@@ -168,6 +186,7 @@ impl Drop for Connection<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn slots_are_counted_per_client_and_released() {
@@ -203,5 +222,25 @@ mod tests {
         );
         drop(newer);
         assert!(connections.admit(2).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_ends_every_idle_wait_begun_before_it_or_after() {
+        let connections = Connections::default();
+        let waiting = connections.admit(0).unwrap();
+        let busy = connections.admit(0).unwrap();
+        assert!(!waiting.closing());
+        let idle = waiting.idle();
+        let wait = idle.shed();
+        connections.close_idle();
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("a wait under way ends");
+        // A connection serving a request meanwhile closes after it.
+        assert!(busy.closing());
+        let later = busy.idle();
+        tokio::time::timeout(Duration::from_secs(5), later.shed())
+            .await
+            .expect("a wait begun after the shutdown ends at once");
     }
 }

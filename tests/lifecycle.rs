@@ -284,6 +284,31 @@ async fn sigterm_drains_a_live_stream_then_exits_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_closes_idle_keep_alive_connections_while_streams_drain() {
+    let upstream = echo_prompt_upstream(30, Duration::from_millis(100)).await;
+    let mut proxy =
+        Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "60"]).await;
+    // A keep-alive connection at rest after its answer (75 s of keep-alive
+    // left), and one whose stream keeps the process draining for 3 s.
+    let mut idle = Connection::open(proxy.port, "GET", "/healthz", &[], b"").await;
+    let answer = idle.next_response().await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let mut live = Connection::chat(proxy.port, &ask()).await;
+    let mut res = live.head().await;
+    live.next_chunk(&mut res).await.expect("the stream started");
+    proxy.signal("TERM");
+    assert!(
+        idle.closed_within(Duration::from_secs(2)).await,
+        "the idle connection is closed as the shutdown begins"
+    );
+    while let Some(chunk) = live.next_chunk(&mut res).await {
+        res.body.extend_from_slice(&chunk);
+    }
+    assert!(res.complete && res.ends_with_done(), "{}", res.text());
+    assert!(proxy.wait_exit(Duration::from_secs(10)).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_exits_at_once_cutting_live_streams() {
     // Twenty seconds of stream and a minute of grace: neither is waited for.
     let upstream = echo_prompt_upstream(200, Duration::from_millis(100)).await;

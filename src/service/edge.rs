@@ -26,12 +26,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::BytesMut;
-use futures::future::{Fuse, FusedFuture, FutureExt};
 use memchr::memmem;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
-use pingora::proxy::{HttpProxy, ProxyHttp};
+use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
@@ -40,7 +39,7 @@ use tracing::{error, warn};
 
 use super::{h1, AgentProxy, ProxyPath};
 use crate::boxed;
-use crate::config::Config;
+use crate::config::{Config, Held};
 use crate::error::ApiError;
 use crate::limits::{Connection, Connections};
 use crate::shutdown::InFlight;
@@ -97,6 +96,12 @@ impl Edge {
         }
     }
 
+    /// The server is shutting down: connections waiting for a request close
+    /// now, the others once their request is answered.
+    pub fn close_idle(&self) {
+        self.connections.close_idle();
+    }
+
     /// One request, through our hooks in pingora's order for a request that
     /// `request_filter` answers.
     #[expect(
@@ -107,14 +112,17 @@ impl Edge {
     fn serve<'a>(
         &'a self,
         mut session: h1::Session,
+        config: Held,
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Served> + 'a {
         async move {
-            if *shutdown.borrow() {
+            // The signal's version first: an atomic load, where reading its
+            // value takes a lock that every request on both cores shares.
+            if shutdown.has_changed().unwrap_or(true) && *shutdown.borrow() {
                 session.close_after();
             }
             let app = &self.app;
-            let mut ctx = app.new_ctx();
+            let mut ctx = app.ctx_with(config);
             // Our routes' future is part of this one, which is boxed.
             match app.route(&mut session, &mut ctx).await {
                 Ok(true) => {
@@ -152,12 +160,12 @@ impl Edge {
     /// bytes) then never lives in the connection's future, which a request
     /// finds cold when many connections are open; it goes straight into the
     /// session, or into the bytes pingora's proxy path reads.
-    fn arrived(&self, stream: Stream, mut buf: BytesMut) -> Arrived {
+    fn arrived(&self, stream: Stream, mut buf: BytesMut, config: &Config) -> Arrived {
         let head = match h1::parse(&mut buf) {
             Ok(head) => head,
             Err(malformed) => return Arrived::Malformed(stream, malformed),
         };
-        match super::proxy_path(&head, &self.config.load()) {
+        match super::proxy_path(&head, config) {
             // `buf`'s room (4 KiB) goes now, not as late as pingora's request.
             ProxyPath::Now => Arrived::ForPingora(stream, head.as_sent(&buf)),
             proxy_path => Arrived::Ours(h1::Session::new(stream, head, buf), proxy_path),
@@ -182,15 +190,6 @@ impl Edge {
         session.set_pipelined_prefix(request);
         self.proxy.process_new_http(session, shutdown)
     }
-
-    /// How long to wait for a request, and then for the rest of its head.
-    fn head_timeouts(&self) -> HeadTimeouts {
-        let limits = &self.config.load().limits;
-        HeadTimeouts {
-            idle: limits.keepalive_timeout,
-            whole: limits.header_timeout,
-        }
-    }
 }
 
 #[async_trait]
@@ -200,7 +199,10 @@ impl ServerApp for Edge {
         mut stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let max = self.config.load().limits.max_connections;
+        let (max, mut timeouts) = {
+            let config = self.config.load();
+            (config.limits.max_connections, HeadTimeouts::of(&config))
+        };
         let Some(connection) = self.connections.admit(max) else {
             warn!(
                 max,
@@ -216,33 +218,34 @@ impl ServerApp for Edge {
         // accept, so a graceful shutdown (or an upgrade's hand-over) waits
         // for it: its client sent it to a listening socket.
         let mut arriving = Some(InFlight::enter());
-        let mut watch = shutdown.clone();
         let mut between = Between {
             connection: &connection,
             timer: pin!(tokio::time::sleep(Duration::ZERO)),
-            shutdown: pin!(async move {
-                let _ = watch.wait_for(|&down| down).await;
-            }
-            .fuse()),
         };
         loop {
             let first = arriving.is_some();
-            let timeouts = self.head_timeouts();
             let buf = read_head(&mut stream, next, &mut between, timeouts, first).await?;
-            let arrived = self.arrived(stream, buf);
+            // The request's config, loaded once: its route and its context
+            // are read from it, and the next wait's timeouts.
+            let config = Held::current(&self.config);
+            timeouts = HeadTimeouts::of(&config);
+            let arrived = self.arrived(stream, buf, &config);
             let reused = match arrived {
                 Arrived::Malformed(stream, malformed) => {
+                    drop(config);
                     boxed::pinned(move || refuse(stream, malformed)).await;
                     return None;
                 }
                 Arrived::ForPingora(stream, request) => {
+                    // Pingora's proxy path takes its own.
+                    drop(config);
                     self.pass_on(stream, request, persisted.take(), shutdown)
                         .await
                 }
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
                 Arrived::Ours(session, proxy_path) => {
-                    match boxed::pinned(|| self.serve(session, shutdown)).await {
+                    match boxed::pinned(|| self.serve(session, config, shutdown)).await {
                         Served::Answered(h1::Finished::Reusable(reusable, read)) => {
                             arriving = None;
                             (stream, next) = (reusable, read);
@@ -277,6 +280,7 @@ impl ServerApp for Edge {
     }
 }
 
+/// How long to wait for a request, and then for the rest of its head.
 #[derive(Clone, Copy)]
 struct HeadTimeouts {
     /// For the first byte of the next request (keep-alive).
@@ -285,16 +289,25 @@ struct HeadTimeouts {
     whole: Duration,
 }
 
+impl HeadTimeouts {
+    fn of(config: &Config) -> Self {
+        HeadTimeouts {
+            idle: config.limits.keepalive_timeout,
+            whole: config.limits.header_timeout,
+        }
+    }
+}
+
 /// What a connection waits on between requests, made once for its life
-/// and re-armed for each wait without a lock: a timer or a wait on the
-/// shutdown signal made per request takes a lock shared with every other
-/// connection to register, and again to drop.
-struct Between<'a, S> {
+/// and re-armed for each wait without a lock: a timer made per request
+/// takes the runtime's timer lock to register, and again to drop. The
+/// server's shutdown reaches a waiting connection through its own slot
+/// ([`Connection`]): pingora's shutdown signal, waited on, took a lock that
+/// every connection on both cores shared, at every wait.
+struct Between<'a> {
     connection: &'a Connection<'a>,
     /// Pushed later for each wait (a compare-and-swap).
     timer: Pin<&'a mut Sleep>,
-    /// Done once the server is shutting down.
-    shutdown: Pin<&'a mut Fuse<S>>,
 }
 
 /// The next request's head (and any body bytes that came with it), or
@@ -305,37 +318,42 @@ struct Between<'a, S> {
 /// [`FIRST_REQUEST_AFTER_SHUTDOWN`] to begin then: accepted just before
 /// the listener closed, its client is sending it. `read`: what of it was
 /// read with the last request (pipelined), if anything.
-async fn read_head<S: Future<Output = ()>>(
+async fn read_head(
     stream: &mut Stream,
     read: BytesMut,
-    between: &mut Between<'_, S>,
+    between: &mut Between<'_>,
     timeouts: HeadTimeouts,
     first: bool,
 ) -> Option<BytesMut> {
     let mut head = read;
     if head.is_empty() {
-        if between.shutdown.is_terminated() {
-            return None;
-        }
         head.reserve(READ_CHUNK);
-        let idle = between.connection.idle();
-        between.timer.as_mut().reset(Instant::now() + timeouts.idle);
-        tokio::select! {
-            read = stream.read_buf(&mut head) => {
-                if !matches!(read, Ok(1..)) {
-                    return None;
+        let mut ended = between.connection.closing();
+        if !ended {
+            let idle = between.connection.idle();
+            between.timer.as_mut().reset(Instant::now() + timeouts.idle);
+            tokio::select! {
+                read = stream.read_buf(&mut head) => {
+                    if !matches!(read, Ok(1..)) {
+                        return None;
+                    }
                 }
+                () = between.timer.as_mut() => return None,
+                // Room made for another connection, or the server is
+                // shutting down.
+                () = idle.shed() => ended = true,
             }
-            () = between.timer.as_mut() => return None,
-            () = idle.shed() => return None,
-            () = between.shutdown.as_mut() => {
-                if !first {
-                    return None;
-                }
-                let read = stream.read_buf(&mut head);
-                if !matches!(timeout(FIRST_REQUEST_AFTER_SHUTDOWN, read).await, Ok(Ok(1..))) {
-                    return None;
-                }
+        }
+        if ended {
+            if !(first && between.connection.closing()) {
+                return None;
+            }
+            let read = stream.read_buf(&mut head);
+            if !matches!(
+                timeout(FIRST_REQUEST_AFTER_SHUTDOWN, read).await,
+                Ok(Ok(1..))
+            ) {
+                return None;
             }
         }
     }

@@ -235,6 +235,7 @@ impl Service for Listener {
         info!(addr = %self.addr, "listening");
         // One accept loop: pingora's `listener_tasks_per_fd` is left at 1.
         accept(&listener, &self.edge, shutdown).await;
+        self.edge.close_idle();
         self.edge.cleanup().await;
     }
 

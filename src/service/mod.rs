@@ -112,6 +112,24 @@ async fn reject(session: &mut h1::Session, dialect: Dialect, error: &ApiError) -
 }
 
 impl AgentProxy {
+    /// A request's context, on the config it runs with.
+    fn ctx_with(&self, config: Held) -> RequestCtx {
+        RequestCtx {
+            config,
+            started: Instant::now(),
+            request_id: String::new(),
+            route: PROXY,
+            agent: None,
+            summary: None,
+            stream: None,
+            _in_flight: InFlight::enter(),
+            session: None,
+            attempts: None,
+            key_name: None,
+            tenant: String::new(),
+        }
+    }
+
     /// What every request goes through first, on our routes and on
     /// pingora's proxy path alike: its id, its session, its route and the
     /// dialect its errors are in, and RFC 9112's `Host` rule.
@@ -279,20 +297,7 @@ impl ProxyHttp for AgentProxy {
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx {
-            config: Held::current(&self.config),
-            started: Instant::now(),
-            request_id: String::new(),
-            route: PROXY,
-            agent: None,
-            summary: None,
-            stream: None,
-            _in_flight: InFlight::enter(),
-            session: None,
-            attempts: None,
-            key_name: None,
-            tenant: String::new(),
-        }
+        self.ctx_with(Held::current(&self.config))
     }
 
     /// The requests `Edge` hands over: admitted as our routes' are, then
