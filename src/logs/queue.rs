@@ -8,26 +8,34 @@
 //! [`QUEUED_BYTES`] at most: past it, a line is dropped, and counted in a
 //! line of its own once there is room, rather than a request kept waiting
 //! for a stalled collector.
+//!
+//! Each thread queues in a part of its own (`per_thread`): one queue for
+//! all had every request on both cores take its lock and write its end.
+//! Within a batch, a thread's lines keep their order; two threads' lines
+//! of the same few milliseconds go out one thread's after the other's.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{LazyLock, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
 
+use crate::per_thread::PerThread;
+
 /// How long the writer gathers lines once the first is queued.
 const LINGER: Duration = Duration::from_millis(5);
-/// The most a queue holds.
-const QUEUED_BYTES: usize = 1 << 20;
+/// The most a thread's part of the queue holds: a few times what a
+/// thread logs at 60k requests a second in the writer's [`LINGER`].
+const QUEUED_BYTES: usize = 256 << 10;
 
 /// The process's queue.
-static QUEUE: Queue = Queue::new(QUEUED_BYTES);
+static QUEUE: LazyLock<Queue> = LazyLock::new(|| Queue::new(QUEUED_BYTES));
 /// The writer thread, once started.
 static WRITER: OnceLock<Thread> = OnceLock::new();
 
-/// Lines not yet written.
+/// Lines not yet written, each thread's in its part.
 struct Queue {
-    lines: Mutex<Vec<u8>>,
+    parts: PerThread<Mutex<Vec<u8>>>,
     /// Held while a batch is taken and written: batches reach stderr in
     /// the order they were taken, the last one at exit too.
     writing: Mutex<()>,
@@ -36,19 +44,19 @@ struct Queue {
 }
 
 impl Queue {
-    const fn new(limit: usize) -> Queue {
+    fn new(limit: usize) -> Queue {
         Queue {
-            lines: Mutex::new(Vec::new()),
+            parts: PerThread::new(|| Mutex::new(Vec::new())),
             writing: Mutex::new(()),
             dropped: AtomicU64::new(0),
             limit,
         }
     }
 
-    /// Queues `line` (or drops it, the queue full): whether it is the first
-    /// of a batch, the writer to be woken.
+    /// Queues `line` in the thread's part (or drops it, the part full):
+    /// whether it is the part's first of a batch, the writer to be woken.
     fn push(&self, line: &[u8]) -> bool {
-        let Ok(mut lines) = self.lines.lock() else {
+        let Ok(mut lines) = self.parts.local().lock() else {
             return false;
         };
         if lines.len() + line.len() > self.limit {
@@ -70,10 +78,14 @@ impl Queue {
         }
     }
 
-    /// [`Queue::write_to`], once `writing` is held.
+    /// [`Queue::write_to`], once `writing` is held. Each part is copied
+    /// out, so that it keeps its room for its thread's next lines.
     fn write_batch(&self, out: &mut impl Write, batch: &mut Vec<u8>) -> u64 {
-        if let Ok(mut lines) = self.lines.lock() {
-            std::mem::swap(&mut *lines, batch);
+        for part in self.parts.parts() {
+            if let Ok(mut lines) = part.lock() {
+                batch.extend_from_slice(&lines);
+                lines.clear();
+            }
         }
         if !batch.is_empty() {
             // Nowhere to report stderr's own failure.
@@ -166,5 +178,24 @@ mod tests {
         assert!(queue.push(b"four\n"));
         assert_eq!(queue.write_to(&mut out, &mut batch), 0);
         assert_eq!(out, b"one\ntwo\nfour\n");
+    }
+
+    #[test]
+    fn each_threads_lines_go_out_in_their_order() {
+        let queue = Queue::new(1 << 10);
+        assert!(queue.push(b"a1\n"));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                queue.push(b"b1\n");
+                queue.push(b"b2\n");
+            });
+        });
+        queue.push(b"a2\n");
+        let (mut out, mut batch) = (Vec::new(), Vec::new());
+        queue.write_to(&mut out, &mut batch);
+        let text = String::from_utf8(out).unwrap();
+        let at = |line: &str| text.find(line).unwrap();
+        assert_eq!(text.len(), 12, "{text}");
+        assert!(at("a1") < at("a2") && at("b1") < at("b2"), "{text}");
     }
 }

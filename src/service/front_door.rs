@@ -104,7 +104,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     ctx.session = Some(session_id.clone());
     // The context of the agent's loop: the outermost of the stack.
     let call = CallContext {
-        config: config.clone(),
+        config,
         request_id: ctx.request_id.clone(),
         identity,
         session: session_id,

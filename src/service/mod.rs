@@ -171,14 +171,13 @@ impl AgentProxy {
     /// request, checks the client's key, and answers it; `Ok(false)` passes
     /// it on to pingora's proxy path.
     async fn route(&self, session: &mut h1::Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let config = ctx.config.clone();
         let dialect = match self.admit(session.req_header_mut(), ctx) {
             Ok(dialect) => dialect,
             Err((dialect, error)) => return reject(session, dialect, &error).await,
         };
         match session.req_header().uri.path() {
             "/healthz" if ctx.route == "health" => return health::live(session).await,
-            "/readyz" if ctx.route == "health" => return health::ready(session, &config).await,
+            "/readyz" if ctx.route == "health" => return health::ready(session, &ctx.config).await,
             _ => {}
         }
         if ctx.route == "root" {
@@ -186,27 +185,27 @@ impl AgentProxy {
         }
         // Behind an admin key, not a client's.
         if ctx.route == "admin" {
-            return memories::handle(session, &config).await;
+            return memories::handle(session, &ctx.config).await;
         }
         if let Err(error) = self.authenticate(session.req_header(), ctx) {
             return reject(session, dialect, &error).await;
         }
         match ctx.route {
             "metrics" => health::metrics(session).await,
-            "models" => models::list(session, &config, dialect).await,
+            "models" => models::list(session, &ctx.config, dialect).await,
             "model" => {
                 let id = session.req_header().uri.path()["/v1/models/".len()..].to_owned();
-                models::one(session, &config, &id, dialect).await
+                models::one(session, &ctx.config, &id, dialect).await
             }
             "chat" => front_door::handle(session, ctx, Dialect::Chat).await,
             "responses" => front_door::handle(session, ctx, Dialect::Responses).await,
             "messages" => front_door::handle(session, ctx, Dialect::Messages).await,
             "count_tokens" => front_door::count_tokens(session, ctx).await,
             "stored_response" => stored::handle(session, ctx).await,
-            _ if config.passthrough && forward::takes(session.req_header(), session.body()) => {
+            _ if ctx.config.passthrough && forward::takes(session.req_header(), session.body()) => {
                 forward::other_route(session, ctx).await
             }
-            _ if config.passthrough => Ok(false),
+            _ if ctx.config.passthrough => Ok(false),
             _ => {
                 let req = session.req_header();
                 let error =
