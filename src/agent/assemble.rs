@@ -94,10 +94,7 @@ impl Assembler {
 }
 
 pub fn new_call_id() -> String {
-    let mut id = String::with_capacity(29);
-    id.push_str("call_");
-    id.extend((0..24).map(|_| fastrand::alphanumeric()));
-    id
+    crate::front::random_id::<24>("call_")
 }
 
 #[cfg(test)]

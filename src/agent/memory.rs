@@ -370,9 +370,7 @@ fn recall(query: &str, notes: Vec<(MemoryScope, Note)>) -> String {
 }
 
 fn new_note_id() -> String {
-    let mut id = String::from("mem_");
-    id.extend((0..16).map(|_| fastrand::alphanumeric()));
-    id
+    crate::front::random_id::<16>("mem_")
 }
 
 #[cfg(test)]

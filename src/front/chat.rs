@@ -485,10 +485,7 @@ fn chunk_head(id: &str, created: u64, model: &str) -> Vec<u8> {
 
 impl ChatEncoder {
     pub fn new(model: &str, stream: bool, include_usage: bool, field: ReasoningField) -> Self {
-        // Sized once: grown a character at a time it would be copied thrice.
-        let mut id = String::with_capacity(33);
-        id.push_str("chatcmpl-");
-        id.extend((0..24).map(|_| fastrand::alphanumeric()));
+        let id = super::random_id::<24>("chatcmpl-");
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());

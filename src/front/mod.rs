@@ -93,7 +93,7 @@ fn new_id(prefix: &str) -> String {
     let (time, random) = suffix.split_at_mut(12);
     // Its low 6 bytes fill 12 hex digits exactly: it cannot fail.
     let _ = hex::encode_to_slice(&crate::store::unix_now_ms().to_be_bytes()[2..], time);
-    random.copy_from_slice(&random_alphanumerics());
+    random.copy_from_slice(&random_alphanumerics::<20>());
     let mut id = String::with_capacity(prefix.len() + suffix.len());
     id.push_str(prefix);
     // ASCII by construction: the one check is cheap.
@@ -101,17 +101,27 @@ fn new_id(prefix: &str) -> String {
     id
 }
 
-/// 20 random alphanumerics, 7 from each of three random words: a word read
-/// as a fraction of 2^64, times 62, has its digit as the integer part and
-/// the rest of the word left for the next. Each of the 62^7 runs of seven
+/// `prefix` then `N` random alphanumerics: an id with no time in it (a chat
+/// completion's, a tool call's).
+pub fn random_id<const N: usize>(prefix: &str) -> String {
+    let mut id = String::with_capacity(prefix.len() + N);
+    id.push_str(prefix);
+    // ASCII by construction: the one check is cheap.
+    id.push_str(std::str::from_utf8(&random_alphanumerics::<N>()).unwrap_or_default());
+    id
+}
+
+/// `N` random alphanumerics, 7 from each random word: a word read as a
+/// fraction of 2^64, times 62, has its digit as the integer part and the
+/// rest of the word left for the next. Each of the 62^7 runs of seven
 /// digits comes from 5,238,149 or 5,238,150 of the 2^64 words: uniform to
-/// one part in five million. An id costs about 400 instructions, against
+/// one part in five million. Twenty cost about 400 instructions, against
 /// 950 with a bounded draw per character (fastrand's `alphanumeric`); a
-/// Responses answer makes three.
-fn random_alphanumerics() -> [u8; 20] {
+/// Responses answer makes three ids, a chat answer one.
+pub fn random_alphanumerics<const N: usize>() -> [u8; N] {
     const DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let mut random = fastrand::Rng::new();
-    let mut out = [0u8; 20];
+    let mut out = [0u8; N];
     for chunk in out.chunks_mut(7) {
         let mut fraction = random.u64(..);
         for digit in chunk {
@@ -1060,7 +1070,7 @@ mod tests {
     fn random_alphanumerics_use_every_digit_about_evenly() {
         let mut counts = std::collections::HashMap::new();
         for _ in 0..6_200 {
-            for digit in super::random_alphanumerics() {
+            for digit in super::random_alphanumerics::<20>() {
                 *counts.entry(digit).or_insert(0u32) += 1;
             }
         }
