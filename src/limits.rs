@@ -164,8 +164,9 @@ impl Connection<'_> {
 
 impl Idle<'_> {
     /// Resolves when the connection was chosen to make room for another, or
-    /// the server is shutting down. A choice made just as a request arrived
-    /// is kept for the next idle wait.
+    /// the server began shutting down since it was admitted (one admitted
+    /// later is not woken: [`Connection::closing`] tells it). A choice made
+    /// just as a request arrived is kept for the next idle wait.
     pub async fn shed(&self) {
         self.slot.shed.notified().await;
     }
@@ -231,7 +232,11 @@ mod tests {
         let busy = connections.admit(0).unwrap();
         assert!(!waiting.closing());
         let idle = waiting.idle();
-        let wait = idle.shed();
+        let mut wait = std::pin::pin!(idle.shed());
+        assert!(
+            futures::poll!(wait.as_mut()).is_pending(),
+            "waiting, registered"
+        );
         connections.close_idle();
         tokio::time::timeout(Duration::from_secs(5), wait)
             .await
@@ -242,5 +247,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), later.shed())
             .await
             .expect("a wait begun after the shutdown ends at once");
+        let admitted_later = connections.admit(0).unwrap();
+        assert!(admitted_later.closing(), "closes rather than wait");
     }
 }

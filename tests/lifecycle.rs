@@ -367,6 +367,11 @@ async fn a_connection_accepted_before_a_shutdown_gets_its_first_request_answered
     while conn.next_chunk(&mut res).await.is_some() {}
     assert_eq!(res.status, 200, "{}", res.text());
     assert!(res.complete, "the answer was cut");
+    assert_eq!(
+        res.header("connection"),
+        Some("close"),
+        "an answer given while draining closes its connection"
+    );
     assert!(
         proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
         "the process left once the request was answered"

@@ -102,7 +102,7 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// `prefix` then `N` random alphanumerics: an id with no time in it (a chat
-/// completion's, a tool call's).
+/// completion's, a tool call's, a memory note's).
 pub fn random_id<const N: usize>(prefix: &str) -> String {
     let mut id = String::with_capacity(prefix.len() + N);
     id.push_str(prefix);
@@ -118,7 +118,7 @@ pub fn random_id<const N: usize>(prefix: &str) -> String {
 /// one part in five million. Twenty cost about 400 instructions, against
 /// 950 with a bounded draw per character (fastrand's `alphanumeric`); a
 /// Responses answer makes three ids, a chat answer one.
-pub fn random_alphanumerics<const N: usize>() -> [u8; N] {
+fn random_alphanumerics<const N: usize>() -> [u8; N] {
     const DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let mut random = fastrand::Rng::new();
     let mut out = [0u8; N];

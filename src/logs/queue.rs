@@ -4,15 +4,16 @@
 //! The writer waits [`LINGER`] once woken, so the lines of that moment go
 //! out in one `write(2)`. tracing-appender's writer, woken for every line,
 //! cost a request at one connection 8–17 µs more CPU than this one
-//! (58–67 against 48–50 µs; bench/results/ab.md). The queue holds
-//! [`QUEUED_BYTES`] at most: past it, a line is dropped, and counted in a
-//! line of its own once there is room, rather than a request kept waiting
-//! for a stalled collector.
+//! (58–67 against 48–50 µs; bench/results/ab.md).
 //!
 //! Each thread queues in a part of its own (`per_thread`): one queue for
 //! all had every request on both cores take its lock and write its end.
 //! Within a batch, a thread's lines keep their order; two threads' lines
-//! of the same few milliseconds go out one thread's after the other's.
+//! of the same few milliseconds go out one thread's after the other's. A
+//! part holds [`QUEUED_BYTES`] at most (its buffer twice that at most, and
+//! 16 parts at most): past it, a line is dropped, and counted in a line of
+//! its own once there is room, rather than a request kept waiting for a
+//! stalled collector.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +57,11 @@ impl Queue {
     /// Queues `line` in the thread's part (or drops it, the part full):
     /// whether it is the part's first of a batch, the writer to be woken.
     fn push(&self, line: &[u8]) -> bool {
-        let Ok(mut lines) = self.parts.local().lock() else {
+        self.push_in(self.parts.local(), line)
+    }
+
+    fn push_in(&self, part: &Mutex<Vec<u8>>, line: &[u8]) -> bool {
+        let Ok(mut lines) = part.lock() else {
             return false;
         };
         if lines.len() + line.len() > self.limit {
@@ -91,6 +96,8 @@ impl Queue {
             // Nowhere to report stderr's own failure.
             let _ = out.write_all(batch).and_then(|()| out.flush());
             batch.clear();
+            // A collector's stall filled it: its room goes with the stall.
+            batch.shrink_to(self.limit);
         }
         self.dropped.swap(0, Ordering::Relaxed)
     }
@@ -181,21 +188,37 @@ mod tests {
     }
 
     #[test]
-    fn each_threads_lines_go_out_in_their_order() {
+    fn each_parts_lines_go_out_in_their_order_and_each_part_wakes_the_writer() {
         let queue = Queue::new(1 << 10);
-        assert!(queue.push(b"a1\n"));
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                queue.push(b"b1\n");
-                queue.push(b"b2\n");
-            });
-        });
-        queue.push(b"a2\n");
+        let (a, b) = (queue.parts.part(0), queue.parts.part(1));
+        assert!(queue.push_in(a, b"a1\n"));
+        assert!(
+            queue.push_in(b, b"b1\n"),
+            "another part's first line wakes it too"
+        );
+        assert!(!queue.push_in(b, b"b2\n"));
+        assert!(!queue.push_in(a, b"a2\n"));
         let (mut out, mut batch) = (Vec::new(), Vec::new());
         queue.write_to(&mut out, &mut batch);
         let text = String::from_utf8(out).unwrap();
         let at = |line: &str| text.find(line).unwrap();
         assert_eq!(text.len(), 12, "{text}");
         assert!(at("a1") < at("a2") && at("b1") < at("b2"), "{text}");
+        assert!(queue.push_in(b, b"b3\n"), "emptied: a batch's first again");
+    }
+
+    #[test]
+    fn a_line_goes_in_its_threads_part_alone() {
+        let queue = Queue::new(1 << 10);
+        std::thread::scope(|scope| {
+            scope.spawn(|| queue.push(b"line\n"));
+        });
+        let parts: Vec<usize> = queue
+            .parts
+            .parts()
+            .map(|p| p.lock().unwrap().len())
+            .collect();
+        assert_eq!(parts.iter().sum::<usize>(), 5);
+        assert_eq!(parts.iter().filter(|&&n| n > 0).count(), 1);
     }
 }

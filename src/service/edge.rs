@@ -327,8 +327,11 @@ async fn read_head(
 ) -> Option<BytesMut> {
     let mut head = read;
     if head.is_empty() {
-        head.reserve(READ_CHUNK);
         let mut ended = between.connection.closing();
+        if ended && !first {
+            return None;
+        }
+        head.reserve(READ_CHUNK);
         if !ended {
             let idle = between.connection.idle();
             between.timer.as_mut().reset(Instant::now() + timeouts.idle);

@@ -6,11 +6,11 @@
 //!    the client side), refusing one that cannot be served. A request for
 //!    one of our routes it serves itself, through the hooks below; the rest
 //!    (no route of ours, with `passthrough`) it hands to pingora's proxy
-//!    path.
-//! 1. `route` (pingora's `request_filter`, for our routes) takes the config
-//!    snapshot the request keeps to its end, admits the request (its id, its
-//!    route, `Host`), checks the client's key, and answers: the proxy's own
-//!    endpoints and every chat completion (agent or not).
+//!    path. It takes the config snapshot the request keeps to its end.
+//! 1. `route` (pingora's `request_filter`, for our routes) admits the
+//!    request (its id, its route, `Host`), checks the client's key, and
+//!    answers: the proxy's own endpoints and every chat completion (agent or
+//!    not).
 //! 2. Everything else goes through pingora's proxy path to `default_upstream`:
 //!    `request_filter` admits it the same way, `upstream_peer` and
 //!    `fail_to_connect` follow the upstream layer's one retry policy
@@ -526,8 +526,8 @@ enum ProxyPath {
     /// `passthrough` on.
     Now,
     /// Our handlers answer, but may pass the request on: a stored
-    /// response's id that is not ours, or a route of none of ours (should
-    /// `passthrough` come on in a reload meanwhile).
+    /// response's id that is not ours. A route of none of ours comes too:
+    /// our forwarder takes it, or, without `passthrough`, it is refused.
     Perhaps,
     /// Our handlers answer.
     Never,
