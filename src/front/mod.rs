@@ -94,20 +94,21 @@ fn new_id(prefix: &str) -> String {
     // Its low 6 bytes fill 12 hex digits exactly: it cannot fail.
     let _ = hex::encode_to_slice(&crate::store::unix_now_ms().to_be_bytes()[2..], time);
     random.copy_from_slice(&random_alphanumerics::<20>());
-    let mut id = String::with_capacity(prefix.len() + suffix.len());
-    id.push_str(prefix);
-    // ASCII by construction: the one check is cheap.
-    id.push_str(std::str::from_utf8(&suffix).unwrap_or_default());
-    id
+    prefixed(prefix, &suffix)
 }
 
 /// `prefix` then `N` random alphanumerics: an id with no time in it (a chat
 /// completion's, a tool call's, a memory note's).
 pub fn random_id<const N: usize>(prefix: &str) -> String {
-    let mut id = String::with_capacity(prefix.len() + N);
+    prefixed(prefix, &random_alphanumerics::<N>())
+}
+
+/// `prefix` then `suffix`, ASCII by construction (the one check is cheap),
+/// in a string sized once.
+fn prefixed(prefix: &str, suffix: &[u8]) -> String {
+    let mut id = String::with_capacity(prefix.len() + suffix.len());
     id.push_str(prefix);
-    // ASCII by construction: the one check is cheap.
-    id.push_str(std::str::from_utf8(&random_alphanumerics::<N>()).unwrap_or_default());
+    id.push_str(std::str::from_utf8(suffix).unwrap_or_default());
     id
 }
 

@@ -326,38 +326,35 @@ async fn read_head(
     first: bool,
 ) -> Option<BytesMut> {
     let mut head = read;
+    if head.is_empty() && !between.connection.closing() {
+        head.reserve(READ_CHUNK);
+        let idle = between.connection.idle();
+        between.timer.as_mut().reset(Instant::now() + timeouts.idle);
+        tokio::select! {
+            read = stream.read_buf(&mut head) => {
+                if !matches!(read, Ok(1..)) {
+                    return None;
+                }
+            }
+            () = between.timer.as_mut() => return None,
+            // Room made for another connection, or the server is shutting
+            // down: the head stays empty.
+            () = idle.shed() => {}
+        }
+    }
     if head.is_empty() {
-        let mut ended = between.connection.closing();
-        if ended && !first {
+        // Shed, or shutting down: only a connection's first request still
+        // gets its moment to arrive.
+        if !(first && between.connection.closing()) {
             return None;
         }
         head.reserve(READ_CHUNK);
-        if !ended {
-            let idle = between.connection.idle();
-            between.timer.as_mut().reset(Instant::now() + timeouts.idle);
-            tokio::select! {
-                read = stream.read_buf(&mut head) => {
-                    if !matches!(read, Ok(1..)) {
-                        return None;
-                    }
-                }
-                () = between.timer.as_mut() => return None,
-                // Room made for another connection, or the server is
-                // shutting down.
-                () = idle.shed() => ended = true,
-            }
-        }
-        if ended {
-            if !(first && between.connection.closing()) {
-                return None;
-            }
-            let read = stream.read_buf(&mut head);
-            if !matches!(
-                timeout(FIRST_REQUEST_AFTER_SHUTDOWN, read).await,
-                Ok(Ok(1..))
-            ) {
-                return None;
-            }
+        let read = stream.read_buf(&mut head);
+        if !matches!(
+            timeout(FIRST_REQUEST_AFTER_SHUTDOWN, read).await,
+            Ok(Ok(1..))
+        ) {
+            return None;
         }
     }
     // Most heads come whole in their first read: no timer for the rest.
