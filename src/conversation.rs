@@ -201,6 +201,11 @@ impl Prompt {
         self.pieces().all(str::is_empty)
     }
 
+    /// Its texts, without the joints between them.
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(_, text)| text.as_str())
+    }
+
     /// Its joined text, in pieces: each text, the joints between.
     pub fn pieces(&self) -> impl Iterator<Item = &str> {
         self.0

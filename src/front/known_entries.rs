@@ -226,7 +226,7 @@ fn add(
         let decoded = decoded.map(|(dialect, decoding)| {
             // Its long texts, as the model's requests will have them.
             size += text.len() + values * VALUE_BYTES;
-            each_text(&decoding.items, |text| {
+            each_text(&decoding, |text| {
                 if let Some((key, bytes)) = escaped::hold(text) {
                     held.push(key);
                     size += bytes;
@@ -256,9 +256,12 @@ fn add(
     });
 }
 
-/// Each text of `items` that a model's request carries as a JSON string.
-fn each_text<'a>(items: &'a [Item], mut each: impl FnMut(&'a str)) {
-    for item in items {
+/// Each text of `decoding` that a model's request carries as a JSON string:
+/// its items', and its system prompt's (a system or developer message in
+/// the history: a chat app's long instructions, sent with every request).
+fn each_text<'a>(decoding: &'a Decoding, mut each: impl FnMut(&'a str)) {
+    decoding.system.texts().for_each(&mut each);
+    for item in &decoding.items {
         match item {
             Item::Message(message) => message.content.iter().for_each(|part| {
                 if let Part::Text(text) = part {
@@ -364,6 +367,36 @@ mod tests {
             }
             assert!(found(&entry(1, 300)).is_none());
             assert!(!written(&edit));
+        });
+    }
+
+    #[test]
+    fn a_system_messages_long_text_is_held_escaped_too() {
+        crate::on_a_new_thread(|| {
+            // A chat app's instructions, a system message in the history:
+            // the model's every request carries them as a JSON string.
+            let instructions = "Answer in \"plain\" words.\n".repeat(20);
+            let written = |text: &str| crate::json::escaped::write(text, &mut Vec::new());
+            let text = entry(1, 600);
+            let head = head(format!("{text}{}", after(0)).as_bytes()).unwrap();
+            let decoding = Decoding {
+                items: Vec::new(),
+                system: Prompt::new(instructions.clone()),
+            };
+            keep(Dialect::Chat, head, &text, decoding);
+            assert!(written(&instructions));
+            let mut out = Vec::new();
+            Prompt::new(instructions.clone()).write_json(&mut out);
+            assert_eq!(
+                out,
+                crate::json::to_vec(&instructions),
+                "written as escaped"
+            );
+            // Let go with its entry.
+            for tag in 2..=KEPT_BYTES / (64 * 1024) + 1 {
+                keep_text(Dialect::Messages, &entry(tag, 64 * 1024), "x");
+            }
+            assert!(!written(&instructions));
         });
     }
 
