@@ -11,7 +11,11 @@
 //! is known ([`Shape::routed`]).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
+use super::known_entries::Decoding;
+use super::known_tools::Declared;
+use crate::conversation::Dialect;
 use crate::json::scan::{ScanError, Scanner};
 
 /// What one pass over a request body tells before it is parsed: what the
@@ -61,6 +65,79 @@ impl Entries {
     }
 }
 
+/// A tool list or history entry kept by the thread, found where a body's
+/// rest begins: its length, the values in it, and a front's decoding of it
+/// (none where it was only checked).
+pub struct Hit<T> {
+    pub len: usize,
+    pub values: usize,
+    pub decoded: Option<(Dialect, Arc<T>)>,
+}
+
+/// What a body's shape pass found among the tool lists and history entries
+/// this thread keeps decoded ([`known_tools`], [`known_entries`]), by where
+/// each begins: the decoder of the same body takes them from here rather
+/// than comparing their text with the kept one again (a coding agent's
+/// tools, 30 KB, were compared twice a request, its history's entries too).
+///
+/// [`known_tools`]: super::known_tools
+/// [`known_entries`]: super::known_entries
+#[derive(Default)]
+pub struct Found {
+    /// The body read (its address and length): nothing is taken for
+    /// another.
+    body: (usize, usize),
+    /// Where a list begins, its length, and its decoding.
+    tools: Vec<(usize, usize, (Dialect, Arc<Declared>))>,
+    /// Where an entry begins, its length, and its decoding.
+    entries: Vec<(usize, usize, (Dialect, Arc<Decoding>))>,
+}
+
+impl Found {
+    fn of(body: &[u8]) -> Found {
+        Found {
+            body: (body.as_ptr() as usize, body.len()),
+            ..Found::default()
+        }
+    }
+
+    /// The list of tools `dialect` decoded that begins at `at` in `body`:
+    /// its length and its decoding.
+    pub fn tools(
+        &self,
+        body: &[u8],
+        at: usize,
+        dialect: Dialect,
+    ) -> Option<(usize, Arc<Declared>)> {
+        self.in_body(body)?;
+        let (_, len, (_, declared)) = self
+            .tools
+            .iter()
+            .find(|(start, _, (by, _))| *start == at && *by == dialect)?;
+        Some((*len, declared.clone()))
+    }
+
+    /// The history entry `dialect` decoded that begins at `at` in `body`:
+    /// its length and its decoding.
+    pub fn entry(
+        &self,
+        body: &[u8],
+        at: usize,
+        dialect: Dialect,
+    ) -> Option<(usize, Arc<Decoding>)> {
+        self.in_body(body)?;
+        let (_, len, (_, decoding)) = self
+            .entries
+            .iter()
+            .find(|(start, _, (by, _))| *start == at && *by == dialect)?;
+        Some((*len, decoding.clone()))
+    }
+
+    fn in_body(&self, body: &[u8]) -> Option<()> {
+        (self.body == (body.as_ptr() as usize, body.len())).then_some(())
+    }
+}
+
 /// The root object's member whose value is being read.
 #[derive(Clone, Copy, PartialEq)]
 enum Member {
@@ -93,11 +170,12 @@ impl<'a> Shape<'a> {
     /// request passed on is checked to be JSON, and where it names its model
     /// before the rest (Codex, Claude Code and most clients do), one pass
     /// reads its shape and checks it, rather than one for each.
-    pub fn routed(body: &'a [u8], ours: &dyn Fn(&str) -> bool) -> Routed<'a> {
+    /// What the pass found known, for the decoder, comes with it.
+    pub fn routed(body: &'a [u8], ours: &dyn Fn(&str) -> bool) -> (Routed<'a>, Found) {
         match Shape::read(body, Some(ours)) {
-            (_, Some(false)) => Routed::Other(Shape::checked(body)),
-            (shape, Some(true)) if shape.model.is_some() => Routed::Ours(shape),
-            (shape, _) => Routed::Read(shape),
+            (_, Some(false), _) => (Routed::Other(Shape::checked(body)), Found::default()),
+            (shape, Some(true), found) if shape.model.is_some() => (Routed::Ours(shape), found),
+            (shape, _, found) => (Routed::Read(shape), found),
         }
     }
 
@@ -166,8 +244,12 @@ impl<'a> Shape<'a> {
     /// The shape, in one pass that does not check the JSON, and what `ours`
     /// said of the root's first `model` if it is a string without escapes:
     /// where it said no, the pass stopped there.
-    fn read(body: &'a [u8], ours: Option<&dyn Fn(&str) -> bool>) -> (Shape<'a>, Option<bool>) {
+    fn read(
+        body: &'a [u8],
+        ours: Option<&dyn Fn(&str) -> bool>,
+    ) -> (Shape<'a>, Option<bool>, Found) {
         let mut scan = Scan {
+            found: Found::of(body),
             shape: Shape {
                 values: 1,
                 model: None,
@@ -191,19 +273,20 @@ impl<'a> Shape<'a> {
                 b'"' => {
                     let start = at;
                     let Some(end) = skip_string(body, at) else {
-                        return (scan.end(false), said);
+                        return scan.end(false, said);
                     };
                     at = end;
                     if scan.string(&body[start..at - 1]) && scan.models == 1 {
                         said = ours.zip(scan.shape.model).map(|(ours, model)| ours(model));
                         if said == Some(false) {
-                            return (scan.shape, said);
+                            return (scan.shape, said, scan.found);
                         }
                     }
                 }
                 b'[' | b'{' => {
-                    let rest = &body[at - 1..];
-                    let known = scan.known_tools(rest).or_else(|| scan.known_entry(rest));
+                    let known = scan
+                        .known_tools(body, at - 1)
+                        .or_else(|| scan.known_entry(body, at - 1));
                     if let Some((len, values)) = known {
                         // A list of tools, or a history's entry, decoded
                         // before: its count is known.
@@ -228,7 +311,7 @@ impl<'a> Shape<'a> {
                                 at = end;
                                 scan.depth -= 1;
                             }
-                            None => return (scan.end(false), said),
+                            None => return scan.end(false, said),
                         },
                     }
                 }
@@ -253,7 +336,7 @@ impl<'a> Shape<'a> {
             }
         }
         let closed = scan.depth == 0;
-        (scan.end(closed), said)
+        scan.end(closed, said)
     }
 }
 
@@ -389,6 +472,7 @@ fn entries(scan: &mut Scanner<'_>, passed: &mut usize) -> Result<Entries, ScanEr
 /// The state of [`Shape::of`] between bytes.
 struct Scan<'a> {
     shape: Shape<'a>,
+    found: Found,
     models: usize,
     /// Open arrays and objects.
     depth: usize,
@@ -431,26 +515,38 @@ impl<'a> Scan<'a> {
         model
     }
 
-    /// Where the root's `tools` begin (`rest`), a list decoded before: its
-    /// length and its values ([`known_tools`](super::known_tools)).
-    fn known_tools(&self, rest: &[u8]) -> Option<(usize, usize)> {
+    /// Where the root's `tools` begin (`at`), a list decoded before: its
+    /// length and its values ([`known_tools`](super::known_tools)), and
+    /// its decoding found for the decoder.
+    fn known_tools(&mut self, body: &[u8], at: usize) -> Option<(usize, usize)> {
         let tools = self.depth == 1 && self.value_next && self.member == Member::Tools;
-        if tools && rest.first() == Some(&b'[') {
-            return super::known_tools::values(rest);
+        let rest = &body[at..];
+        if !(tools && rest.first() == Some(&b'[')) {
+            return None;
         }
-        None
+        let hit = super::known_tools::found(rest)?;
+        if let Some(decoded) = hit.decoded {
+            self.found.tools.push((at, hit.len, decoded));
+        }
+        Some((hit.len, hit.values))
     }
 
-    /// Where an entry of the root's `messages` or `input` begins (`rest`),
+    /// Where an entry of the root's `messages` or `input` begins (`at`),
     /// one decoded before: its length and its values
-    /// ([`known_entries`](super::known_entries)).
-    fn known_entry(&self, rest: &[u8]) -> Option<(usize, usize)> {
+    /// ([`known_entries`](super::known_entries)), and its decoding found
+    /// for the decoder.
+    fn known_entry(&mut self, body: &[u8], at: usize) -> Option<(usize, usize)> {
         let list = matches!(self.member, Member::Messages | Member::Input);
-        if list && self.depth == 2 && self.entry_next {
-            let head = super::known_entries::head(rest)?;
-            return super::known_entries::values(head, rest);
+        if !(list && self.depth == 2 && self.entry_next) {
+            return None;
         }
-        None
+        let rest = &body[at..];
+        let head = super::known_entries::head(rest)?;
+        let hit = super::known_entries::found(head, rest)?;
+        if let Some(decoded) = hit.decoded {
+            self.found.entries.push((at, hit.len, decoded));
+        }
+        Some((hit.len, hit.values))
     }
 
     /// A value begins with `byte` (or a scalar goes on, for which nothing
@@ -488,7 +584,7 @@ impl<'a> Scan<'a> {
     /// The shape read; of a body cut short (`closed` false), its lists are
     /// left to the parse, whose error says what is wrong: a truncated
     /// `"messages": [` is not an empty list.
-    fn end(mut self, closed: bool) -> Shape<'a> {
+    fn end(mut self, closed: bool, said: Option<bool>) -> (Shape<'a>, Option<bool>, Found) {
         if self.models != 1 {
             self.shape.model = None;
         }
@@ -496,7 +592,7 @@ impl<'a> Scan<'a> {
             self.shape.messages = Entries::Other;
             self.shape.input = Entries::Other;
         }
-        self.shape
+        (self.shape, said, self.found)
     }
 }
 
@@ -628,6 +724,70 @@ mod tests {
         assert_eq!(format!("{:?}", Shape::of(body.as_bytes())), fresh);
         // Its `[` and what follows a mark in it; the reference adds a root.
         assert_eq!(values_in(tools.as_bytes()) + 1, reference(tools.as_bytes()));
+    }
+
+    #[test]
+    fn what_the_pass_found_known_the_decoder_of_that_body_takes() {
+        crate::on_a_new_thread(|| {
+            let tool =
+                |i| serde_json::json!({"name": format!("t{i}"), "description": "d".repeat(40)});
+            let list = |n| serde_json::to_string(&(0..n).map(tool).collect::<Vec<_>>()).unwrap();
+            let tools = list(30);
+            let body = format!(
+                r#"{{"model":"m","tools": {tools},"messages":[{{"role":"user","content":"hi"}}]}}"#
+            );
+            let dialect = Dialect::Messages;
+            // Kept as a front's decoding, told apart by what it dropped.
+            let declared = Arc::new(Declared {
+                dropped: vec!["kept".into()],
+                ..Declared::default()
+            });
+            crate::front::known_tools::keep(dialect, &tools, &declared);
+            let (routed, found) = Shape::routed(body.as_bytes(), &|_| true);
+            assert!(matches!(routed, Routed::Ours(_)));
+            let at = body.find(&tools).unwrap();
+            let (len, taken) = found.tools(body.as_bytes(), at, dialect).unwrap();
+            assert_eq!(len, tools.len());
+            assert!(Arc::ptr_eq(&taken, &declared));
+            // Only for the body read, and for the dialect that decoded it.
+            let copy = body.clone();
+            assert!(found.tools(copy.as_bytes(), at, dialect).is_none());
+            assert!(found.tools(body.as_bytes(), at, Dialect::Chat).is_none());
+            // The thread lets the list go: the decoder still takes it as found,
+            // where one without what was found reads the list again.
+            for n in 31..35 {
+                let other = list(n);
+                crate::front::known_tools::keep(dialect, &other, &Arc::default());
+            }
+            let (_, context) =
+                crate::front::messages::decode_with(body.as_bytes(), &found).unwrap();
+            assert_eq!(context.dropped_tools, ["kept"]);
+            let (_, context) = crate::front::messages::decode(body.as_bytes()).unwrap();
+            assert!(context.dropped_tools.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_history_entry_the_pass_found_known_the_decoder_takes() {
+        crate::on_a_new_thread(|| {
+            let text = "line, [with] {marks}: \"quoted\"\n".repeat(40);
+            let entry = serde_json::json!({"role": "user", "content": text}).to_string();
+            let body = format!(r#"{{"model":"m","messages":[{entry}, {entry}]}}"#);
+            let dialect = Dialect::Messages;
+            // The first request decodes both entries and keeps them.
+            let (first, _) = crate::front::messages::decode(body.as_bytes()).unwrap();
+            let (routed, found) = Shape::routed(body.as_bytes(), &|_| true);
+            assert!(matches!(routed, Routed::Ours(_)));
+            let at = body.find(&entry).unwrap();
+            let (len, decoding) = found.entry(body.as_bytes(), at, dialect).unwrap();
+            assert_eq!(len, entry.len());
+            assert_eq!(decoding.items, first.items[..1]);
+            let second = body.rfind(&entry).unwrap();
+            assert!(found.entry(body.as_bytes(), second, dialect).is_some());
+            assert!(found.entry(body.as_bytes(), at, Dialect::Chat).is_none());
+            let (taken, _) = crate::front::messages::decode_with(body.as_bytes(), &found).unwrap();
+            assert_eq!(taken.items, first.items);
+        });
     }
 
     #[test]
@@ -803,7 +963,7 @@ mod tests {
             prop_assert_eq!(shape.stream, stream, "{}", text);
             // The pass that checks reads the same, and routes by the model.
             prop_assert_eq!(Shape::checked(text.as_bytes()), Some(shape.clone()), "{}", text);
-            let routed = Shape::routed(text.as_bytes(), &|model| model == "ours");
+            let (routed, _) = Shape::routed(text.as_bytes(), &|model| model == "ours");
             match (routed, shape.model) {
                 (Routed::Other(other), Some(model)) => {
                     prop_assert_ne!(model, "ours");
@@ -841,7 +1001,7 @@ mod tests {
         let ours = |model: &str| model == "agent";
         let other =
             br#"{"model":"other","messages":[{"role":"user","content":"hi"}],"stream":true}"#;
-        let Routed::Other(Some(shape)) = Shape::routed(other, &ours) else {
+        let (Routed::Other(Some(shape)), _) = Shape::routed(other, &ours) else {
             panic!("not routed elsewhere");
         };
         assert_eq!(shape, Shape::of(other));
@@ -851,20 +1011,23 @@ mod tests {
         );
         // Not JSON: the caller reads it again, and the check names the fault.
         let broken = br#"{"model":"other","messages":[}"#;
-        assert!(matches!(Shape::routed(broken, &ours), Routed::Other(None)));
+        assert!(matches!(
+            Shape::routed(broken, &ours).0,
+            Routed::Other(None)
+        ));
         // Ours, or only a parse can tell: read whole, unchecked.
         let agent = br#"{"model":"agent","messages":[]}"#;
-        assert!(matches!(Shape::routed(agent, &ours), Routed::Ours(_)));
+        assert!(matches!(Shape::routed(agent, &ours).0, Routed::Ours(_)));
         for body in [
             &br#"{"model":"\u0061gent","messages":[]}"#[..],
             br#"{"messages":[],"model":5}"#,
             br#"{"model":"agent","model":"agent"}"#,
         ] {
-            assert!(matches!(Shape::routed(body, &ours), Routed::Read(_)));
+            assert!(matches!(Shape::routed(body, &ours).0, Routed::Read(_)));
         }
         // A second `model` after another's: ambiguous, left to the parse.
         let twice = br#"{"model":"other","model":"agent"}"#;
-        let Routed::Other(Some(shape)) = Shape::routed(twice, &ours) else {
+        let (Routed::Other(Some(shape)), _) = Shape::routed(twice, &ours) else {
             panic!("not routed elsewhere");
         };
         assert_eq!(shape.model, None);

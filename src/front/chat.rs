@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::known_tools::Declared;
 use super::{
     decode_history, description, function_tools, invalid, picked_object_and_tools, required_str,
-    take_bool, take_str, take_str_at, At, Encoder, Entry, Picked, Take, ToolShape, Tools,
+    take_bool, take_str, take_str_at, At, Encoder, Entry, Found, Picked, Take, ToolShape, Tools,
 };
 use crate::config::file::ReasoningField;
 use crate::config::KeyPath;
@@ -66,7 +66,12 @@ const TOOL: ToolShape = ToolShape {
 /// taken as they were ([`known_entries`](super::known_entries),
 /// [`known_tools`](super::known_tools)).
 pub fn decode(body: &[u8]) -> Result<Conversation, ApiError> {
-    let body = picked_object_and_tools(body, TOOL, &READ, Some("messages"))
+    decode_with(body, &Found::default())
+}
+
+/// [`decode`], with what the body's shape pass found known ([`Found`]).
+pub fn decode_with(body: &[u8], found: &Found) -> Result<Conversation, ApiError> {
+    let body = picked_object_and_tools(body, TOOL, &READ, Some("messages"), found)
         .map_err(|error| named(body, error))?;
     let (mut read, mut rest, tools) = (body.picked, body.rest, body.tools);
     let mut conversation = Conversation {

@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
+use super::budget::Hit;
 use crate::conversation::{Dialect, Item, Part, Prompt};
 use crate::json::escaped;
 
@@ -171,9 +172,19 @@ pub fn find(dialect: Dialect, head: u64, rest: &str) -> Option<(usize, Arc<Decod
 /// what the body's shape pass counts, and the check passes, without
 /// reading it.
 pub fn values(head: u64, rest: &[u8]) -> Option<(usize, usize)> {
+    found(head, rest).map(|hit| (hit.len, hit.values))
+}
+
+/// [`values`], and what a front decoded of the entry: what the body's
+/// shape pass hands the decoder ([`Found`](super::budget::Found)).
+pub fn found(head: u64, rest: &[u8]) -> Option<Hit<Decoding>> {
     KNOWN.with_borrow_mut(|known| {
         let kept = known.find(None, head, rest)?;
-        Some((kept.text.len(), kept.values))
+        Some(Hit {
+            len: kept.text.len(),
+            values: kept.values,
+            decoded: kept.decoded.clone(),
+        })
     })
 }
 

@@ -22,6 +22,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::budget::Hit;
 use crate::conversation::{Dialect, FunctionTool};
 
 /// Lists kept per thread.
@@ -81,14 +82,30 @@ pub fn find(dialect: Dialect, rest: &str) -> Option<(usize, Arc<Declared>)> {
     })
 }
 
-/// The length of the known list `rest` begins with (decoded by any front,
-/// or checked), and the values in it: what the body's shape pass counts,
-/// and the check passes, without reading it.
-pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
-    KNOWN.with_borrow(|known| {
-        let k = known.iter().find(|k| rest.starts_with(k.text.as_bytes()))?;
-        Some((k.text.len(), k.values))
+/// The known list `rest` begins with (decoded by any front, or checked):
+/// its length, the values in it, and what a front decoded of it. What the
+/// body's shape pass counts without reading it, and hands the decoder
+/// ([`Found`](super::budget::Found)).
+pub fn found(rest: &[u8]) -> Option<Hit<Declared>> {
+    KNOWN.with_borrow_mut(|known| {
+        let at = known
+            .iter()
+            .rposition(|k| rest.starts_with(k.text.as_bytes()))?;
+        let kept = known.remove(at);
+        let hit = Hit {
+            len: kept.text.len(),
+            values: kept.values,
+            decoded: kept.decoded.clone(),
+        };
+        known.push(kept);
+        Some(hit)
     })
+}
+
+/// The length of the known list `rest` begins with, and the values in it:
+/// what the check passes without reading it.
+pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
+    found(rest).map(|hit| (hit.len, hit.values))
 }
 
 /// Keeps what `dialect`'s decoder made of `text`, a JSON array read whole.

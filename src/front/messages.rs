@@ -21,7 +21,7 @@ use super::known_tools::Declared;
 use super::{
     decode_history, description, function_tools, invalid, new_id, note_dropped,
     picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
-    At, Encoder, Entry, ErrorEnvelope, ErrorIn, Picked, Take, ToolObject, ToolShape, Tools,
+    At, Encoder, Entry, ErrorEnvelope, ErrorIn, Found, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -90,9 +90,14 @@ const TOOL: ToolShape = ToolShape {
 /// A `POST /v1/messages` body as a conversation (origin
 /// [`Dialect::Messages`]), with what the caller must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Context), ApiError> {
+    decode_with(body, &Found::default())
+}
+
+/// [`decode`], with what the body's shape pass found known ([`Found`]).
+pub fn decode_with(body: &[u8], found: &Found) -> Result<(Conversation, Context), ApiError> {
     // Tools are most of a coding agent's request: read as tools in the
     // body's one pass, their schemas kept as the text they came as.
-    let body = picked_object_and_tools(body, TOOL, &READ, Some("messages"))?;
+    let body = picked_object_and_tools(body, TOOL, &READ, Some("messages"), found)?;
     let (mut read, mut top, tools) = (body.picked, body.rest, body.tools);
     let mut ctx = Context::default();
     let mut conv = Conversation {

@@ -26,6 +26,7 @@ use crate::conversation::{
 use crate::error::ApiError;
 use crate::json::scan::{BadJson, Built, ScanError, Scanner, MAX_DEPTH};
 use crate::json::Raw;
+pub use budget::Found;
 use known_entries::Decoding;
 use known_tools::Declared;
 
@@ -143,11 +144,15 @@ fn random_alphanumerics<const N: usize>() -> [u8; N] {
 /// tools: as `shape` names them. The member named `history`, when it is an
 /// array, is read entry by entry ([`Entry`]) rather than set apart. A
 /// member given twice is the last.
+///
+/// Tool lists and entries the body's shape pass found known (`found`) are
+/// taken as it found them.
 pub fn picked_object_and_tools<'a, const N: usize>(
     body: &'a [u8],
     shape: ToolShape,
     names: &'static [&'static str; N],
     history: Option<&'static str>,
+    found: &Found,
 ) -> Result<ReadBody<'a, N>, ApiError> {
     let text = crate::json::utf8(body).ok_or_else(|| not_json(explain(body, None)))?;
     let mut scan = Scanner::new(text);
@@ -163,7 +168,8 @@ pub fn picked_object_and_tools<'a, const N: usize>(
     let members = scan.object(|scan, name| {
         if name == "tools" {
             let rest = scan.rest();
-            read.tools = match known_tools::find(shape.dialect, rest) {
+            let known = found.tools(body, scan.offset(), shape.dialect);
+            read.tools = match known.or_else(|| known_tools::find(shape.dialect, rest)) {
                 Some((len, declared)) => {
                     scan.pass(len);
                     ReadTools::Known(declared)
@@ -188,7 +194,7 @@ pub fn picked_object_and_tools<'a, const N: usize>(
             } else {
                 // A value given before the array is no longer the last.
                 read.picked.set(slot, None);
-                read.history = match entries(scan, shape.dialect) {
+                read.history = match entries(scan, shape.dialect, body, found) {
                     Some(entries) => Some(entries),
                     // Parsed whole, as any value: its entries never kept.
                     None => match scan.parse_value()? {
@@ -266,13 +272,24 @@ impl Entry<'_> {
 /// scanner builds (a number serde_json rounds, nesting near serde_json's
 /// bound) or the array is no JSON: it is then parsed whole, as any value,
 /// for serde_json's values or its error, as without the entries.
-fn entries<'a>(scan: &mut Scanner<'a>, dialect: Dialect) -> Option<Vec<Entry<'a>>> {
+fn entries<'a>(
+    scan: &mut Scanner<'a>,
+    dialect: Dialect,
+    body: &[u8],
+    found: &Found,
+) -> Option<Vec<Entry<'a>>> {
     let start = scan.offset();
     let mut entries = Vec::new();
     let read = scan.array(|scan| {
         let rest = scan.rest();
-        let head = known_entries::head(rest.as_bytes());
-        let known = head.and_then(|head| known_entries::find(dialect, head, rest));
+        let (known, head) = match found.entry(body, scan.offset(), dialect) {
+            Some(known) => (Some(known), None),
+            None => {
+                let head = known_entries::head(rest.as_bytes());
+                let known = head.and_then(|head| known_entries::find(dialect, head, rest));
+                (known, head)
+            }
+        };
         let entry = match known {
             Some((len, decoding)) => {
                 scan.pass(len);
@@ -1026,7 +1043,9 @@ mod tests {
         const NAMES: [&str; 3] = ["model", "input", "store"];
         let body = br#"{"store":false,"model":"m","input":"hi","other":1}"#;
         let shape = super::responses::TOOL;
-        let body = super::picked_object_and_tools(body, shape, &NAMES, None).unwrap();
+        let body =
+            super::picked_object_and_tools(body, shape, &NAMES, None, &super::Found::default())
+                .unwrap();
         let (mut read, rest) = (body.picked, body.rest);
         // A literal (the decoders' keys), and the same name built at run
         // time: found alike.

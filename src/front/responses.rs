@@ -20,8 +20,8 @@ use super::known_tools::{Declared, Namespaced};
 use super::{
     decode_history, description, each_tool, function_tools, invalid, nested_tools, new_id,
     note_dropped, picked_object_and_tools, required_str, take_bool, take_f64, take_str,
-    take_str_at, take_u64, At, Entry, ErrorEnvelope, ErrorIn, Picked, ReadTools, Take, ToolObject,
-    ToolShape, Tools,
+    take_str_at, take_u64, At, Entry, ErrorEnvelope, ErrorIn, Found, Picked, ReadTools, Take,
+    ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
@@ -123,7 +123,7 @@ pub const TOOL: ToolShape = ToolShape {
 /// A `POST /v1/responses` body as a conversation (origin
 /// [`Dialect::Responses`]), with what the encoder must know about it.
 pub fn decode(body: &[u8]) -> Result<(Conversation, Box<Context>), ApiError> {
-    let body = picked_object_and_tools(body, TOOL, &READ, Some("input"))?;
+    let body = picked_object_and_tools(body, TOOL, &READ, Some("input"), &Found::default())?;
     decode_object(body.picked, body.rest, body.tools, body.history)
 }
 

@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
-use crate::front::budget::{Entries, Routed, Shape};
+use crate::front::budget::{Entries, Found, Routed, Shape};
 use crate::front::{self, chat::ChatEncoder, Encoder};
 use crate::limits::{client_key, StreamSlot};
 use crate::openai::RoutingPeek;
@@ -169,7 +169,8 @@ async fn read_agent_request(
     // A request for another model is checked to be JSON before it is
     // forwarded as it came; named first, the model lets one pass both read
     // the shape and check (`Shape::routed`).
-    let (shape, ours, checked) = match Shape::routed(&body, &serves) {
+    let (routed, found) = Shape::routed(&body, &serves);
+    let (shape, ours, checked) = match routed {
         Routed::Ours(shape) => (shape, true, false),
         Routed::Read(shape) => (shape, false, false),
         Routed::Other(Some(shape)) => (shape, false, true),
@@ -231,7 +232,7 @@ async fn read_agent_request(
     }
     // The body is let go once decoded: a coding agent's request is tens of
     // KiB, and the conversation holds all of it that a stream needs.
-    let decoded = decode(config, &ctx.tenant, dialect, &body).await;
+    let decoded = decode(config, &ctx.tenant, dialect, &body, &found).await;
     drop(body);
     match decoded {
         Ok((conversation, encoder)) => Ok(Box::new(AgentRequest {
@@ -399,10 +400,12 @@ async fn decode(
     tenant: &str,
     dialect: Dialect,
     body: &[u8],
+    found: &Found,
 ) -> Result<(Conversation, EncoderFor), ApiError> {
     match dialect {
         Dialect::Responses => {
-            let (conversation, context, saving) = stored::decode(config, tenant, body).await?;
+            let (conversation, context, saving) =
+                stored::decode(config, tenant, body, found).await?;
             if !context.dropped_tools.is_empty() {
                 info!(tools = ?context.dropped_tools, "hosted tools dropped: the upstream cannot run them");
             }
@@ -411,7 +414,7 @@ async fn decode(
             Ok((conversation, encoder))
         }
         Dialect::Messages => {
-            let (conversation, context) = front::messages::decode(body)?;
+            let (conversation, context) = front::messages::decode_with(body, found)?;
             if !context.dropped_tools.is_empty() {
                 info!(tools = ?context.dropped_tools, "server tools dropped: the upstream cannot run them");
             }
@@ -419,7 +422,7 @@ async fn decode(
             Ok((conversation, EncoderFor::Messages(context, stream)))
         }
         Dialect::Chat => {
-            let conversation = front::chat::decode(body)?;
+            let conversation = front::chat::decode_with(body, found)?;
             let encoder = EncoderFor::Chat {
                 stream: conversation.options.stream,
                 include_usage: conversation.options.include_usage,

@@ -24,17 +24,21 @@ use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
 use crate::error::ApiError;
 use crate::front::responses::{self, Context, Finished, Keep};
-use crate::front::{picked_object_and_tools, Entry, Take};
+use crate::front::{picked_object_and_tools, Entry, Found, Take};
 use crate::store::{unix_now, Record, Store};
 
 /// A Responses request as a conversation, its `previous_response_id`
 /// resolved through the store, and what keeping its answer takes.
+/// Tool lists and entries the body's shape pass found known (`found`) are
+/// taken as it found them.
 pub async fn decode(
     config: &Config,
     tenant: &str,
     body: &[u8],
+    found: &Found,
 ) -> Result<(Conversation, Box<Context>, Option<Saving>), ApiError> {
-    let body = picked_object_and_tools(body, responses::TOOL, &responses::READ, Some("input"))?;
+    let (tool, read) = (responses::TOOL, &responses::READ);
+    let body = picked_object_and_tools(body, tool, read, Some("input"), found)?;
     let (mut read, top, tools, list) = (body.picked, body.rest, body.tools, body.history);
     let Some(store) = &config.store else {
         // No store: the decoder refuses a previous id, nothing is kept.
