@@ -83,20 +83,27 @@ pub struct Hit<T> {
 /// [`known_tools`]: super::known_tools
 /// [`known_entries`]: super::known_entries
 #[derive(Default)]
-pub struct Found {
-    /// The body read (its address and length): nothing is taken for
-    /// another.
-    body: (usize, usize),
-    /// Where a list begins, its length, and its decoding.
-    tools: Vec<(usize, usize, (Dialect, Arc<Declared>))>,
-    /// Where an entry begins, its length, and its decoding.
-    entries: Vec<(usize, usize, (Dialect, Arc<Decoding>))>,
+pub struct Found<'a> {
+    /// The body read: nothing is taken for another.
+    body: &'a [u8],
+    /// The tool lists, in the body's order.
+    tools: Vec<Place<Declared>>,
+    /// The history entries, in the body's order.
+    entries: Vec<Place<Decoding>>,
 }
 
-impl Found {
-    fn of(body: &[u8]) -> Found {
+/// A kept list or entry found in a body: where it begins, its length, and
+/// its decoding with the dialect that made it.
+struct Place<T> {
+    start: usize,
+    len: usize,
+    decoded: (Dialect, Arc<T>),
+}
+
+impl<'a> Found<'a> {
+    fn of(body: &'a [u8]) -> Self {
         Found {
-            body: (body.as_ptr() as usize, body.len()),
+            body,
             ..Found::default()
         }
     }
@@ -109,12 +116,8 @@ impl Found {
         at: usize,
         dialect: Dialect,
     ) -> Option<(usize, Arc<Declared>)> {
-        self.in_body(body)?;
-        let (_, len, (_, declared)) = self
-            .tools
-            .iter()
-            .find(|(start, _, (by, _))| *start == at && *by == dialect)?;
-        Some((*len, declared.clone()))
+        let (len, declared) = self.at(&self.tools, body, at, dialect)?;
+        Some((len, declared.clone()))
     }
 
     /// The history entry `dialect` decoded that begins at `at` in `body`:
@@ -125,16 +128,26 @@ impl Found {
         at: usize,
         dialect: Dialect,
     ) -> Option<(usize, Arc<Decoding>)> {
-        self.in_body(body)?;
-        let (_, len, (_, decoding)) = self
-            .entries
-            .iter()
-            .find(|(start, _, (by, _))| *start == at && *by == dialect)?;
-        Some((*len, decoding.clone()))
+        let (len, decoding) = self.at(&self.entries, body, at, dialect)?;
+        Some((len, decoding.clone()))
     }
 
-    fn in_body(&self, body: &[u8]) -> Option<()> {
-        (self.body == (body.as_ptr() as usize, body.len())).then_some(())
+    /// What of `found` begins at `at` in `body`, decoded by `dialect`:
+    /// found in the body's order, it is looked up by halves (a history of
+    /// hundreds of entries, one lookup each).
+    fn at<'f, T>(
+        &self,
+        found: &'f [Place<T>],
+        body: &[u8],
+        at: usize,
+        dialect: Dialect,
+    ) -> Option<(usize, &'f Arc<T>)> {
+        if !std::ptr::eq(self.body, body) {
+            return None;
+        }
+        let index = found.binary_search_by_key(&at, |place| place.start).ok()?;
+        let Place { len, decoded, .. } = &found[index];
+        (decoded.0 == dialect).then_some((*len, &decoded.1))
     }
 }
 
@@ -171,7 +184,7 @@ impl<'a> Shape<'a> {
     /// before the rest (Codex, Claude Code and most clients do), one pass
     /// reads its shape and checks it, rather than one for each.
     /// What the pass found known, for the decoder, comes with it.
-    pub fn routed(body: &'a [u8], ours: &dyn Fn(&str) -> bool) -> (Routed<'a>, Found) {
+    pub fn routed(body: &'a [u8], ours: &dyn Fn(&str) -> bool) -> (Routed<'a>, Found<'a>) {
         match Shape::read(body, Some(ours)) {
             (_, Some(false), _) => (Routed::Other(Shape::checked(body)), Found::default()),
             (shape, Some(true), found) if shape.model.is_some() => (Routed::Ours(shape), found),
@@ -241,13 +254,14 @@ impl<'a> Shape<'a> {
         Some(shape)
     }
 
-    /// The shape, in one pass that does not check the JSON, and what `ours`
-    /// said of the root's first `model` if it is a string without escapes:
-    /// where it said no, the pass stopped there.
+    /// The shape, in one pass that does not check the JSON, what `ours`
+    /// said of the root's first `model` if it is a string without escapes
+    /// (where it said no, the pass stopped there), and what it found known
+    /// on its way.
     fn read(
         body: &'a [u8],
         ours: Option<&dyn Fn(&str) -> bool>,
-    ) -> (Shape<'a>, Option<bool>, Found) {
+    ) -> (Shape<'a>, Option<bool>, Found<'a>) {
         let mut scan = Scan {
             found: Found::of(body),
             shape: Shape {
@@ -472,7 +486,7 @@ fn entries(scan: &mut Scanner<'_>, passed: &mut usize) -> Result<Entries, ScanEr
 /// The state of [`Shape::of`] between bytes.
 struct Scan<'a> {
     shape: Shape<'a>,
-    found: Found,
+    found: Found<'a>,
     models: usize,
     /// Open arrays and objects.
     depth: usize,
@@ -526,7 +540,11 @@ impl<'a> Scan<'a> {
         }
         let hit = super::known_tools::found(rest)?;
         if let Some(decoded) = hit.decoded {
-            self.found.tools.push((at, hit.len, decoded));
+            self.found.tools.push(Place {
+                start: at,
+                len: hit.len,
+                decoded,
+            });
         }
         Some((hit.len, hit.values))
     }
@@ -544,7 +562,11 @@ impl<'a> Scan<'a> {
         let head = super::known_entries::head(rest)?;
         let hit = super::known_entries::found(head, rest)?;
         if let Some(decoded) = hit.decoded {
-            self.found.entries.push((at, hit.len, decoded));
+            self.found.entries.push(Place {
+                start: at,
+                len: hit.len,
+                decoded,
+            });
         }
         Some((hit.len, hit.values))
     }
@@ -584,7 +606,7 @@ impl<'a> Scan<'a> {
     /// The shape read; of a body cut short (`closed` false), its lists are
     /// left to the parse, whose error says what is wrong: a truncated
     /// `"messages": [` is not an empty list.
-    fn end(mut self, closed: bool, said: Option<bool>) -> (Shape<'a>, Option<bool>, Found) {
+    fn end(mut self, closed: bool, said: Option<bool>) -> (Shape<'a>, Option<bool>, Found<'a>) {
         if self.models != 1 {
             self.shape.model = None;
         }
@@ -769,24 +791,42 @@ mod tests {
 
     #[test]
     fn a_history_entry_the_pass_found_known_the_decoder_takes() {
+        use crate::conversation::{Item, Message, Prompt, Role};
         crate::on_a_new_thread(|| {
             let text = "line, [with] {marks}: \"quoted\"\n".repeat(40);
             let entry = serde_json::json!({"role": "user", "content": text}).to_string();
-            let body = format!(r#"{{"model":"m","messages":[{entry}, {entry}]}}"#);
+            let body = format!(
+                r#"{{"model":"m","messages":[{entry}, {{"role":"user","content":"hi"}}]}}"#
+            );
             let dialect = Dialect::Messages;
-            // The first request decodes both entries and keeps them.
-            let (first, _) = crate::front::messages::decode(body.as_bytes()).unwrap();
+            // Kept as a front's decoding, told apart by its text.
+            let kept = Item::Message(Message::text(Role::User, "kept"));
+            let at = body.find(&entry).unwrap();
+            let head = crate::front::known_entries::head(&body.as_bytes()[at..]).unwrap();
+            let decoding = Decoding {
+                items: vec![kept.clone()],
+                system: Prompt::default(),
+            };
+            crate::front::known_entries::keep(dialect, head, &entry, decoding);
             let (routed, found) = Shape::routed(body.as_bytes(), &|_| true);
             assert!(matches!(routed, Routed::Ours(_)));
-            let at = body.find(&entry).unwrap();
-            let (len, decoding) = found.entry(body.as_bytes(), at, dialect).unwrap();
+            let (len, _) = found.entry(body.as_bytes(), at, dialect).unwrap();
             assert_eq!(len, entry.len());
-            assert_eq!(decoding.items, first.items[..1]);
-            let second = body.rfind(&entry).unwrap();
-            assert!(found.entry(body.as_bytes(), second, dialect).is_some());
             assert!(found.entry(body.as_bytes(), at, Dialect::Chat).is_none());
-            let (taken, _) = crate::front::messages::decode_with(body.as_bytes(), &found).unwrap();
-            assert_eq!(taken.items, first.items);
+            assert!(found.entry(body.as_bytes(), at + 1, dialect).is_none());
+            // On a thread that keeps nothing: taken as found, and read again
+            // without.
+            let (taken, read) = std::thread::scope(|threads| {
+                let decode = || {
+                    let taken = crate::front::messages::decode_with(body.as_bytes(), &found);
+                    let read = crate::front::messages::decode(body.as_bytes());
+                    (taken.unwrap().0.items, read.unwrap().0.items)
+                };
+                threads.spawn(decode).join().unwrap()
+            });
+            assert_eq!(taken[0], kept);
+            assert_eq!(read[0], Item::Message(Message::text(Role::User, text)));
+            assert_eq!(taken[1..], read[1..]);
         });
     }
 

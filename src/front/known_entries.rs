@@ -169,8 +169,7 @@ pub fn find(dialect: Dialect, head: u64, rest: &str) -> Option<(usize, Arc<Decod
 
 /// The length of the entry kept (decoded by any front, or checked) that
 /// `rest` (whose [`head`] is `head`) begins with, and the values in it:
-/// what the body's shape pass counts, and the check passes, without
-/// reading it.
+/// what the check passes without reading it.
 pub fn values(head: u64, rest: &[u8]) -> Option<(usize, usize)> {
     found(head, rest).map(|hit| (hit.len, hit.values))
 }
@@ -268,8 +267,9 @@ fn add(
 }
 
 /// Each text of `decoding` that a model's request carries as a JSON string:
-/// its items', and its system prompt's (a system or developer message in
-/// the history: a chat app's long instructions, sent with every request).
+/// its items', and its system prompt's (a `system` entry of a Messages
+/// history, as Claude Code sends; the other fronts keep a history's system
+/// messages among its items).
 fn each_text<'a>(decoding: &'a Decoding, mut each: impl FnMut(&'a str)) {
     decoding.system.texts().for_each(&mut each);
     for item in &decoding.items {
@@ -382,27 +382,22 @@ mod tests {
     }
 
     #[test]
-    fn a_system_messages_long_text_is_held_escaped_too() {
+    fn a_system_entrys_long_text_is_held_escaped_too() {
         crate::on_a_new_thread(|| {
-            // A chat app's instructions, a system message in the history:
-            // the model's every request carries them as a JSON string.
-            let instructions = "Answer in \"plain\" words.\n".repeat(20);
+            // A `system` entry of a Messages history, as Claude Code sends:
+            // a chat upstream's every request carries it as a JSON string.
+            let instructions = "Answer in \"plain\" words.\n".repeat(60);
+            let body = serde_json::json!({"model": "m", "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "text", "text": instructions}]},
+            ]})
+            .to_string();
             let written = |text: &str| crate::json::escaped::write(text, &mut Vec::new());
-            let text = entry(1, 600);
-            let head = head(format!("{text}{}", after(0)).as_bytes()).unwrap();
-            let decoding = Decoding {
-                items: Vec::new(),
-                system: Prompt::new(instructions.clone()),
-            };
-            keep(Dialect::Chat, head, &text, decoding);
+            assert!(!written(&instructions));
+            let (conversation, _) = crate::front::messages::decode(body.as_bytes()).unwrap();
+            let system = conversation.system.map(|s| s.text().into_owned());
+            assert_eq!(system.as_deref(), Some(instructions.as_str()));
             assert!(written(&instructions));
-            let mut out = Vec::new();
-            Prompt::new(instructions.clone()).write_json(&mut out);
-            assert_eq!(
-                out,
-                crate::json::to_vec(&instructions),
-                "written as escaped"
-            );
             // Let go with its entry.
             for tag in 2..=KEPT_BYTES / (64 * 1024) + 1 {
                 keep_text(Dialect::Messages, &entry(tag, 64 * 1024), "x");

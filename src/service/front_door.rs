@@ -206,6 +206,9 @@ async fn read_agent_request(
                 entries,
                 peek: None,
             };
+            // What the pass found is for a decoder: a stream passed on
+            // does not hold it.
+            drop(found);
             return Err(pass_on(session, ctx, dialect, other, &body).await);
         }
         None => {
@@ -222,6 +225,7 @@ async fn read_agent_request(
                         entries,
                         peek: Some(&peek),
                     };
+                    drop(found);
                     return Err(pass_on(session, ctx, dialect, other, &body).await);
                 }
             }
@@ -400,7 +404,7 @@ async fn decode(
     tenant: &str,
     dialect: Dialect,
     body: &[u8],
-    found: &Found,
+    found: &Found<'_>,
 ) -> Result<(Conversation, EncoderFor), ApiError> {
     match dialect {
         Dialect::Responses => {

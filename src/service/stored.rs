@@ -35,7 +35,7 @@ pub async fn decode(
     config: &Config,
     tenant: &str,
     body: &[u8],
-    found: &Found,
+    found: &Found<'_>,
 ) -> Result<(Conversation, Box<Context>, Option<Saving>), ApiError> {
     let (tool, read) = (responses::TOOL, &responses::READ);
     let body = picked_object_and_tools(body, tool, read, Some("input"), found)?;
