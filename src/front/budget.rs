@@ -100,6 +100,21 @@ struct Place<T> {
     decoded: (Dialect, Arc<T>),
 }
 
+impl<T> Place<T> {
+    /// Adds `hit`, found at `start`, to `places` if a front decoded it: its
+    /// length and values, for the pass.
+    fn keep(places: &mut Vec<Place<T>>, start: usize, hit: Hit<T>) -> (usize, usize) {
+        if let Some(decoded) = hit.decoded {
+            places.push(Place {
+                start,
+                len: hit.len,
+                decoded,
+            });
+        }
+        (hit.len, hit.values)
+    }
+}
+
 impl<'a> Found<'a> {
     fn of(body: &'a [u8]) -> Self {
         Found {
@@ -116,8 +131,7 @@ impl<'a> Found<'a> {
         at: usize,
         dialect: Dialect,
     ) -> Option<(usize, Arc<Declared>)> {
-        let (len, declared) = self.at(&self.tools, body, at, dialect)?;
-        Some((len, declared.clone()))
+        self.at(&self.tools, body, at, dialect)
     }
 
     /// The history entry `dialect` decoded that begins at `at` in `body`:
@@ -128,26 +142,25 @@ impl<'a> Found<'a> {
         at: usize,
         dialect: Dialect,
     ) -> Option<(usize, Arc<Decoding>)> {
-        let (len, decoding) = self.at(&self.entries, body, at, dialect)?;
-        Some((len, decoding.clone()))
+        self.at(&self.entries, body, at, dialect)
     }
 
     /// What of `found` begins at `at` in `body`, decoded by `dialect`:
     /// found in the body's order, it is looked up by halves (a history of
     /// hundreds of entries, one lookup each).
-    fn at<'f, T>(
+    fn at<T>(
         &self,
-        found: &'f [Place<T>],
+        found: &[Place<T>],
         body: &[u8],
         at: usize,
         dialect: Dialect,
-    ) -> Option<(usize, &'f Arc<T>)> {
+    ) -> Option<(usize, Arc<T>)> {
         if !std::ptr::eq(self.body, body) {
             return None;
         }
         let index = found.binary_search_by_key(&at, |place| place.start).ok()?;
         let Place { len, decoded, .. } = &found[index];
-        (decoded.0 == dialect).then_some((*len, &decoded.1))
+        (decoded.0 == dialect).then(|| (*len, decoded.1.clone()))
     }
 }
 
@@ -539,14 +552,7 @@ impl<'a> Scan<'a> {
             return None;
         }
         let hit = super::known_tools::found(rest)?;
-        if let Some(decoded) = hit.decoded {
-            self.found.tools.push(Place {
-                start: at,
-                len: hit.len,
-                decoded,
-            });
-        }
-        Some((hit.len, hit.values))
+        Some(Place::keep(&mut self.found.tools, at, hit))
     }
 
     /// Where an entry of the root's `messages` or `input` begins (`at`),
@@ -561,14 +567,7 @@ impl<'a> Scan<'a> {
         let rest = &body[at..];
         let head = super::known_entries::head(rest)?;
         let hit = super::known_entries::found(head, rest)?;
-        if let Some(decoded) = hit.decoded {
-            self.found.entries.push(Place {
-                start: at,
-                len: hit.len,
-                decoded,
-            });
-        }
-        Some((hit.len, hit.values))
+        Some(Place::keep(&mut self.found.entries, at, hit))
     }
 
     /// A value begins with `byte` (or a scalar goes on, for which nothing
