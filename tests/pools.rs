@@ -367,8 +367,11 @@ fn other_model() -> Value {
 #[tokio::test]
 async fn a_request_the_upstream_read_before_closing_the_connection_is_not_sent_again() {
     // The case needs the second request on the first one's pooled
-    // connection; on a loaded machine the pool may not have it back yet, so
-    // the scenario runs again until it did.
+    // connection: one thread, whose pool part both client connections use
+    // (each thread keeps its own idle connections, and a connection goes to
+    // the thread serving the fewest: on a loaded machine the first client's
+    // connection may not have closed yet). The pool may not have it back
+    // yet either, so the scenario runs again until it did.
     for _ in 0..5 {
         let upstream = FakeServer::start(|_, index| match index {
             0 => Reply::events(vec![content("first")]),
@@ -376,7 +379,8 @@ async fn a_request_the_upstream_read_before_closing_the_connection_is_not_sent_a
             _ => Reply::json(200, json!({"answer": "sent again"})),
         })
         .await;
-        let proxy = Proxy::start(&single(&upstream.url())).await;
+        let one_thread = one_upstream(&upstream.url(), "runtime: { threads: 1 }");
+        let proxy = Proxy::start(&one_thread).await;
         let first = post_json(proxy.port, "/v1/chat/completions", &other_model()).await;
         assert_eq!(first.delta_text("content"), "first");
 
