@@ -69,16 +69,10 @@ pub fn none() -> Arc<Declared> {
 /// The list `dialect`'s decoder made of the text `rest` begins with, and
 /// that text's length.
 pub fn find(dialect: Dialect, rest: &str) -> Option<(usize, Arc<Declared>)> {
-    KNOWN.with_borrow_mut(|known| {
-        let at = known.iter().rposition(|k| {
-            matches!(&k.decoded, Some((d, _)) if *d == dialect)
-                && rest.as_bytes().starts_with(k.text.as_bytes())
-        })?;
-        let hit = known.remove(at);
-        let declared = hit.decoded.as_ref().map(|(_, declared)| declared.clone());
-        let found = declared.map(|declared| (hit.text.len(), declared));
-        known.push(hit);
-        found
+    let by = |k: &Known| matches!(&k.decoded, Some((d, _)) if *d == dialect);
+    used(rest.as_bytes(), by, |k| {
+        let (_, declared) = k.decoded.as_ref()?;
+        Some((k.text.len(), declared.clone()))
     })
 }
 
@@ -87,25 +81,41 @@ pub fn find(dialect: Dialect, rest: &str) -> Option<(usize, Arc<Declared>)> {
 /// body's shape pass counts without reading it, and hands the decoder
 /// ([`Found`](super::budget::Found)).
 pub fn found(rest: &[u8]) -> Option<Hit<Declared>> {
-    KNOWN.with_borrow_mut(|known| {
-        let at = known
-            .iter()
-            .rposition(|k| rest.starts_with(k.text.as_bytes()))?;
-        let kept = known.remove(at);
-        let hit = Hit {
-            len: kept.text.len(),
-            values: kept.values,
-            decoded: kept.decoded.clone(),
-        };
-        known.push(kept);
-        Some(hit)
-    })
+    used(
+        rest,
+        |_| true,
+        |k| {
+            Some(Hit {
+                len: k.text.len(),
+                values: k.values,
+                decoded: k.decoded.clone(),
+            })
+        },
+    )
 }
 
 /// The length of the known list `rest` begins with, and the values in it:
 /// what the check passes without reading it.
 pub fn values(rest: &[u8]) -> Option<(usize, usize)> {
-    found(rest).map(|hit| (hit.len, hit.values))
+    used(rest, |_| true, |k| Some((k.text.len(), k.values)))
+}
+
+/// What `take` takes of the last kept list that `rest` begins with and
+/// `by` accepts, made the most recently used.
+fn used<T>(
+    rest: &[u8],
+    by: impl Fn(&Known) -> bool,
+    take: impl FnOnce(&Known) -> Option<T>,
+) -> Option<T> {
+    KNOWN.with_borrow_mut(|known| {
+        let at = known
+            .iter()
+            .rposition(|k| by(k) && rest.starts_with(k.text.as_bytes()))?;
+        let kept = known.remove(at);
+        let taken = take(&kept);
+        known.push(kept);
+        taken
+    })
 }
 
 /// Keeps what `dialect`'s decoder made of `text`, a JSON array read whole.
