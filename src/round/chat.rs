@@ -12,7 +12,7 @@ use crate::conversation::{
 };
 use crate::front::chat::{wire_call, WireCall};
 use crate::json::{self, Raw};
-use crate::openai::{ChunkIn, CompletionIn};
+use crate::openai::{ChunkReader, CompletionIn};
 use crate::sse;
 
 // ------------------------------------------------------------- encoding
@@ -334,6 +334,7 @@ pub struct Decoder {
     usage: crate::conversation::Usage,
     done: bool,
     custom: Vec<String>,
+    chunks: ChunkReader,
 }
 
 impl Decoder {
@@ -364,7 +365,7 @@ impl RoundDecoder for Decoder {
                 ..Step::default()
             });
         }
-        let chunk = ChunkIn::read(&event.data).map_err(|e| {
+        let chunk = self.chunks.read(&event.data).map_err(|e| {
             DecodeError::Malformed(format!(
                 "upstream sent an event that is not a chat chunk: {e}"
             ))
