@@ -473,6 +473,47 @@ pub struct ChatEncoder {
     /// rendered once, not per chunk (empty unless it streams: only a stream
     /// writes chunks).
     chunk_head: Vec<u8>,
+    /// A streamed text's chunk, cut around its text: content, and
+    /// reasoning where one member carries it.
+    content_chunk: Option<TextChunk>,
+    reasoning_chunk: Option<TextChunk>,
+}
+
+/// A text delta's chunk as [`ChatEncoder::write`] writes it, cut around
+/// the text: what follows the chunk's head up to the text, and what follows
+/// the text. Cut from the writer's own output (two chunks, whose texts are
+/// `""` and `"x"`, differ there alone), so the two cannot disagree; a
+/// token's chunk is then three copies and its text's escape, where its
+/// members one by one were 700 instructions.
+struct TextChunk {
+    before: Vec<u8>,
+    after: Vec<u8>,
+}
+
+impl TextChunk {
+    fn cut(head: &[u8], write: impl Fn(&str, &mut Vec<u8>)) -> Option<TextChunk> {
+        let (mut empty, mut x) = (Vec::new(), Vec::new());
+        write("", &mut empty);
+        write("x", &mut x);
+        let same = empty.iter().zip(&x).take_while(|(a, b)| a == b).count();
+        // Both have the text's opening quote at `same - 1`.
+        let text = same.checked_sub(1)?;
+        let chunk = TextChunk {
+            before: empty.get(head.len()..text)?.to_vec(),
+            after: empty.get(text + 2..)?.to_vec(),
+        };
+        let mut check = Vec::new();
+        chunk.write(head, "x", &mut check);
+        (empty.starts_with(head) && check == x).then_some(chunk)
+    }
+
+    fn write(&self, head: &[u8], text: &str, out: &mut Vec<u8>) {
+        out.reserve(head.len() + self.before.len() + text.len() + 2 + self.after.len());
+        out.extend_from_slice(head);
+        out.extend_from_slice(&self.before);
+        json::write(out, text);
+        out.extend_from_slice(&self.after);
+    }
 }
 
 /// `data: {"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":`
@@ -494,7 +535,7 @@ impl ChatEncoder {
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        ChatEncoder {
+        let mut encoder = ChatEncoder {
             chunk_head: match stream {
                 true => chunk_head(&id, created, model),
                 false => Vec::new(),
@@ -508,7 +549,36 @@ impl ChatEncoder {
             content: String::new(),
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            content_chunk: None,
+            reasoning_chunk: None,
+        };
+        if stream {
+            encoder.content_chunk = encoder.text_chunk(|text| openai::DeltaOut {
+                content: Some(text),
+                ..openai::DeltaOut::default()
+            });
+            encoder.reasoning_chunk = match encoder.reasoning_fields("") {
+                (Some(_), Some(_)) => None,
+                _ => encoder.text_chunk(|text| {
+                    let (reasoning_content, reasoning) = encoder.reasoning_fields(text);
+                    openai::DeltaOut {
+                        reasoning_content,
+                        reasoning,
+                        ..openai::DeltaOut::default()
+                    }
+                }),
+            };
         }
+        encoder
+    }
+
+    fn text_chunk(
+        &self,
+        delta: impl for<'t> Fn(&'t str) -> openai::DeltaOut<'t>,
+    ) -> Option<TextChunk> {
+        TextChunk::cut(&self.chunk_head, |text, out| {
+            self.chunk(delta(text), None, out)
+        })
     }
 
     fn chunk(
@@ -581,6 +651,9 @@ impl Encoder for ChatEncoder {
             self.reasoning.push_str(text);
             return;
         }
+        if let Some(chunk) = &self.reasoning_chunk {
+            return chunk.write(&self.chunk_head, text, out);
+        }
         let (reasoning_content, reasoning) = self.reasoning_fields(text);
         let delta = openai::DeltaOut {
             reasoning_content,
@@ -594,6 +667,9 @@ impl Encoder for ChatEncoder {
         if !self.stream {
             self.content.push_str(text);
             return;
+        }
+        if let Some(chunk) = &self.content_chunk {
+            return chunk.write(&self.chunk_head, text, out);
         }
         let delta = openai::DeltaOut {
             content: Some(text),
@@ -1024,6 +1100,50 @@ mod tests {
                 String::from_utf8_lossy(body),
                 error.message
             );
+        }
+    }
+
+    #[test]
+    fn a_streamed_texts_chunk_is_what_the_chunk_writer_writes() {
+        use super::{ChatEncoder, Encoder, ReasoningField};
+        use crate::openai::DeltaOut;
+        for field in [
+            ReasoningField::ReasoningContent,
+            ReasoningField::Reasoning,
+            ReasoningField::Both,
+        ] {
+            let mut encoder = ChatEncoder::new("m \"quoted\" é", true, false, field);
+            assert!(encoder.content_chunk.is_some());
+            assert_eq!(
+                encoder.reasoning_chunk.is_some(),
+                field != ReasoningField::Both
+            );
+            for text in ["", "x", "a\"b\\c\n\u{1}é ✓", "</script>"] {
+                let (mut fast, mut written) = (Vec::new(), Vec::new());
+                encoder.content(text, &mut fast);
+                let delta = DeltaOut {
+                    content: Some(text),
+                    ..DeltaOut::default()
+                };
+                encoder.chunk(delta, None, &mut written);
+                assert_eq!(
+                    String::from_utf8_lossy(&fast),
+                    String::from_utf8_lossy(&written)
+                );
+                let (mut fast, mut written) = (Vec::new(), Vec::new());
+                encoder.reasoning(text, &mut fast);
+                let (reasoning_content, reasoning) = encoder.reasoning_fields(text);
+                let delta = DeltaOut {
+                    reasoning_content,
+                    reasoning,
+                    ..DeltaOut::default()
+                };
+                encoder.chunk(delta, None, &mut written);
+                assert_eq!(
+                    String::from_utf8_lossy(&fast),
+                    String::from_utf8_lossy(&written)
+                );
+            }
         }
     }
 }
