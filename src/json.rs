@@ -19,6 +19,7 @@
 //! client sent (a coding agent's prompts, its history) goes to the model as
 //! the client escaped it ([`write_text`]), not escaped again.
 
+pub mod cut;
 pub mod escaped;
 pub mod scan;
 mod seen;

@@ -22,6 +22,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
+use crate::json::cut::Cut;
 use crate::json::scan::Built;
 use crate::openai;
 use crate::sse;
@@ -473,47 +474,10 @@ pub struct ChatEncoder {
     /// rendered once, not per chunk (empty unless it streams: only a stream
     /// writes chunks).
     chunk_head: Vec<u8>,
-    /// A streamed text's chunk, cut around its text: content, and
-    /// reasoning where one member carries it.
-    content_chunk: Option<TextChunk>,
-    reasoning_chunk: Option<TextChunk>,
-}
-
-/// A text delta's chunk as [`ChatEncoder::write`] writes it, cut around
-/// the text: what follows the chunk's head up to the text, and what follows
-/// the text. Cut from the writer's own output (two chunks, whose texts are
-/// `""` and `"x"`, differ there alone), so the two cannot disagree; a
-/// token's chunk is then three copies and its text's escape, where its
-/// members one by one were 700 instructions.
-struct TextChunk {
-    before: Vec<u8>,
-    after: Vec<u8>,
-}
-
-impl TextChunk {
-    fn cut(head: &[u8], write: impl Fn(&str, &mut Vec<u8>)) -> Option<TextChunk> {
-        let (mut empty, mut x) = (Vec::new(), Vec::new());
-        write("", &mut empty);
-        write("x", &mut x);
-        let same = empty.iter().zip(&x).take_while(|(a, b)| a == b).count();
-        // Both have the text's opening quote at `same - 1`.
-        let text = same.checked_sub(1)?;
-        let chunk = TextChunk {
-            before: empty.get(head.len()..text)?.to_vec(),
-            after: empty.get(text + 2..)?.to_vec(),
-        };
-        let mut check = Vec::new();
-        chunk.write(head, "x", &mut check);
-        (empty.starts_with(head) && check == x).then_some(chunk)
-    }
-
-    fn write(&self, head: &[u8], text: &str, out: &mut Vec<u8>) {
-        out.reserve(head.len() + self.before.len() + text.len() + 2 + self.after.len());
-        out.extend_from_slice(head);
-        out.extend_from_slice(&self.before);
-        json::write(out, text);
-        out.extend_from_slice(&self.after);
-    }
+    /// A streamed text's chunk, cut around its text (`json::cut`):
+    /// content's, and reasoning's where one member carries it.
+    content_chunk: Option<Cut>,
+    reasoning_chunk: Option<Cut>,
 }
 
 /// `data: {"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":`
@@ -572,13 +536,8 @@ impl ChatEncoder {
         encoder
     }
 
-    fn text_chunk(
-        &self,
-        delta: impl for<'t> Fn(&'t str) -> openai::DeltaOut<'t>,
-    ) -> Option<TextChunk> {
-        TextChunk::cut(&self.chunk_head, |text, out| {
-            self.chunk(delta(text), None, out)
-        })
+    fn text_chunk(&self, delta: impl for<'t> Fn(&'t str) -> openai::DeltaOut<'t>) -> Option<Cut> {
+        Cut::of(|_, text, out| self.chunk(delta(text), None, out))
     }
 
     fn chunk(
@@ -652,7 +611,7 @@ impl Encoder for ChatEncoder {
             return;
         }
         if let Some(chunk) = &self.reasoning_chunk {
-            return chunk.write(&self.chunk_head, text, out);
+            return chunk.write(0, text, out);
         }
         let (reasoning_content, reasoning) = self.reasoning_fields(text);
         let delta = openai::DeltaOut {
@@ -669,7 +628,7 @@ impl Encoder for ChatEncoder {
             return;
         }
         if let Some(chunk) = &self.content_chunk {
-            return chunk.write(&self.chunk_head, text, out);
+            return chunk.write(0, text, out);
         }
         let delta = openai::DeltaOut {
             content: Some(text),

@@ -29,6 +29,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
+use crate::json::cut::Cut;
 use crate::json::scan::Built;
 
 /// Anthropic's keep-alive event: what a silent stream gets instead of an SSE
@@ -660,6 +661,10 @@ pub struct MessagesEncoder {
     content: Vec<Block>,
     /// The closing events went out: nothing more may follow them.
     ended: bool,
+    /// A stream's text and thinking deltas, cut around their block's index
+    /// and text (`json::cut`).
+    text_delta: Option<Cut>,
+    thinking_delta: Option<Cut>,
 }
 
 impl MessagesEncoder {
@@ -667,6 +672,10 @@ impl MessagesEncoder {
     /// Responses encoder takes its own, for the wiring's sake.
     pub fn new(model: &str, stream: bool, context: Context) -> Self {
         let _ = context;
+        let cut = |kind| match stream {
+            true => Cut::of(|index, piece, out| delta_event(kind, index as usize, piece, out)),
+            false => None,
+        };
         MessagesEncoder {
             id: new_id("msg_"),
             model: model.to_owned(),
@@ -675,6 +684,8 @@ impl MessagesEncoder {
             started: 0,
             content: Vec::new(),
             ended: false,
+            text_delta: cut(Open::Text),
+            thinking_delta: cut(Open::Thinking),
         }
     }
 
@@ -717,21 +728,14 @@ impl MessagesEncoder {
     fn append(&mut self, kind: Open, piece: &str, out: &mut Vec<u8>) {
         let index = self.block(kind, out);
         if self.stream {
-            // The event a stream has for each token, written by hand:
-            // `{"index":…,"delta":{"type":"text_delta","text":…}}`.
-            let (delta_type, member) = match kind {
-                Open::Thinking => ("thinking_delta", "thinking"),
-                Open::Text => ("text_delta", "text"),
+            let cut = match kind {
+                Open::Thinking => &self.thinking_delta,
+                Open::Text => &self.text_delta,
             };
-            emit_with(out, "content_block_delta", |out| {
-                let mut event = json::Object::new(out);
-                event.u64("index", index as u64);
-                let mut delta = event.object("delta");
-                delta.plain("type", delta_type);
-                delta.value(member, piece);
-                delta.end();
-                event.end();
-            });
+            match cut {
+                Some(cut) => cut.write(index as u64, piece, out),
+                None => delta_event(kind, index, piece, out),
+            }
             return;
         }
         if let Some(Block::Thinking { thinking: all, .. } | Block::Text { text: all }) =
@@ -1044,6 +1048,24 @@ fn emit<T: Serialize>(out: &mut Vec<u8>, kind: &'static str, body: T) {
     emit_with(out, kind, |out| json::write(out, &body));
 }
 
+/// The event a stream has for each token, written by hand:
+/// `{"index":…,"delta":{"type":"text_delta","text":…}}`.
+fn delta_event(kind: Open, index: usize, piece: &str, out: &mut Vec<u8>) {
+    let (delta_type, member) = match kind {
+        Open::Thinking => ("thinking_delta", "thinking"),
+        Open::Text => ("text_delta", "text"),
+    };
+    emit_with(out, "content_block_delta", |out| {
+        let mut event = json::Object::new(out);
+        event.u64("index", index as u64);
+        let mut delta = event.object("delta");
+        delta.plain("type", delta_type);
+        delta.value(member, piece);
+        delta.end();
+        event.end();
+    });
+}
+
 /// [`emit`] of the object `body` writes.
 fn emit_with(out: &mut Vec<u8>, kind: &'static str, body: impl FnOnce(&mut Vec<u8>)) {
     out.extend_from_slice(b"event: ");
@@ -1208,6 +1230,28 @@ impl From<Usage> for UsageOut {
 mod tests {
     use super::*;
     use crate::conversation::Description;
+
+    #[test]
+    fn a_streamed_delta_is_what_the_delta_writer_writes() {
+        let enc = MessagesEncoder::new("coder", true, Context::default());
+        for (kind, cut) in [
+            (Open::Text, &enc.text_delta),
+            (Open::Thinking, &enc.thinking_delta),
+        ] {
+            let cut = cut.as_ref().expect("a stream's deltas are cut");
+            for (index, piece) in [(0, ""), (1, "x"), (12, "a\"b\\\n\u{1}é ✓")] {
+                let (mut ours, mut written) = (Vec::new(), Vec::new());
+                cut.write(index as u64, piece, &mut ours);
+                delta_event(kind, index, piece, &mut written);
+                assert_eq!(
+                    String::from_utf8_lossy(&ours),
+                    String::from_utf8_lossy(&written)
+                );
+            }
+        }
+        let whole = MessagesEncoder::new("coder", false, Context::default());
+        assert!(whole.text_delta.is_none() && whole.thinking_delta.is_none());
+    }
 
     /// The body of a captured request (`{method, path, headers, body}`).
     fn fixture(file: &str) -> Vec<u8> {

@@ -30,6 +30,7 @@ use crate::conversation::{
 use crate::error::ApiError;
 use crate::front::Encoder;
 use crate::json;
+use crate::json::cut::Cut;
 use crate::json::scan::Built;
 
 /// Between a namespace and a function name in a flattened tool name.
@@ -891,12 +892,16 @@ trait Wire {
 }
 
 /// Writes the events of a stream, numbered; writes nothing for a
-/// non-streaming answer (which only collects the items). `Copy`, so an
-/// event borrowing the encoder can be written with a copy, then put back.
-#[derive(Clone, Copy)]
+/// non-streaming answer (which only collects the items). Taken out of the
+/// encoder while an event borrowing it is written, then put back.
+#[derive(Default)]
 struct Sink {
     stream: bool,
     sequence: u64,
+    /// The text deltas of an item (its output index, the event's type),
+    /// cut around their sequence number and text (`json::cut`); `None` in
+    /// it where the writer gave no cut.
+    delta: Option<(usize, &'static str, Option<Cut>)>,
 }
 
 impl Sink {
@@ -919,26 +924,12 @@ impl Sink {
         if !self.stream {
             return;
         }
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\ndata: ");
-        // Every event: its type and number, then its own fields.
-        let sequence = self.sequence;
-        json::tagged(
-            out,
-            |head| {
-                head.plain("type", kind);
-                head.u64("sequence_number", sequence);
-            },
-            body,
-        );
-        out.extend_from_slice(b"\n\n");
+        write_event(out, kind, self.sequence, body);
         self.sequence += 1;
     }
 
-    /// A text's delta, the event a stream has for each token: its item's
-    /// id and index, and the text; output text has its (empty) `logprobs`
-    /// too.
+    /// A text's delta, the event a stream has for each token (see
+    /// [`write_delta`]).
     fn emit_delta(
         &mut self,
         out: &mut Vec<u8>,
@@ -948,17 +939,21 @@ impl Sink {
         delta: &str,
         logprobs: bool,
     ) {
-        self.emit_with(out, kind, |out| {
-            let mut o = json::Object::new(out);
-            o.value("item_id", item_id);
-            o.u64("output_index", output_index as u64);
-            o.raw("content_index", "0");
-            o.value("delta", delta);
-            if logprobs {
-                o.raw("logprobs", "[]");
-            }
-            o.end();
-        });
+        if !self.stream {
+            return;
+        }
+        let write = |sequence, delta: &str, out: &mut Vec<u8>| {
+            write_delta(out, kind, sequence, item_id, output_index, delta, logprobs)
+        };
+        let cut = match &self.delta {
+            Some((index, cut_kind, cut)) if *index == output_index && *cut_kind == kind => cut,
+            _ => &self.delta.insert((output_index, kind, Cut::of(write))).2,
+        };
+        match cut {
+            Some(cut) => cut.write(self.sequence, delta, out),
+            None => write(self.sequence, delta, out),
+        }
+        self.sequence += 1;
     }
 
     /// An event carrying the Response object.
@@ -969,6 +964,51 @@ impl Sink {
             event.end();
         });
     }
+}
+
+/// An event: its type and number, then its own fields.
+fn write_event(
+    out: &mut Vec<u8>,
+    kind: &'static str,
+    sequence: u64,
+    body: impl FnOnce(&mut Vec<u8>),
+) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    json::tagged(
+        out,
+        |head| {
+            head.plain("type", kind);
+            head.u64("sequence_number", sequence);
+        },
+        body,
+    );
+    out.extend_from_slice(b"\n\n");
+}
+
+/// A text's delta event: its item's id and index, and the text; output
+/// text has its (empty) `logprobs` too.
+fn write_delta(
+    out: &mut Vec<u8>,
+    kind: &'static str,
+    sequence: u64,
+    item_id: &str,
+    output_index: usize,
+    delta: &str,
+    logprobs: bool,
+) {
+    write_event(out, kind, sequence, |out| {
+        let mut o = json::Object::new(out);
+        o.value("item_id", item_id);
+        o.u64("output_index", output_index as u64);
+        o.raw("content_index", "0");
+        o.value("delta", delta);
+        if logprobs {
+            o.raw("logprobs", "[]");
+        }
+        o.end();
+    });
 }
 
 /// The end of a response, handed to whoever keeps it (the response store).
@@ -1009,6 +1049,7 @@ impl ResponsesEncoder {
             sink: Sink {
                 stream,
                 sequence: 0,
+                delta: None,
             },
             output: Vec::new(),
             open: None,
@@ -1322,7 +1363,7 @@ impl Encoder for ResponsesEncoder {
         if !self.sink.stream {
             return;
         }
-        let mut sink = self.sink;
+        let mut sink = std::mem::take(&mut self.sink);
         let response = self.response("in_progress", None, None, None);
         // The same object in both events: serialized once.
         let written = json::to_string_with(|out| response.write(out));
@@ -1484,7 +1525,7 @@ impl Encoder for ResponsesEncoder {
             let texts = TextSize::of(self.output.iter().map(OutputItem::size_hint));
             out.reserve(1024 + texts.room());
         }
-        let mut sink = self.sink;
+        let mut sink = std::mem::take(&mut self.sink);
         let keep = self.keep.take();
         let response = self.response(status, incomplete, Some(usage), None);
         write_end(&mut sink, kind, &response, out, keep, &self.id);
@@ -1507,7 +1548,7 @@ impl Encoder for ResponsesEncoder {
             .map(str::to_owned)
             .unwrap_or_else(|| format!("upstream error {status}"));
         // The item cut off stays open: it goes out as `incomplete`.
-        let mut sink = self.sink;
+        let mut sink = std::mem::take(&mut self.sink);
         let keep = self.keep.take();
         let response = self.response(
             "failed",
@@ -1994,6 +2035,32 @@ impl From<Usage> for UsageOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_streamed_delta_is_what_the_delta_writer_writes() {
+        let mut sink = Sink {
+            stream: true,
+            ..Sink::default()
+        };
+        for (kind, item, index, logprobs) in [
+            ("response.output_text.delta", "msg_1", 0, true),
+            ("response.reasoning_text.delta", "rs_2", 1, false),
+            ("response.output_text.delta", "msg_3", 2, true),
+        ] {
+            for text in ["", "x", "a\"b\\\n\u{1}é ✓"] {
+                let sequence = sink.sequence;
+                let (mut ours, mut written) = (Vec::new(), Vec::new());
+                sink.emit_delta(&mut ours, kind, item, index, text, logprobs);
+                write_delta(&mut written, kind, sequence, item, index, text, logprobs);
+                assert_eq!(
+                    String::from_utf8_lossy(&ours),
+                    String::from_utf8_lossy(&written)
+                );
+            }
+            assert!(matches!(sink.delta, Some((i, _, Some(_))) if i == index));
+        }
+        assert_eq!(sink.sequence, 9);
+    }
     use crate::conversation::Description;
     use crate::front::known_tools;
 
