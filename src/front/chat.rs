@@ -4,6 +4,7 @@
 //! `chat.completion`, whatever number of rounds the loop took.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -22,6 +23,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
+
 use crate::json::cut::Cut;
 use crate::json::scan::Built;
 use crate::openai;
@@ -474,10 +476,11 @@ pub struct ChatEncoder {
     /// rendered once, not per chunk (empty unless it streams: only a stream
     /// writes chunks).
     chunk_head: Vec<u8>,
-    /// A streamed text's chunk, cut around its text (`json::cut`):
-    /// content's, and reasoning's where one member carries it.
-    content_chunk: Option<Cut>,
-    reasoning_chunk: Option<Cut>,
+    /// A streamed text's chunk, cut around its text (`json::cut`) as the
+    /// first one is written: content's, and reasoning's where one member
+    /// carries it.
+    content_chunk: OnceCell<Option<Cut>>,
+    reasoning_chunk: OnceCell<Option<Cut>>,
 }
 
 /// `data: {"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":`
@@ -499,7 +502,7 @@ impl ChatEncoder {
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let mut encoder = ChatEncoder {
+        ChatEncoder {
             chunk_head: match stream {
                 true => chunk_head(&id, created, model),
                 false => Vec::new(),
@@ -513,31 +516,41 @@ impl ChatEncoder {
             content: String::new(),
             reasoning: String::new(),
             tool_calls: Vec::new(),
-            content_chunk: None,
-            reasoning_chunk: None,
-        };
-        if stream {
-            encoder.content_chunk = encoder.text_chunk(|text| openai::DeltaOut {
-                content: Some(text),
-                ..openai::DeltaOut::default()
-            });
-            encoder.reasoning_chunk = match encoder.reasoning_fields("") {
-                (Some(_), Some(_)) => None,
-                _ => encoder.text_chunk(|text| {
-                    let (reasoning_content, reasoning) = encoder.reasoning_fields(text);
-                    openai::DeltaOut {
-                        reasoning_content,
-                        reasoning,
-                        ..openai::DeltaOut::default()
-                    }
-                }),
-            };
+            content_chunk: OnceCell::new(),
+            reasoning_chunk: OnceCell::new(),
         }
-        encoder
     }
 
-    fn text_chunk(&self, delta: impl for<'t> Fn(&'t str) -> openai::DeltaOut<'t>) -> Option<Cut> {
-        Cut::of(|_, text, out| self.chunk(delta(text), None, out))
+    /// A text's chunk: cut (once), else written member by member.
+    fn text_chunk(
+        &self,
+        cut: &OnceCell<Option<Cut>>,
+        delta: for<'t> fn(&Self, &'t str) -> openai::DeltaOut<'t>,
+        text: &str,
+        out: &mut Vec<u8>,
+    ) {
+        let cut =
+            cut.get_or_init(|| Cut::of(|_, text, out| self.chunk(delta(self, text), None, out)));
+        match cut {
+            Some(cut) => cut.write(0, text, out),
+            None => self.chunk(delta(self, text), None, out),
+        }
+    }
+
+    fn content_delta<'t>(&self, text: &'t str) -> openai::DeltaOut<'t> {
+        openai::DeltaOut {
+            content: Some(text),
+            ..openai::DeltaOut::default()
+        }
+    }
+
+    fn reasoning_delta<'t>(&self, text: &'t str) -> openai::DeltaOut<'t> {
+        let (reasoning_content, reasoning) = self.reasoning_fields(text);
+        openai::DeltaOut {
+            reasoning_content,
+            reasoning,
+            ..openai::DeltaOut::default()
+        }
     }
 
     fn chunk(
@@ -610,16 +623,11 @@ impl Encoder for ChatEncoder {
             self.reasoning.push_str(text);
             return;
         }
-        if let Some(chunk) = &self.reasoning_chunk {
-            return chunk.write(0, text, out);
+        match self.field {
+            // Two members carry the text: not cut.
+            ReasoningField::Both => self.chunk(self.reasoning_delta(text), None, out),
+            _ => self.text_chunk(&self.reasoning_chunk, Self::reasoning_delta, text, out),
         }
-        let (reasoning_content, reasoning) = self.reasoning_fields(text);
-        let delta = openai::DeltaOut {
-            reasoning_content,
-            reasoning,
-            ..openai::DeltaOut::default()
-        };
-        self.chunk(delta, None, out);
     }
 
     fn content(&mut self, text: &str, out: &mut Vec<u8>) {
@@ -627,14 +635,7 @@ impl Encoder for ChatEncoder {
             self.content.push_str(text);
             return;
         }
-        if let Some(chunk) = &self.content_chunk {
-            return chunk.write(0, text, out);
-        }
-        let delta = openai::DeltaOut {
-            content: Some(text),
-            ..openai::DeltaOut::default()
-        };
-        self.chunk(delta, None, out);
+        self.text_chunk(&self.content_chunk, Self::content_delta, text, out);
     }
 
     fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>) {
@@ -1065,44 +1066,32 @@ mod tests {
     #[test]
     fn a_streamed_texts_chunk_is_what_the_chunk_writer_writes() {
         use super::{ChatEncoder, Encoder, ReasoningField};
-        use crate::openai::DeltaOut;
         for field in [
             ReasoningField::ReasoningContent,
             ReasoningField::Reasoning,
             ReasoningField::Both,
         ] {
             let mut encoder = ChatEncoder::new("m \"quoted\" é", true, false, field);
-            assert!(encoder.content_chunk.is_some());
-            assert_eq!(
-                encoder.reasoning_chunk.is_some(),
-                field != ReasoningField::Both
-            );
             for text in ["", "x", "a\"b\\c\n\u{1}é ✓", "</script>"] {
                 let (mut fast, mut written) = (Vec::new(), Vec::new());
                 encoder.content(text, &mut fast);
-                let delta = DeltaOut {
-                    content: Some(text),
-                    ..DeltaOut::default()
-                };
-                encoder.chunk(delta, None, &mut written);
+                encoder.chunk(encoder.content_delta(text), None, &mut written);
                 assert_eq!(
                     String::from_utf8_lossy(&fast),
                     String::from_utf8_lossy(&written)
                 );
                 let (mut fast, mut written) = (Vec::new(), Vec::new());
                 encoder.reasoning(text, &mut fast);
-                let (reasoning_content, reasoning) = encoder.reasoning_fields(text);
-                let delta = DeltaOut {
-                    reasoning_content,
-                    reasoning,
-                    ..DeltaOut::default()
-                };
-                encoder.chunk(delta, None, &mut written);
+                encoder.chunk(encoder.reasoning_delta(text), None, &mut written);
                 assert_eq!(
                     String::from_utf8_lossy(&fast),
                     String::from_utf8_lossy(&written)
                 );
             }
+            // Cut as the first was written; reasoning in two members is not.
+            assert!(matches!(encoder.content_chunk.get(), Some(Some(_))));
+            let reasoning_cut = matches!(encoder.reasoning_chunk.get(), Some(Some(_)));
+            assert_eq!(reasoning_cut, field != ReasoningField::Both);
         }
     }
 }

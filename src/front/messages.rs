@@ -9,6 +9,7 @@
 //! comes back as that reasoning's encrypted content.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -662,9 +663,9 @@ pub struct MessagesEncoder {
     /// The closing events went out: nothing more may follow them.
     ended: bool,
     /// A stream's text and thinking deltas, cut around their block's index
-    /// and text (`json::cut`).
-    text_delta: Option<Cut>,
-    thinking_delta: Option<Cut>,
+    /// and text (`json::cut`) as the first is written.
+    text_delta: OnceCell<Option<Cut>>,
+    thinking_delta: OnceCell<Option<Cut>>,
 }
 
 impl MessagesEncoder {
@@ -672,10 +673,6 @@ impl MessagesEncoder {
     /// Responses encoder takes its own, for the wiring's sake.
     pub fn new(model: &str, stream: bool, context: Context) -> Self {
         let _ = context;
-        let cut = |kind| match stream {
-            true => Cut::of(|index, piece, out| delta_event(kind, index as usize, piece, out)),
-            false => None,
-        };
         MessagesEncoder {
             id: new_id("msg_"),
             model: model.to_owned(),
@@ -684,8 +681,8 @@ impl MessagesEncoder {
             started: 0,
             content: Vec::new(),
             ended: false,
-            text_delta: cut(Open::Text),
-            thinking_delta: cut(Open::Thinking),
+            text_delta: OnceCell::new(),
+            thinking_delta: OnceCell::new(),
         }
     }
 
@@ -732,6 +729,9 @@ impl MessagesEncoder {
                 Open::Thinking => &self.thinking_delta,
                 Open::Text => &self.text_delta,
             };
+            let cut = cut.get_or_init(|| {
+                Cut::of(|index, piece, out| delta_event(kind, index as usize, piece, out))
+            });
             match cut {
                 Some(cut) => cut.write(index as u64, piece, out),
                 None => delta_event(kind, index, piece, out),
@@ -1233,15 +1233,13 @@ mod tests {
 
     #[test]
     fn a_streamed_delta_is_what_the_delta_writer_writes() {
-        let enc = MessagesEncoder::new("coder", true, Context::default());
-        for (kind, cut) in [
-            (Open::Text, &enc.text_delta),
-            (Open::Thinking, &enc.thinking_delta),
-        ] {
-            let cut = cut.as_ref().expect("a stream's deltas are cut");
-            for (index, piece) in [(0, ""), (1, "x"), (12, "a\"b\\\n\u{1}é ✓")] {
+        let mut enc = MessagesEncoder::new("coder", true, Context::default());
+        for (kind, index) in [(Open::Text, 0), (Open::Thinking, 1)] {
+            // The first opens the block (its start goes before the delta).
+            enc.append(kind, "first", &mut Vec::new());
+            for piece in ["", "x", "a\"b\\\n\u{1}é ✓"] {
                 let (mut ours, mut written) = (Vec::new(), Vec::new());
-                cut.write(index as u64, piece, &mut ours);
+                enc.append(kind, piece, &mut ours);
                 delta_event(kind, index, piece, &mut written);
                 assert_eq!(
                     String::from_utf8_lossy(&ours),
@@ -1249,8 +1247,8 @@ mod tests {
                 );
             }
         }
-        let whole = MessagesEncoder::new("coder", false, Context::default());
-        assert!(whole.text_delta.is_none() && whole.thinking_delta.is_none());
+        assert!(matches!(enc.text_delta.get(), Some(Some(_))));
+        assert!(matches!(enc.thinking_delta.get(), Some(Some(_))));
     }
 
     /// The body of a captured request (`{method, path, headers, body}`).
