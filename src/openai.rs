@@ -732,10 +732,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn every_captured_chunk_reads_as_serde_reads_it() {
+    /// Each captured stream (`tests/fixtures/{llama.cpp,openai}/*.sse`):
+    /// its file and its events' data, but for `[DONE]`.
+    fn captured_streams() -> Vec<(std::path::PathBuf, Vec<String>)> {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
-        let mut read = 0;
+        let mut streams = Vec::new();
         for sub in ["llama.cpp", "openai"] {
             for entry in std::fs::read_dir(format!("{dir}/{sub}")).unwrap() {
                 let path = entry.unwrap().path();
@@ -743,14 +744,26 @@ mod tests {
                     continue;
                 }
                 let text = std::fs::read_to_string(&path).unwrap();
-                for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
-                    if data == "[DONE]" {
-                        continue;
-                    }
-                    // Read by the scanner, not by serde after it.
-                    reads_as_serde(data, ChunkIn::read, scan_chunk, true);
-                    read += 1;
-                }
+                let data = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter(|data| *data != "[DONE]")
+                    .map(str::to_owned)
+                    .collect();
+                streams.push((path, data));
+            }
+        }
+        streams
+    }
+
+    #[test]
+    fn every_captured_chunk_reads_as_serde_reads_it() {
+        let mut read = 0;
+        for (_, chunks) in captured_streams() {
+            for data in &chunks {
+                // Read by the scanner, not by serde after it.
+                reads_as_serde(data, ChunkIn::read, scan_chunk, true);
+                read += 1;
             }
         }
         assert!(read > 90, "{read} chunks read");
@@ -769,38 +782,25 @@ mod tests {
 
     #[test]
     fn a_streams_chunks_read_as_each_reads_alone() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
         let mut read = 0;
-        for sub in ["llama.cpp", "openai"] {
-            for entry in std::fs::read_dir(format!("{dir}/{sub}")).unwrap() {
-                let path = entry.unwrap().path();
-                if path.extension().is_none_or(|e| e != "sse") {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).unwrap();
-                let mut reader = ChunkReader::default();
-                let mut alike = 0;
-                let mut chunks = 0;
-                for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
-                    if data == "[DONE]" {
-                        continue;
-                    }
-                    alike += usize::from(reader.alike(data.as_bytes()).is_some());
-                    let ours = format!("{:?}", reader.read(data.as_bytes()));
-                    assert_eq!(
-                        ours,
-                        format!("{:?}", ChunkIn::read(data.as_bytes())),
-                        "{data}"
-                    );
-                    chunks += 1;
-                }
-                read += chunks;
-                // llama.cpp's answer: all but the role's chunk, the first
-                // text's (escaped: `\n\n`), the next (remembered) and the
-                // finish.
-                if path.ends_with("plain-stream.sse") {
-                    assert_eq!((alike, chunks), (9, 13));
-                }
+        for (path, chunks) in captured_streams() {
+            let mut reader = ChunkReader::default();
+            let mut alike = 0;
+            for data in &chunks {
+                alike += usize::from(reader.alike(data.as_bytes()).is_some());
+                let ours = format!("{:?}", reader.read(data.as_bytes()));
+                assert_eq!(
+                    ours,
+                    format!("{:?}", ChunkIn::read(data.as_bytes())),
+                    "{data}"
+                );
+            }
+            read += chunks.len();
+            // llama.cpp's answer: all but the role's chunk, the first
+            // text's (escaped: `\n\n`), the next (remembered) and the
+            // finish.
+            if path.ends_with("plain-stream.sse") {
+                assert_eq!((alike, chunks.len()), (9, 13));
             }
         }
         assert!(read > 150, "{read} chunks read");

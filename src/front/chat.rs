@@ -1066,27 +1066,29 @@ mod tests {
     #[test]
     fn a_streamed_texts_chunk_is_what_the_chunk_writer_writes() {
         use super::{ChatEncoder, Encoder, ReasoningField};
+        use crate::openai::DeltaOut;
         for field in [
             ReasoningField::ReasoningContent,
             ReasoningField::Reasoning,
             ReasoningField::Both,
         ] {
             let mut encoder = ChatEncoder::new("m \"quoted\" é", true, false, field);
+            type Write = fn(&mut ChatEncoder, &str, &mut Vec<u8>);
+            type Delta = for<'t> fn(&ChatEncoder, &'t str) -> DeltaOut<'t>;
+            let kinds: [(Write, Delta); 2] = [
+                (ChatEncoder::content, ChatEncoder::content_delta),
+                (ChatEncoder::reasoning, ChatEncoder::reasoning_delta),
+            ];
             for text in ["", "x", "a\"b\\c\n\u{1}é ✓", "</script>"] {
-                let (mut fast, mut written) = (Vec::new(), Vec::new());
-                encoder.content(text, &mut fast);
-                encoder.chunk(encoder.content_delta(text), None, &mut written);
-                assert_eq!(
-                    String::from_utf8_lossy(&fast),
-                    String::from_utf8_lossy(&written)
-                );
-                let (mut fast, mut written) = (Vec::new(), Vec::new());
-                encoder.reasoning(text, &mut fast);
-                encoder.chunk(encoder.reasoning_delta(text), None, &mut written);
-                assert_eq!(
-                    String::from_utf8_lossy(&fast),
-                    String::from_utf8_lossy(&written)
-                );
+                for (write, delta) in kinds {
+                    let (mut fast, mut written) = (Vec::new(), Vec::new());
+                    write(&mut encoder, text, &mut fast);
+                    encoder.chunk(delta(&encoder, text), None, &mut written);
+                    assert_eq!(
+                        String::from_utf8_lossy(&fast),
+                        String::from_utf8_lossy(&written)
+                    );
+                }
             }
             // Cut as the first was written; reasoning in two members is not.
             assert!(matches!(encoder.content_chunk.get(), Some(Some(_))));
