@@ -153,8 +153,8 @@ impl<'a> ChunkIn<'a> {
     }
 }
 
-/// A stream's chunks, read as [`ChunkIn::read`] reads each, but for a
-/// chunk alike the last one that carried a text alone: a server writes
+/// A stream's chunks, read as [`ChunkIn::read`] reads each. The last chunk
+/// read whole is remembered if it carried a text alone; a server writes
 /// every such chunk of a stream in the same bytes but for that text
 /// (llama.cpp and vLLM do; OpenAI's random `obfuscation` member does not),
 /// so one whose bytes before and after its text are the remembered chunk's
@@ -165,10 +165,15 @@ impl<'a> ChunkIn<'a> {
 /// streamed token.
 #[derive(Default)]
 pub struct ChunkReader {
-    /// The remembered chunk, and where its text's string (quotes and all)
-    /// begins and ends in it; `None` while no chunk is remembered.
+    /// The remembered chunk.
     last: Vec<u8>,
+    /// Where its text's string (quotes and all) begins and ends in it, and
+    /// the member it is; `None` while no chunk is remembered.
     text: Option<(usize, usize, TextMember)>,
+    /// Text chunks in a row read whole, though one was remembered: past
+    /// [`MISSES`], the stream's chunks differ in more than their text, and
+    /// the reader stops remembering them.
+    misses: u8,
 }
 
 /// The delta member a remembered chunk's text is the value of.
@@ -181,10 +186,14 @@ enum TextMember {
 
 /// A chunk longer than this is not remembered: each stream holds its copy.
 const REMEMBERED_CHUNK: usize = 2048;
+/// Text chunks in a row not alike the remembered one before the reader
+/// stops remembering (see [`ChunkReader`]).
+const MISSES: u8 = 8;
 
 impl ChunkReader {
     pub fn read<'a>(&mut self, data: &'a [u8]) -> serde_json::Result<ChunkIn<'a>> {
         if let Some(chunk) = self.alike(data) {
+            self.misses = 0;
             return Ok(chunk);
         }
         let scanned = json::utf8(data).and_then(|text| scan_chunk(text).ok());
@@ -192,7 +201,16 @@ impl ChunkReader {
             self.text = None;
             return json::from_bytes(data);
         };
-        self.remember(data, &chunk);
+        match self.misses < MISSES {
+            true => self.remember(data, &chunk),
+            false if self.text.is_some() => {
+                *self = ChunkReader {
+                    misses: MISSES,
+                    ..ChunkReader::default()
+                }
+            }
+            false => {}
+        }
         Ok(chunk)
     }
 
@@ -230,7 +248,7 @@ impl ChunkReader {
     /// one choice, unfinished, its delta one text found in `data` as it is
     /// (no escapes, so where it lies is known), no usage and no error.
     fn remember(&mut self, data: &[u8], chunk: &ChunkIn<'_>) {
-        self.text = None;
+        let remembered = self.text.take().is_some();
         let [ChoiceIn {
             delta: Some(delta),
             finish_reason: None,
@@ -261,6 +279,10 @@ impl ChunkReader {
         // The string's quotes, around the text borrowed from `data`.
         if start == 0 || data.get(start - 1) != Some(&b'"') || data.get(end) != Some(&b'"') {
             return;
+        }
+        // A text chunk again, read whole: not alike the one remembered.
+        if remembered {
+            self.misses += 1;
         }
         self.last.clear();
         self.last.extend_from_slice(data);
@@ -872,6 +894,49 @@ mod tests {
             assert_eq!(ours, format!("{:?}", ChunkIn::read(data.as_bytes())));
             assert!(!alike, "{before}");
         }
+        // Shorter than the remembered chunk's bytes around its text, or
+        // not UTF-8 in the text: read whole (serde's error stands).
+        let mut reader = ChunkReader::default();
+        reader.read(first.as_bytes()).unwrap();
+        let (start, end, _) = reader.text.unwrap();
+        let mut cut_short = first.as_bytes()[..start].to_vec();
+        cut_short.extend_from_slice(&first.as_bytes()[end + 2..]);
+        let mut not_utf8 = first.as_bytes()[..start].to_vec();
+        not_utf8.extend_from_slice(b"\"\xff\"");
+        not_utf8.extend_from_slice(&first.as_bytes()[end..]);
+        for data in [cut_short, not_utf8] {
+            assert!(reader.alike(&data).is_none());
+            let ours = format!("{:?}", reader.read(&data));
+            assert_eq!(ours, format!("{:?}", ChunkIn::read(&data)));
+        }
+    }
+
+    #[test]
+    fn a_stream_whose_chunks_differ_beyond_their_text_is_not_remembered_for_long() {
+        // OpenAI's chunks: a random `obfuscation` member in each.
+        let chunk = |n: usize| {
+            format!(r#"{{"choices":[{{"delta":{{"content":"t"}}}}],"obfuscation":"{n}"}}"#)
+        };
+        let mut reader = ChunkReader::default();
+        for n in 0..20 {
+            let data = chunk(n);
+            assert!(reader.alike(data.as_bytes()).is_none());
+            let ours = format!("{:?}", reader.read(data.as_bytes()));
+            assert_eq!(ours, format!("{:?}", ChunkIn::read(data.as_bytes())));
+        }
+        assert!(reader.text.is_none() && reader.last.capacity() == 0);
+        assert_eq!(reader.misses, MISSES);
+        // Text chunks alike but for their text, among chunks of another
+        // kind (which are no misses): none is missed.
+        let mut reader = ChunkReader::default();
+        for n in 0..20 {
+            let data = match n % 5 {
+                4 => r#"{"choices":[{"delta":{"role":"assistant","content":null}}]}"#.into(),
+                _ => format!(r#"{{"choices":[{{"delta":{{"content":"{n}"}}}}]}}"#),
+            };
+            reader.read(data.as_bytes()).unwrap();
+        }
+        assert_eq!(reader.misses, 0);
     }
 
     #[test]

@@ -23,7 +23,6 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
-
 use crate::json::cut::Cut;
 use crate::json::scan::Built;
 use crate::openai;

@@ -898,10 +898,19 @@ trait Wire {
 struct Sink {
     stream: bool,
     sequence: u64,
-    /// The text deltas of an item (its output index, the event's type),
-    /// cut around their sequence number and text (`json::cut`); `None` in
-    /// it where the writer gave no cut.
-    delta: Option<(usize, &'static str, Option<Cut>)>,
+    /// The text deltas of the last item that had one, cut around their
+    /// sequence number and text (`json::cut`).
+    delta: Option<DeltaCut>,
+}
+
+/// What a text delta event is cut for, and its cut (`None`: the writer
+/// gave none).
+struct DeltaCut {
+    kind: &'static str,
+    item_id: String,
+    output_index: usize,
+    logprobs: bool,
+    cut: Option<Cut>,
 }
 
 impl Sink {
@@ -946,8 +955,24 @@ impl Sink {
             write_delta(out, kind, sequence, item_id, output_index, delta, logprobs)
         };
         let cut = match &self.delta {
-            Some((index, cut_kind, cut)) if *index == output_index && *cut_kind == kind => cut,
-            _ => &self.delta.insert((output_index, kind, Cut::of(write))).2,
+            Some(cut)
+                if cut.output_index == output_index
+                    && cut.kind == kind
+                    && cut.logprobs == logprobs
+                    && cut.item_id == item_id =>
+            {
+                &cut.cut
+            }
+            _ => {
+                let cut = DeltaCut {
+                    kind,
+                    item_id: item_id.to_owned(),
+                    output_index,
+                    logprobs,
+                    cut: Cut::of(write),
+                };
+                &self.delta.insert(cut).cut
+            }
         };
         match cut {
             Some(cut) => cut.write(self.sequence, delta, out),
@@ -2035,6 +2060,8 @@ impl From<Usage> for UsageOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::Description;
+    use crate::front::known_tools;
 
     #[test]
     fn a_streamed_delta_is_what_the_delta_writer_writes() {
@@ -2057,12 +2084,13 @@ mod tests {
                     String::from_utf8_lossy(&written)
                 );
             }
-            assert!(matches!(sink.delta, Some((i, _, Some(_))) if i == index));
+            assert!(sink
+                .delta
+                .as_ref()
+                .is_some_and(|d| d.cut.is_some() && d.item_id == item));
         }
         assert_eq!(sink.sequence, 9);
     }
-    use crate::conversation::Description;
-    use crate::front::known_tools;
 
     const CODEX_ROUND1: &[u8] =
         include_bytes!("../../tests/fixtures/clients/codex-0.169.0-round1.request.json");

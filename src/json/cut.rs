@@ -6,10 +6,12 @@
 //! sequence, or its block's index) are the same bytes every time. A
 //! [`Cut`] holds those bytes, taken from the writer's own output: rendered
 //! with number 0 and text `""`, again with 1 and with `"x"`, the renders
-//! differ at the number's digit and the text's quotes alone. A token's
-//! event is then three copies, the number's digits and the text's escape;
-//! a writer whose renders do not differ so (or a cut that does not write
-//! what the writer wrote for a third pair) gives no cut, and stays in use.
+//! must differ in that digit and that `x` alone. A token's event is then
+//! three copies, the number's digits and the text's escape; a writer whose
+//! renders do not differ so, or whose cut does not write what it wrote for
+//! a third pair, gives no cut, and stays in use. The writer must write its
+//! number in digits and its text with [`json::write`](super::write), as the
+//! cut does, whatever the number and the text.
 
 use super::write;
 
@@ -31,13 +33,28 @@ impl Cut {
             out
         };
         let bytes = render(0, "");
-        let number = match differ(&bytes, &render(1, "")) {
+        let one = render(1, "");
+        let number = match differ(&bytes, &one) {
             None => None,
-            Some(at) if bytes.get(at) == Some(&b'0') => Some(at),
+            // The digit alone differs.
+            Some(at)
+                if bytes.get(at) == Some(&b'0')
+                    && one.len() == bytes.len()
+                    && bytes[at + 1..] == one[at + 1..] =>
+            {
+                Some(at)
+            }
             Some(_) => return None,
         };
-        let text = differ(&bytes, &render(0, "x"))?.checked_sub(1)?;
-        if bytes.get(text..text + 2) != Some(b"\"\"") || number.is_some_and(|n| n >= text) {
+        let x = render(0, "x");
+        let text = differ(&bytes, &x)?.checked_sub(1)?;
+        // The `x` alone is new.
+        let x_alone = x.len() == bytes.len() + 1 && x.get(text + 1) == Some(&b'x');
+        if !x_alone
+            || bytes.get(text..text + 2) != Some(b"\"\"")
+            || bytes[text + 1..] != x[text + 2..]
+            || number.is_some_and(|n| n >= text)
+        {
             return None;
         }
         let cut = Cut {
