@@ -196,21 +196,11 @@ impl ChunkReader {
             self.misses = 0;
             return Ok(chunk);
         }
-        let scanned = json::utf8(data).and_then(|text| scan_chunk(text).ok());
-        let Some(chunk) = scanned else {
+        let Some(chunk) = scanned(data, scan_chunk) else {
             self.text = None;
             return json::from_bytes(data);
         };
-        match self.misses < MISSES {
-            true => self.remember(data, &chunk),
-            false if self.text.is_some() => {
-                *self = ChunkReader {
-                    misses: MISSES,
-                    ..ChunkReader::default()
-                }
-            }
-            false => {}
-        }
+        self.remember(data, &chunk);
         Ok(chunk)
     }
 
@@ -249,6 +239,9 @@ impl ChunkReader {
     /// (no escapes, so where it lies is known), no usage and no error.
     fn remember(&mut self, data: &[u8], chunk: &ChunkIn<'_>) {
         let remembered = self.text.take().is_some();
+        if self.misses == MISSES {
+            return;
+        }
         let [ChoiceIn {
             delta: Some(delta),
             finish_reason: None,
@@ -283,6 +276,10 @@ impl ChunkReader {
         // A text chunk again, read whole: not alike the one remembered.
         if remembered {
             self.misses += 1;
+            if self.misses == MISSES {
+                self.last = Vec::new();
+                return;
+            }
         }
         self.last.clear();
         self.last.extend_from_slice(data);
@@ -296,10 +293,15 @@ fn scanned_or_serde<'a, T: Deserialize<'a>>(
     data: &'a [u8],
     scan: fn(&'a str) -> Result<T, Refused>,
 ) -> serde_json::Result<T> {
-    if let Some(value) = json::utf8(data).and_then(|text| scan(text).ok()) {
-        return Ok(value);
+    match scanned(data, scan) {
+        Some(value) => Ok(value),
+        None => json::from_bytes(data),
     }
-    json::from_bytes(data)
+}
+
+/// `data` read by `scan`, if it is UTF-8 and the scanner takes it.
+fn scanned<'a, T>(data: &'a [u8], scan: fn(&'a str) -> Result<T, Refused>) -> Option<T> {
+    json::utf8(data).and_then(|text| scan(text).ok())
 }
 
 /// Where the scanner leaves a chunk or an answer to serde_json.
