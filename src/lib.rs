@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod boxed;
+pub mod children;
 pub mod config;
 pub mod conversation;
 pub mod downstream;

@@ -326,6 +326,54 @@ async fn sigint_exits_at_once_cutting_live_streams() {
     assert!(!res.complete, "the live stream was cut");
 }
 
+/// A stdio MCP server that never answers its handshake (one still
+/// starting, as `npx` is for seconds), and a process it started in turn:
+/// their pids, once both run.
+async fn proxy_with_a_starting_mcp_server(upstream: &FakeServer) -> (Proxy, Vec<u32>) {
+    let dir = scratch_dir();
+    let pids = dir.join("pids");
+    let script = format!(
+        // `$$$$` is the config's escape of the shell's `$$`.
+        "sleep 300 & echo $$$$ $$! > {}; exec sleep 300",
+        pids.display()
+    );
+    let yaml = format!(
+        "{}mcp_servers:\n  starting: {{ command: [sh, -c, \"{script}\"] }}\n",
+        config(upstream, 1)
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let children: Vec<u32> = wait_line(&pids, Duration::from_secs(10))
+        .await
+        .split(' ')
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect();
+    assert!(children.iter().all(|&pid| !process_gone(pid)));
+    (proxy, children)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_servers_processes_end_with_the_proxy() {
+    let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
+    // SIGTERM's drain and SIGINT's fast exit both leave by `exit`, which
+    // drops no connection: the server and what it started end anyway.
+    for signal in ["TERM", "INT"] {
+        let (mut proxy, children) = proxy_with_a_starting_mcp_server(&upstream).await;
+        proxy.signal(signal);
+        assert!(
+            proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
+            "SIG{signal}: the proxy exited"
+        );
+        let ended = wait_until(Duration::from_secs(5), || {
+            std::future::ready(children.iter().all(|&pid| process_gone(pid)))
+        })
+        .await;
+        assert!(
+            ended,
+            "SIG{signal}: the MCP server's processes {children:?} ended with the proxy"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grace_period_bounds_a_drain() {
     let upstream = echo_prompt_upstream(100, Duration::from_millis(100)).await;

@@ -160,6 +160,48 @@ async fn an_mcp_server_keeps_its_process_across_a_reload_until_its_own_spec_chan
     assert!(gone, "the old server's process {first} stopped");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_dropped_from_the_config_ends_with_what_it_started() {
+    let upstream =
+        FakeServer::start(|_, _| Reply::json(200, json!({"object": "list", "data": []}))).await;
+    let pids = scratch_dir().join("pids");
+    // The server as `npx` runs one: a process of its own that started
+    // another. `$$$$` is the config's escape of the shell's `$$`.
+    let script = format!(
+        "sleep 300 & echo $$$$ $$! > {}; exec {} stdio",
+        pids.display(),
+        demo_server().display()
+    );
+    let config = |servers: &str| {
+        format!(
+            "default_upstream: up\nupstreams: {{ up: {{ url: \"{}/v1\" }} }}\nmcp_servers: {{ {servers} }}\nagents:\n  bot: {{}}\n",
+            upstream.url()
+        )
+    };
+    let proxy = Reloadable::start(&config(&format!(
+        "demo: {{ command: [sh, -c, \"{script}\"] }}"
+    )))
+    .await;
+    wait_connected(&proxy.proxy, "demo").await;
+    let started: Vec<u32> = wait_line(&pids, Duration::from_secs(10))
+        .await
+        .split(' ')
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect();
+    assert!(started.iter().all(|&pid| !process_gone(pid)));
+
+    proxy.reload(&config("")).await;
+    let ended = wait_until(Duration::from_secs(10), || {
+        std::future::ready(started.iter().all(|&pid| process_gone(pid)))
+    })
+    .await;
+    assert!(
+        ended,
+        "the server and what it started {started:?} ended:\n{}",
+        proxy.proxy.logs()
+    );
+}
+
 /// `agent_proxy_upstream_errors_total` for a refused connection to `pool`.
 async fn refusals(port: u16) -> u64 {
     let text = get(port, "/metrics").await.text();

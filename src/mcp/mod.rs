@@ -30,6 +30,7 @@ use tracing::{info, warn};
 
 pub use supervisor::McpSupervisor;
 
+use crate::children::Group;
 use crate::config::file::McpServerFile;
 use crate::conversation::FunctionTool;
 use crate::tools::{capped_text, CallContext, Injection, Outcome};
@@ -39,6 +40,8 @@ pub const SEPARATOR: &str = "__";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// What a server dropped from the config gets to close before it is killed.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -267,7 +270,7 @@ impl Link {
                 _ = alive.changed() => return,
             };
             match opened {
-                Ok(Ok((client, tools))) => {
+                Ok(Ok((client, tools, _group))) => {
                     info!(server = %self.name, tools = tools.len(), "MCP server connected");
                     *self.state() = State {
                         status: format!("connected ({} tools)", tools.len()),
@@ -275,9 +278,18 @@ impl Link {
                         client: Some((client.peer().clone(), client.cancellation_token())),
                     };
                     backoff = FIRST_BACKOFF;
+                    let connection = client.cancellation_token();
+                    let mut waiting = std::pin::pin!(client.waiting());
                     tokio::select! {
-                        _ = client.waiting() => self.lost("the connection closed"),
-                        _ = alive.changed() => return,
+                        _ = &mut waiting => self.lost("the connection closed"),
+                        _ = alive.changed() => {
+                            // Closed as MCP's stdio shutdown says (stdin first,
+                            // then SIGTERM), for a moment; what is left of its
+                            // process group ends with `_group`.
+                            connection.cancel();
+                            let _ = tokio::time::timeout(CLOSE_GRACE, waiting).await;
+                            return;
+                        }
                     }
                 }
                 Ok(Err(e)) => self.unavailable(&e, backoff),
@@ -307,24 +319,32 @@ impl Link {
         self.state().status = format!("down: {why}");
     }
 
-    async fn open(&self) -> Result<(Client, Vec<McpTool>), String> {
-        let client = match &self.transport {
+    /// Connects the server and lists its tools; a stdio server's process
+    /// group comes along, to end with the connection.
+    async fn open(&self) -> Result<(Client, Vec<McpTool>, Option<Group>), String> {
+        let (client, group) = match &self.transport {
             Transport::Stdio { argv, env } => {
                 let mut command = tokio::process::Command::new(&argv[0]);
                 command
                     .args(&argv[1..])
-                    .envs(env.iter().map(|(k, v)| (k, v)));
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    // Its own group: what it starts (`npx` starts `node`)
+                    // ends with it, here and at the proxy's exit.
+                    .process_group(0);
                 let (transport, _stderr) = TokioChildProcess::builder(command)
                     .stderr(Stdio::inherit())
                     .spawn()
                     .map_err(|e| format!("cannot start `{}`: {e}", argv[0]))?;
-                ().serve(transport).await.map_err(|e| e.to_string())?
+                let group = transport.id().and_then(Group::led_by);
+                let client = ().serve(transport).await.map_err(|e| e.to_string())?;
+                (client, group)
             }
             Transport::Http { url, headers } => {
                 let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
                 config.custom_headers = headers.clone();
                 let transport = StreamableHttpClientTransport::from_config(config);
-                ().serve(transport).await.map_err(|e| e.to_string())?
+                let client = ().serve(transport).await.map_err(|e| e.to_string())?;
+                (client, None)
             }
         };
         let listed = client.list_all_tools().await.map_err(|e| e.to_string())?;
@@ -344,7 +364,7 @@ impl Link {
                 }
             })
             .collect();
-        Ok((client, tools))
+        Ok((client, tools, group))
     }
 }
 

@@ -1,8 +1,8 @@
 //! Command tools: a fixed argv, never a shell. The model's arguments arrive
 //! as JSON on stdin; stdout (and a failing exit status) is the result. The
 //! child runs in its own process group with a cleared environment, and the
-//! whole group is killed on timeout and when the call is dropped (the client
-//! went away). Both pipes are drained to the end, so a chatty command never
+//! whole group is killed on timeout, when the call is dropped (the client
+//! went away) and when the proxy exits ([`crate::children`]). Both pipes are drained to the end, so a chatty command never
 //! dies of a full or closed pipe; only the first `max_output_bytes` of each
 //! are kept.
 
@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::{capped_text, CallContext, Outcome, Run};
+use crate::children::Group;
 use crate::config::file::CommandToolFile;
 
 pub struct CommandTool {
@@ -63,7 +64,7 @@ impl CommandTool {
             Ok(child) => child,
             Err(e) => return Outcome::error(format!("cannot start `{}`: {e}", self.argv[0])),
         };
-        let _group = child.id().map(GroupKill);
+        let _group = child.id().and_then(Group::led_by);
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -122,22 +123,6 @@ async fn read_capped(mut reader: impl AsyncRead + Unpin, cap: usize) -> Captured
         captured.more |= n > room;
     }
     captured
-}
-
-/// Kills the child's whole process group when dropped, so grandchildren a
-/// command spawned do not outlive the call.
-struct GroupKill(u32);
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        if let Ok(pgid) = libc::pid_t::try_from(self.0) {
-            // SAFETY: killpg has no memory-safety preconditions; the group was
-            // created for this child by `process_group(0)`, so its id is ours.
-            unsafe {
-                libc::killpg(pgid, libc::SIGKILL);
-            }
-        }
-    }
 }
 
 #[async_trait::async_trait]
