@@ -75,13 +75,80 @@ extern "C" fn end_at_exit() {
     }
 }
 
-/// Whether a process of group `id` is alive. Its ended processes that are
-/// our children are reaped first: a zombie still counts as a member.
+/// Whether a process of group `id` still runs. A zombie has ended, though
+/// `kill` still finds it: a grandchild whose parent ended is init's to reap,
+/// which takes a while. Ours are reaped once none runs.
 fn alive(id: pid_t) -> bool {
-    // SAFETY: waitpid with a null status pointer and kill with signal 0 have
-    // no memory-safety preconditions.
-    unsafe {
-        while libc::waitpid(-id, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
-        libc::kill(-id, 0) == 0
+    let runs = match std::fs::read_dir("/proc") {
+        Ok(processes) => processes.flatten().any(|process| {
+            std::fs::read_to_string(process.path().join("stat"))
+                .is_ok_and(|stat| runs_in(&stat, id))
+        }),
+        // No `/proc`: our zombies reaped first, others' still count.
+        Err(_) => {
+            reap(id);
+            // SAFETY: kill with signal 0 only checks.
+            unsafe { libc::kill(-id, 0) == 0 }
+        }
+    };
+    if !runs {
+        reap(id);
+    }
+    runs
+}
+
+/// Reaps the ended processes of group `id` that are our children.
+fn reap(id: pid_t) {
+    // SAFETY: waitpid with a null status pointer has no memory-safety
+    // preconditions.
+    while unsafe { libc::waitpid(-id, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
+/// Whether a process's `/proc/<pid>/stat` says it runs in group `id`: its
+/// state and group follow its name, which is in parentheses.
+fn runs_in(stat: &str, id: pid_t) -> bool {
+    let Some((_, after_name)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = after_name.split_ascii_whitespace();
+    let state = fields.next();
+    let group = fields.nth(1).and_then(|group| group.parse::<pid_t>().ok());
+    state.is_some_and(|state| state != "Z" && state != "X") && group == Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+
+    use super::*;
+
+    #[test]
+    fn a_process_runs_in_its_group_until_it_is_a_zombie() {
+        let stat = |state: &str| format!("4242 (node (a) b) {state} 4240 777 777 0 -1 4194560 0");
+        assert!(runs_in(&stat("S"), 777));
+        assert!(runs_in(&stat("R"), 777));
+        assert!(!runs_in(&stat("S"), 4240), "the parent is not the group");
+        assert!(!runs_in(&stat("Z"), 777));
+        assert!(!runs_in("garbage", 777));
+    }
+
+    #[test]
+    fn a_group_ends_when_its_processes_have_ended() {
+        // A leader that started another process, as `npx` starts `node`.
+        let mut leader = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .process_group(0)
+            .spawn()
+            .expect("sh starts");
+        let id = pid_t::try_from(leader.id()).expect("a pid");
+        assert!(alive(id));
+        // SAFETY: the group is the child's, made by `process_group(0)`.
+        unsafe { libc::killpg(id, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(id) {
+            assert!(Instant::now() < deadline, "the group did not end");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(leader.try_wait().is_err(), "reaped by `alive`");
     }
 }
