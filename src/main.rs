@@ -15,6 +15,7 @@ use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use tracing::{info, warn};
 
+use agent_proxy::children::Reaper;
 use agent_proxy::config::Config;
 use agent_proxy::knowledge::KnowledgeBuilder;
 use agent_proxy::mcp::McpSupervisor;
@@ -184,5 +185,6 @@ fn main() -> ExitCode {
         Reloader::new(config_path, config, poll),
     ));
     server.add_service(background_service("drain", Drain));
+    server.add_service(background_service("reaper", Reaper));
     server.run_forever()
 }

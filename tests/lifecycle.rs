@@ -374,6 +374,66 @@ async fn an_mcp_servers_processes_end_with_the_proxy() {
     }
 }
 
+/// The processes `parent` has not reaped: their pids.
+fn zombies_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|process| {
+            let pid = process.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(process.path().join("stat")).ok()?;
+            let mut fields = stat.rsplit_once(')')?.1.split_ascii_whitespace();
+            let (state, ppid) = (fields.next()?, fields.next()?.parse::<u32>().ok()?);
+            (state == "Z" && ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_a_containers_first_process_it_reaps_what_its_commands_leave_behind() {
+    // Each call of `leaver` leaves a process running in the background, killed
+    // with the command's group at the call's end; its parent gone, it is the
+    // init's of its PID namespace to reap. In a container with no init in
+    // front, that is the proxy.
+    let upstream =
+        calls_then_echo_results(vec![("leaver", "{}"), ("leaver", "{}"), ("failer", "{}")]).await;
+    let yaml = one_upstream(
+        &upstream.url(),
+        "tools:\n  leaver: { command: { argv: [sh, -c, \"sleep 60 </dev/null >/dev/null 2>&1 & echo left\"] } }\n  failer: { command: { argv: [sh, -c, \"exit 3\"] } }\nagents:\n  a: { tools: [leaver, failer] }",
+    );
+    let proxy = Proxy::start_wrapped(
+        &["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"],
+        &yaml,
+    )
+    .await;
+    let init = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", proxy.pid()))
+        .unwrap()
+        .trim()
+        .parse::<u32>()
+        .expect("unshare started the proxy");
+    let ask = json!({"model": "a", "messages": [{"role": "user", "content": "go"}]});
+    for _ in 0..3 {
+        let res = post_json(proxy.port, "/v1/chat/completions", &ask).await;
+        assert_eq!(res.status, 200, "{}", res.text());
+        // The commands' own ends are still the proxy's to read.
+        assert_eq!(
+            echoed_results(&res.json()),
+            ["left\n", "left\n", "error: exit status: 3\n"],
+            "{}",
+            res.text()
+        );
+    }
+    let reaped = wait_until(Duration::from_secs(5), || {
+        std::future::ready(zombies_of(init).is_empty())
+    })
+    .await;
+    assert!(
+        reaped,
+        "what the commands left behind was reaped: {:?}",
+        zombies_of(init)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grace_period_bounds_a_drain() {
     let upstream = echo_prompt_upstream(100, Duration::from_millis(100)).await;

@@ -70,6 +70,16 @@ impl Proxy {
         Self::launch(dir, &config, port, env, args).await
     }
 
+    /// Starts the proxy with `yaml`, run by `wrapper` (a command line the
+    /// proxy's own follows, as `unshare … agent-proxy …`).
+    pub async fn start_wrapped(wrapper: &[&str], yaml: &str) -> Proxy {
+        let dir = scratch_dir();
+        let port = free_port();
+        let config = dir.join("proxy.yaml");
+        std::fs::write(&config, with_listen(port, yaml)).unwrap();
+        Self::launch_wrapped(wrapper, dir, &config, port, &[], &[]).await
+    }
+
     /// Starts the proxy on a config file the test wrote itself (with `listen`
     /// on `port`).
     pub async fn launch(
@@ -79,9 +89,31 @@ impl Proxy {
         env: &[(&str, &str)],
         args: &[&str],
     ) -> Proxy {
+        Self::launch_wrapped(&[], dir, config, port, env, args).await
+    }
+
+    async fn launch_wrapped(
+        wrapper: &[&str],
+        dir: PathBuf,
+        config: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Proxy {
         std::fs::create_dir_all(&dir).unwrap();
         let log = std::fs::File::create(dir.join("proxy.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_agent-proxy"))
+        let binary = env!("CARGO_BIN_EXE_agent-proxy");
+        let (program, before) = match wrapper {
+            [program, before @ ..] => (*program, before),
+            [] => (binary, &[][..]),
+        };
+        let child = Command::new(program)
+            .args(before)
+            .args(if wrapper.is_empty() {
+                None
+            } else {
+                Some(binary)
+            })
             .arg("--config")
             .arg(config)
             .args(args)
