@@ -468,15 +468,8 @@ async fn misbehaving_tools_give_bounded_error_results() {
         tokio::spawn(
             async move { post_json(port, "/v1/chat/completions", &ask("a", false)).await },
         );
-    let children: Vec<u32> = wait_line(&pids, Duration::from_secs(10))
-        .await
-        .split(' ')
-        .map(|pid| pid.parse().expect("a pid"))
-        .collect();
-    assert!(
-        children.iter().all(|&pid| !process_gone(pid)),
-        "the children run before the timeout"
-    );
+    // Each runs before the timeout.
+    let children = wait_pids(&pids).await;
 
     let res = call.await.unwrap();
     assert_eq!(res.status, 200, "{}", res.text());
@@ -489,10 +482,7 @@ async fn misbehaving_tools_give_bounded_error_results() {
         "invalid UTF-8 is replaced, not fatal"
     );
     assert_eq!(results[2], "error: timed out after 3000 ms");
-    let killed = wait_until(Duration::from_secs(10), || {
-        std::future::ready(children.iter().all(|&pid| process_gone(pid)))
-    })
-    .await;
+    let killed = all_gone(&children, Duration::from_secs(10)).await;
     assert!(
         killed,
         "the command's children {children:?} were killed too"

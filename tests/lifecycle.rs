@@ -342,12 +342,7 @@ async fn proxy_with_a_starting_mcp_server(upstream: &FakeServer) -> (Proxy, Vec<
         config(upstream, 1)
     );
     let proxy = Proxy::start(&yaml).await;
-    let children: Vec<u32> = wait_line(&pids, Duration::from_secs(10))
-        .await
-        .split(' ')
-        .map(|pid| pid.parse().expect("a pid"))
-        .collect();
-    assert!(children.iter().all(|&pid| !process_gone(pid)));
+    let children = wait_pids(&pids).await;
     (proxy, children)
 }
 
@@ -363,10 +358,7 @@ async fn an_mcp_servers_processes_end_with_the_proxy() {
             proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
             "SIG{signal}: the proxy exited"
         );
-        let ended = wait_until(Duration::from_secs(5), || {
-            std::future::ready(children.iter().all(|&pid| process_gone(pid)))
-        })
-        .await;
+        let ended = all_gone(&children, Duration::from_secs(5)).await;
         assert!(
             ended,
             "SIG{signal}: the MCP server's processes {children:?} ended with the proxy"

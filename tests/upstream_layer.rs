@@ -183,18 +183,10 @@ async fn an_mcp_server_dropped_from_the_config_ends_with_what_it_started() {
     )))
     .await;
     wait_connected(&proxy.proxy, "demo").await;
-    let started: Vec<u32> = wait_line(&pids, Duration::from_secs(10))
-        .await
-        .split(' ')
-        .map(|pid| pid.parse().expect("a pid"))
-        .collect();
-    assert!(started.iter().all(|&pid| !process_gone(pid)));
+    let started = wait_pids(&pids).await;
 
     proxy.reload(&config("")).await;
-    let ended = wait_until(Duration::from_secs(10), || {
-        std::future::ready(started.iter().all(|&pid| process_gone(pid)))
-    })
-    .await;
+    let ended = all_gone(&started, Duration::from_secs(10)).await;
     assert!(
         ended,
         "the server and what it started {started:?} ended:\n{}",

@@ -240,6 +240,26 @@ pub fn process_gone(pid: u32) -> bool {
         .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'))
 }
 
+/// The pids a process the test started wrote to `path` (a line of them,
+/// space-separated), once written, each checked to run.
+pub async fn wait_pids(path: &Path) -> Vec<u32> {
+    let pids: Vec<u32> = wait_line(path, Duration::from_secs(10))
+        .await
+        .split(' ')
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect();
+    assert!(pids.iter().all(|&pid| !process_gone(pid)), "{pids:?} run");
+    pids
+}
+
+/// Whether every one of `pids` is gone within `limit`.
+pub async fn all_gone(pids: &[u32], limit: Duration) -> bool {
+    wait_until(limit, || {
+        std::future::ready(pids.iter().all(|&pid| process_gone(pid)))
+    })
+    .await
+}
+
 /// Waits (`limit` at most) until the file at `path` holds a complete line
 /// (written by a process the test started), and returns it.
 pub async fn wait_line(path: &Path, limit: Duration) -> String {
