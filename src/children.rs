@@ -2,10 +2,13 @@
 //! MCP server each run as the leader of a group of their own, so that a
 //! signal reaches what they start in turn (`npx` starts `node`).
 //!
-//! A group is killed when its [`Group`] drops. The process's exit drops
-//! nothing (pingora and the drain leave by `std::process::exit`), so at exit
-//! each group still held is sent SIGTERM, given a moment to end, and killed:
-//! a server still starting when the proxy stops no longer outlives it.
+//! A group is killed when its [`Group`] drops, or ended more gently by
+//! [`Group::end`]. The process's exit drops nothing (pingora and the drain
+//! leave by `std::process::exit`), so at exit each group still held is sent
+//! SIGTERM, given a moment to end, and killed: a server still starting when
+//! the proxy stops no longer outlives it. The groups SIGINT's fast exit drops
+//! with its runtimes' tasks are left to that end too, and a group started
+//! once the exit has begun (a server reconnecting) is killed at once.
 //!
 //! As the first process of a PID namespace (a container's entrypoint with no
 //! init in front) the proxy is also the parent every orphan there falls to:
@@ -13,98 +16,183 @@
 //! when its group is killed. [`Reaper`] reaps those, so they do not pile up
 //! as zombies for the pod's life.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use libc::pid_t;
-use pingora::server::ShutdownWatch;
+use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::broadcast::{self, error::TryRecvError};
 
 /// What the groups left at exit get between SIGTERM and SIGKILL.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
+/// How often an ending group is looked at.
+const POLL: Duration = Duration::from_millis(5);
 
-/// The groups held now, by id (their leaders' pids).
-static HELD: Mutex<Vec<pid_t>> = Mutex::new(Vec::new());
+/// The groups held now, by id (their leaders' pids); `None` once the exit
+/// has taken them.
+static HELD: Mutex<Option<Vec<pid_t>>> = Mutex::new(Some(Vec::new()));
 static AT_EXIT: Once = Once::new();
+/// The server's phases, read as a group drops ([`follow`]).
+static PHASES: Mutex<Option<broadcast::Receiver<ExecutionPhase>>> = Mutex::new(None);
+/// The server's runtimes are shutting down, dropping their tasks, or the
+/// process is exiting: a group dropped now is the exit's to end.
+static TEARDOWN: AtomicBool = AtomicBool::new(false);
+
+/// Follows the server's phases: a group dropped once its runtimes shut down
+/// is left held, for the exit to end.
+pub fn follow(phases: broadcast::Receiver<ExecutionPhase>) {
+    *lock(&PHASES) = Some(phases);
+}
+
+/// Whether the server's runtimes are shutting down: pingora says so before
+/// it shuts them down (the phase is sent before the tasks drop).
+fn teardown() -> bool {
+    if TEARDOWN.load(Ordering::Relaxed) {
+        return true;
+    }
+    let mut phases = lock(&PHASES);
+    let Some(phases) = phases.as_mut() else {
+        return false;
+    };
+    loop {
+        match phases.try_recv() {
+            Ok(ExecutionPhase::ShutdownRuntimes | ExecutionPhase::Terminated)
+            | Err(TryRecvError::Closed) => {
+                TEARDOWN.store(true, Ordering::Relaxed);
+                return true;
+            }
+            Ok(_) | Err(TryRecvError::Lagged(_)) => {}
+            Err(TryRecvError::Empty) => return false,
+        }
+    }
+}
 
 /// A process group this proxy started and ends.
 pub struct Group(pid_t);
 
 impl Group {
     /// The group `leader` leads: a child spawned with `process_group(0)`.
+    /// `None`, and the group killed, once the exit has begun.
     pub fn led_by(leader: u32) -> Option<Group> {
         let id = pid_t::try_from(leader).ok()?;
         AT_EXIT.call_once(|| {
             // SAFETY: registers a function of no arguments, which `exit` runs once.
             unsafe { libc::atexit(end_at_exit) };
         });
-        held().push(id);
+        match lock(&HELD).as_mut() {
+            Some(held) => held.push(id),
+            None => {
+                signal_group(id, libc::SIGKILL);
+                return None;
+            }
+        }
         Some(Group(id))
+    }
+
+    /// Ends the group as MCP's stdio shutdown asks once its stdin is
+    /// closed: SIGTERM, `grace` to end, then SIGKILL (as it drops).
+    pub async fn end(self, grace: Duration) {
+        signal_group(self.0, libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && !running(&[self.0]).is_empty() {
+            tokio::time::sleep(POLL).await;
+        }
     }
 }
 
 impl Drop for Group {
     fn drop(&mut self) {
-        let mut held = held();
-        if let Some(at) = held.iter().position(|&id| id == self.0) {
-            held.swap_remove(at);
+        if teardown() {
+            return;
         }
-        drop(held);
-        // SAFETY: killpg has no memory-safety preconditions; the group was
-        // created for our child by `process_group(0)`, so its id is ours.
-        unsafe { libc::killpg(self.0, libc::SIGKILL) };
+        if let Some(held) = lock(&HELD).as_mut() {
+            if let Some(at) = held.iter().position(|&id| id == self.0) {
+                held.swap_remove(at);
+            }
+        }
+        signal_group(self.0, libc::SIGKILL);
     }
 }
 
-fn held() -> MutexGuard<'static, Vec<pid_t>> {
-    // A list of numbers: a poisoned lock still holds a usable one.
-    HELD.lock().unwrap_or_else(PoisonError::into_inner)
+fn signal_group(id: pid_t, signal: libc::c_int) {
+    // SAFETY: killpg has no memory-safety preconditions; the group was
+    // created for our child by `process_group(0)`, so its id is ours.
+    unsafe { libc::killpg(id, signal) };
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain data: a poisoned lock still holds a usable value.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Ends the groups still held: SIGTERM, then SIGKILL for what is left
-/// after [`EXIT_GRACE`].
+/// after [`EXIT_GRACE`]. The other threads run on meanwhile.
 extern "C" fn end_at_exit() {
-    let mut left = std::mem::take(&mut *held());
+    TEARDOWN.store(true, Ordering::Relaxed);
+    let mut left = lock(&HELD).take().unwrap_or_default();
     for &id in &left {
-        // SAFETY: as in `Group::drop`.
-        unsafe { libc::killpg(id, libc::SIGTERM) };
+        signal_group(id, libc::SIGTERM);
     }
     let deadline = Instant::now() + EXIT_GRACE;
     loop {
-        left.retain(|&id| alive(id));
+        left = running(&left);
         if left.is_empty() || Instant::now() >= deadline {
             break;
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(POLL);
     }
     for &id in &left {
-        // SAFETY: as in `Group::drop`.
-        unsafe { libc::killpg(id, libc::SIGKILL) };
+        signal_group(id, libc::SIGKILL);
     }
 }
 
-/// Whether a process of group `id` still runs. A zombie has ended, though
-/// `kill` still finds it: a grandchild whose parent ended is init's to reap,
-/// which takes a while. Ours are reaped once none runs.
-fn alive(id: pid_t) -> bool {
-    let runs = match std::fs::read_dir("/proc") {
-        Ok(processes) => processes.flatten().any(|process| {
-            std::fs::read_to_string(process.path().join("stat"))
-                .is_ok_and(|stat| runs_in(&stat, id))
-        }),
-        // No `/proc`: our zombies reaped first, others' still count.
-        Err(_) => {
-            reap(id);
-            // SAFETY: kill with signal 0 only checks.
-            unsafe { libc::kill(-id, 0) == 0 }
+/// Those of `groups` a process of which still runs, in one pass over
+/// `/proc`. A zombie has ended, though `kill` still finds it: a grandchild
+/// whose parent ended is init's to reap, which takes a while. Our own are
+/// reaped once none of their group runs.
+fn running(groups: &[pid_t]) -> Vec<pid_t> {
+    let mut running = Vec::new();
+    match own_proc() {
+        Some(processes) => {
+            for process in processes.flatten() {
+                let Ok(stat) = std::fs::read_to_string(process.path().join("stat")) else {
+                    continue;
+                };
+                if let Some(stat) = Stat::of(&stat).filter(|stat| !stat.ended()) {
+                    if groups.contains(&stat.group) && !running.contains(&stat.group) {
+                        running.push(stat.group);
+                    }
+                }
+            }
         }
-    };
-    if !runs {
-        reap(id);
+        // Without it, our zombies are reaped first and others' still count.
+        None => {
+            groups.iter().for_each(|&id| reap(id));
+            running.extend(groups.iter().filter(|&&id| {
+                // SAFETY: kill with signal 0 only checks.
+                unsafe { libc::kill(-id, 0) == 0 }
+            }));
+        }
     }
-    runs
+    groups
+        .iter()
+        .filter(|id| !running.contains(id))
+        .for_each(|&id| reap(id));
+    running
+}
+
+/// `/proc`'s processes, if it is our PID namespace's (not, say, the host's
+/// under `unshare --pid` without a mount of its own).
+fn own_proc() -> Option<std::fs::ReadDir> {
+    let us = std::fs::read_link("/proc/self").ok()?;
+    if us.to_str()? != std::process::id().to_string() {
+        return None;
+    }
+    std::fs::read_dir("/proc").ok()
 }
 
 /// Reaps the ended processes of group `id` that are our children.
@@ -114,22 +202,23 @@ fn reap(id: pid_t) {
     while unsafe { libc::waitpid(-id, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
 }
 
-/// Whether a process's `/proc/<pid>/stat` says it runs in group `id`.
-fn runs_in(stat: &str, id: pid_t) -> bool {
-    Stat::of(stat).is_some_and(|stat| !stat.ended() && stat.group == id)
-}
-
 /// What the proxy reaps as a PID namespace's first process: each ended
 /// process that fell to it. Its own children are left to tokio, which
 /// collects their exit statuses: each leads its group ([`Group`]), which an
-/// orphan does not (unless it made a session of its own, as a daemon does).
+/// orphan does not. An orphan that made a session of its own, as a daemon
+/// does, leads one, and stays a zombie.
 pub struct Reaper;
 
 #[async_trait]
 impl BackgroundService for Reaper {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Reaps until the process exits: commands run on through a drain.
+    async fn start(&self, _shutdown: ShutdownWatch) {
         if std::process::id() != 1 {
             // Init, or the container's, reaps orphans.
+            return;
+        }
+        if own_proc().is_none() {
+            tracing::warn!("/proc is not this PID namespace's: orphans stay zombies");
             return;
         }
         let Ok(mut ended) = signal(SignalKind::child()) else {
@@ -138,9 +227,8 @@ impl BackgroundService for Reaper {
         };
         loop {
             reap_orphans(1);
-            tokio::select! {
-                _ = ended.recv() => {}
-                _ = shutdown.changed() => return,
+            if ended.recv().await.is_none() {
+                return;
             }
         }
     }
@@ -148,7 +236,7 @@ impl BackgroundService for Reaper {
 
 /// Reaps the ended processes whose parent is `us` that lead no group.
 fn reap_orphans(us: pid_t) {
-    let Ok(processes) = std::fs::read_dir("/proc") else {
+    let Some(processes) = own_proc() else {
         return;
     };
     for process in processes.flatten() {
@@ -207,12 +295,13 @@ mod tests {
     }
 
     #[test]
-    fn a_process_runs_in_its_group_until_it_is_a_zombie() {
-        assert!(runs_in(&stat("S", 777), 777));
-        assert!(runs_in(&stat("R", 777), 777));
-        assert!(!runs_in(&stat("S", 777), 1), "the parent is not the group");
-        assert!(!runs_in(&stat("Z", 777), 777));
-        assert!(!runs_in("garbage", 777));
+    fn a_stat_says_whether_a_process_ended_and_its_group() {
+        let text = stat("S", 777);
+        let running = Stat::of(&text).unwrap();
+        assert!(!running.ended());
+        assert_eq!((running.parent, running.group), (1, 777));
+        assert!(Stat::of(&stat("Z", 777)).unwrap().ended());
+        assert!(Stat::of("garbage").is_none());
     }
 
     #[test]
@@ -240,14 +329,13 @@ mod tests {
             .spawn()
             .expect("sh starts");
         let id = pid_t::try_from(leader.id()).expect("a pid");
-        assert!(alive(id));
-        // SAFETY: the group is the child's, made by `process_group(0)`.
-        unsafe { libc::killpg(id, libc::SIGTERM) };
+        assert_eq!(running(&[id, 4_000_000]), [id]);
+        signal_group(id, libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while alive(id) {
+        while !running(&[id]).is_empty() {
             assert!(Instant::now() < deadline, "the group did not end");
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(POLL);
         }
-        assert!(leader.try_wait().is_err(), "reaped by `alive`");
+        assert!(leader.try_wait().is_err(), "reaped by `running`");
     }
 }

@@ -146,6 +146,7 @@ fn main() -> ExitCode {
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
+    agent_proxy::children::follow(server.watch_execution_phase());
     server.bootstrap();
 
     let listen = config.listen.clone();

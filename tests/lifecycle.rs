@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -328,13 +328,15 @@ async fn sigint_exits_at_once_cutting_live_streams() {
 
 /// A stdio MCP server that never answers its handshake (one still
 /// starting, as `npx` is for seconds), and a process it started in turn:
-/// their pids, once both run.
-async fn proxy_with_a_starting_mcp_server(upstream: &FakeServer) -> (Proxy, Vec<u32>) {
+/// their pids, once both run, and the file where the server writes
+/// `terminated` on SIGTERM.
+async fn proxy_with_a_starting_mcp_server(upstream: &FakeServer) -> (Proxy, Vec<u32>, PathBuf) {
     let dir = scratch_dir();
-    let pids = dir.join("pids");
+    let (pids, said) = (dir.join("pids"), dir.join("said"));
     let script = format!(
         // `$$$$` is the config's escape of the shell's `$$`.
-        "sleep 300 & echo $$$$ $$! > {}; exec sleep 300",
+        "trap 'echo terminated > {}; exit 0' TERM; sleep 300 & echo $$$$ $$! > {}; while :; do sleep 0.05; done",
+        said.display(),
         pids.display()
     );
     let yaml = format!(
@@ -343,16 +345,17 @@ async fn proxy_with_a_starting_mcp_server(upstream: &FakeServer) -> (Proxy, Vec<
     );
     let proxy = Proxy::start(&yaml).await;
     let children = wait_pids(&pids).await;
-    (proxy, children)
+    (proxy, children, said)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_servers_processes_end_with_the_proxy() {
     let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
     // SIGTERM's drain and SIGINT's fast exit both leave by `exit`, which
-    // drops no connection: the server and what it started end anyway.
+    // drops no connection: the server and what it started end anyway, the
+    // server told to (SIGTERM), not killed.
     for signal in ["TERM", "INT"] {
-        let (mut proxy, children) = proxy_with_a_starting_mcp_server(&upstream).await;
+        let (mut proxy, children, said) = proxy_with_a_starting_mcp_server(&upstream).await;
         proxy.signal(signal);
         assert!(
             proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
@@ -363,11 +366,16 @@ async fn an_mcp_servers_processes_end_with_the_proxy() {
             ended,
             "SIG{signal}: the MCP server's processes {children:?} ended with the proxy"
         );
+        assert_eq!(
+            std::fs::read_to_string(&said).unwrap_or_default(),
+            "terminated\n",
+            "SIG{signal}: the server had its SIGTERM"
+        );
     }
 }
 
-/// The processes `parent` has not reaped: their pids.
-fn zombies_of(parent: u32) -> Vec<u32> {
+/// The processes whose parent is `parent`, running or not yet reaped.
+fn children_of(parent: u32) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -375,8 +383,8 @@ fn zombies_of(parent: u32) -> Vec<u32> {
             let pid = process.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(process.path().join("stat")).ok()?;
             let mut fields = stat.rsplit_once(')')?.1.split_ascii_whitespace();
-            let (state, ppid) = (fields.next()?, fields.next()?.parse::<u32>().ok()?);
-            (state == "Z" && ppid == parent).then_some(pid)
+            let ppid = fields.nth(1)?.parse::<u32>().ok()?;
+            (ppid == parent).then_some(pid)
         })
         .collect()
 }
@@ -393,8 +401,17 @@ async fn as_a_containers_first_process_it_reaps_what_its_commands_leave_behind()
         &upstream.url(),
         "tools:\n  leaver: { command: { argv: [sh, -c, \"sleep 60 </dev/null >/dev/null 2>&1 & echo left\"] } }\n  failer: { command: { argv: [sh, -c, \"exit 3\"] } }\nagents:\n  a: { tools: [leaver, failer] }",
     );
+    // A PID namespace of its own (a user namespace too, so that it needs no
+    // root), whose first process the proxy is.
     let proxy = Proxy::start_wrapped(
-        &["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"],
+        &[
+            "unshare",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+        ],
         &yaml,
     )
     .await;
@@ -415,14 +432,16 @@ async fn as_a_containers_first_process_it_reaps_what_its_commands_leave_behind()
             res.text()
         );
     }
+    // Six processes were left behind and killed: none is left, not even
+    // a zombie (nor are the commands themselves, which tokio reaped).
     let reaped = wait_until(Duration::from_secs(5), || {
-        std::future::ready(zombies_of(init).is_empty())
+        std::future::ready(children_of(init).is_empty())
     })
     .await;
     assert!(
         reaped,
         "what the commands left behind was reaped: {:?}",
-        zombies_of(init)
+        children_of(init)
     );
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
 use rmcp::service::{Peer, RunningService, RunningServiceCancellationToken, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
@@ -40,7 +40,8 @@ pub const SEPARATOR: &str = "__";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// What a server dropped from the config gets to close before it is killed.
+/// What a server dropped from the config gets to close, and then to end
+/// on SIGTERM, before it is killed.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 type Client = RunningService<RoleClient, ()>;
@@ -270,7 +271,7 @@ impl Link {
                 _ = alive.changed() => return,
             };
             match opened {
-                Ok(Ok((client, tools, _group))) => {
+                Ok(Ok((client, tools, group))) => {
                     info!(server = %self.name, tools = tools.len(), "MCP server connected");
                     *self.state() = State {
                         status: format!("connected ({} tools)", tools.len()),
@@ -283,11 +284,13 @@ impl Link {
                     tokio::select! {
                         _ = &mut waiting => self.lost("the connection closed"),
                         _ = alive.changed() => {
-                            // Closed as MCP's stdio shutdown says (stdin first,
-                            // then SIGTERM), for a moment; what is left of its
-                            // process group ends with `_group`.
+                            // Closed as MCP's stdio shutdown says: its stdin
+                            // first, then SIGTERM, then SIGKILL, a moment each.
                             connection.cancel();
                             let _ = tokio::time::timeout(CLOSE_GRACE, waiting).await;
+                            if let Some(group) = group {
+                                group.end(CLOSE_GRACE).await;
+                            }
                             return;
                         }
                     }
@@ -324,19 +327,24 @@ impl Link {
     async fn open(&self) -> Result<(Client, Vec<McpTool>, Option<Group>), String> {
         let (client, group) = match &self.transport {
             Transport::Stdio { argv, env } => {
-                let mut command = tokio::process::Command::new(&argv[0]);
-                command
+                // Started here, not by rmcp's child transport, which kills
+                // the server (not what it started) whenever the connection
+                // drops: its group is ours to end, with the connection and
+                // at the proxy's exit, where it gets SIGTERM first. rmcp
+                // speaks over its pipes.
+                let mut child = tokio::process::Command::new(&argv[0])
                     .args(&argv[1..])
                     .envs(env.iter().map(|(k, v)| (k, v)))
-                    // Its own group: what it starts (`npx` starts `node`)
-                    // ends with it, here and at the proxy's exit.
-                    .process_group(0);
-                let (transport, _stderr) = TokioChildProcess::builder(command)
-                    .stderr(Stdio::inherit())
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .process_group(0)
                     .spawn()
                     .map_err(|e| format!("cannot start `{}`: {e}", argv[0]))?;
-                let group = transport.id().and_then(Group::led_by);
-                let client = ().serve(transport).await.map_err(|e| e.to_string())?;
+                let group = child.id().and_then(Group::led_by);
+                let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+                    return Err("cannot attach to the server's pipes".into());
+                };
+                let client = ().serve((stdout, stdin)).await.map_err(|e| e.to_string())?;
                 (client, group)
             }
             Transport::Http { url, headers } => {

@@ -24,17 +24,18 @@ impl McpSupervisor {
 
 #[async_trait]
 impl BackgroundService for McpSupervisor {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Runs until the process exits, holding the config: at shutdown the
+    /// other services let go of theirs, and the last to go would drop the
+    /// servers (killing each) while the exit ends them with a SIGTERM
+    /// ([`crate::children`]).
+    async fn start(&self, _shutdown: ShutdownWatch) {
         loop {
             let config = self.config.load_full();
             config
                 .mcp_servers
                 .values()
                 .for_each(|s| McpServer::start(s));
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = config.superseded.wait() => {}
-            }
+            config.superseded.wait().await;
         }
     }
 }

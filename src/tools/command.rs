@@ -2,9 +2,9 @@
 //! as JSON on stdin; stdout (and a failing exit status) is the result. The
 //! child runs in its own process group with a cleared environment, and the
 //! whole group is killed on timeout, when the call is dropped (the client
-//! went away) and when the proxy exits ([`crate::children`]). Both pipes are drained to the end, so a chatty command never
-//! dies of a full or closed pipe; only the first `max_output_bytes` of each
-//! are kept.
+//! went away) and when the proxy exits ([`crate::children`]). Both pipes
+//! are drained to the end, so a chatty command never dies of a full or
+//! closed pipe; only the first `max_output_bytes` of each are kept.
 
 use std::process::Stdio;
 use std::time::Duration;

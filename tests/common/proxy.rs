@@ -71,7 +71,8 @@ impl Proxy {
     }
 
     /// Starts the proxy with `yaml`, run by `wrapper` (a command line the
-    /// proxy's own follows, as `unshare … agent-proxy …`).
+    /// proxy's own follows, as `unshare … agent-proxy …`). [`Proxy::pid`]
+    /// and [`Proxy::signal`] are then the wrapper's.
     pub async fn start_wrapped(wrapper: &[&str], yaml: &str) -> Proxy {
         let dir = scratch_dir();
         let port = free_port();
