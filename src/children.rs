@@ -29,8 +29,10 @@ use tokio::sync::broadcast::{self, error::TryRecvError};
 
 /// What the groups left at exit get between SIGTERM and SIGKILL.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
-/// How often an ending group is looked at.
+/// How often the groups ending at exit are looked at.
 const POLL: Duration = Duration::from_millis(5);
+/// How often a group ending while the proxy runs on is looked at.
+const END_POLL: Duration = Duration::from_millis(20);
 
 /// The groups held now, by id (their leaders' pids); `None` once the exit
 /// has taken them.
@@ -46,6 +48,12 @@ static TEARDOWN: AtomicBool = AtomicBool::new(false);
 /// is left held, for the exit to end.
 pub fn follow(phases: broadcast::Receiver<ExecutionPhase>) {
     *lock(&PHASES) = Some(phases);
+}
+
+/// Whether the process is exiting: what it started is the exit's to end,
+/// and a server that ends meanwhile is not to be started again.
+pub fn exiting() -> bool {
+    TEARDOWN.load(Ordering::Relaxed)
 }
 
 /// Whether the server's runtimes are shutting down: pingora says so before
@@ -94,12 +102,26 @@ impl Group {
     }
 
     /// Ends the group as MCP's stdio shutdown asks once its stdin is
-    /// closed: SIGTERM, `grace` to end, then SIGKILL (as it drops).
+    /// closed: `grace` to end by itself, then SIGTERM and `grace` again,
+    /// then SIGKILL (as it drops).
     pub async fn end(self, grace: Duration) {
+        if self.ended_within(grace).await {
+            return;
+        }
         signal_group(self.0, libc::SIGTERM);
+        self.ended_within(grace).await;
+    }
+
+    async fn ended_within(&self, grace: Duration) -> bool {
         let deadline = Instant::now() + grace;
-        while Instant::now() < deadline && !running(&[self.0]).is_empty() {
-            tokio::time::sleep(POLL).await;
+        loop {
+            // A pass over `/proc` (a host may run thousands of processes):
+            // a millisecond or so, every `END_POLL`, for a second at most.
+            let ended = running(&[self.0]).is_empty();
+            if ended || Instant::now() >= deadline {
+                return ended;
+            }
+            tokio::time::sleep(END_POLL).await;
         }
     }
 }
@@ -152,8 +174,7 @@ extern "C" fn end_at_exit() {
 
 /// Those of `groups` a process of which still runs, in one pass over
 /// `/proc`. A zombie has ended, though `kill` still finds it: a grandchild
-/// whose parent ended is init's to reap, which takes a while. Our own are
-/// reaped once none of their group runs.
+/// whose parent ended is init's to reap, which takes a while.
 fn running(groups: &[pid_t]) -> Vec<pid_t> {
     let mut running = Vec::new();
     match own_proc() {
@@ -169,7 +190,8 @@ fn running(groups: &[pid_t]) -> Vec<pid_t> {
                 }
             }
         }
-        // Without it, our zombies are reaped first and others' still count.
+        // Without it, our zombies are reaped first (tokio would, later)
+        // and others' still count.
         None => {
             groups.iter().for_each(|&id| reap(id));
             running.extend(groups.iter().filter(|&&id| {
@@ -178,10 +200,6 @@ fn running(groups: &[pid_t]) -> Vec<pid_t> {
             }));
         }
     }
-    groups
-        .iter()
-        .filter(|id| !running.contains(id))
-        .for_each(|&id| reap(id));
     running
 }
 
@@ -336,6 +354,9 @@ mod tests {
             assert!(Instant::now() < deadline, "the group did not end");
             std::thread::sleep(POLL);
         }
-        assert!(leader.try_wait().is_err(), "reaped by `running`");
+        assert!(
+            leader.try_wait().expect("ours to reap").is_some(),
+            "a zombie, which `running` counts as ended"
+        );
     }
 }

@@ -164,13 +164,18 @@ async fn an_mcp_server_keeps_its_process_across_a_reload_until_its_own_spec_chan
 async fn an_mcp_server_dropped_from_the_config_ends_with_what_it_started() {
     let upstream =
         FakeServer::start(|_, _| Reply::json(200, json!({"object": "list", "data": []}))).await;
-    let pids = scratch_dir().join("pids");
+    let dir = scratch_dir();
+    let (pids, said) = (dir.join("pids"), dir.join("said"));
     // The server as `npx` runs one: a process of its own that started
-    // another. `$$$$` is the config's escape of the shell's `$$`.
+    // another. Once its stdin closes, it takes 200 ms to put its state away
+    // (and says whether a SIGTERM came meanwhile); what it started runs on
+    // until the group is told to end. `$$$$` is the config's escape of the
+    // shell's `$$`.
     let script = format!(
-        "sleep 300 & echo $$$$ $$! > {}; exec {} stdio",
+        "trap 'echo terminated >> {said}' TERM; sleep 300 & echo $$$$ $$! > {}; {} stdio; sleep 0.2; echo put away >> {said}",
         pids.display(),
-        demo_server().display()
+        demo_server().display(),
+        said = said.display(),
     );
     let config = |servers: &str| {
         format!(
@@ -191,6 +196,11 @@ async fn an_mcp_server_dropped_from_the_config_ends_with_what_it_started() {
         ended,
         "the server and what it started {started:?} ended:\n{}",
         proxy.proxy.logs()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&said).unwrap_or_default(),
+        "put away\n",
+        "the server had its time after its stdin closed, before any SIGTERM"
     );
 }
 

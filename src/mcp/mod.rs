@@ -40,8 +40,8 @@ pub const SEPARATOR: &str = "__";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// What a server dropped from the config gets to close, and then to end
-/// on SIGTERM, before it is killed.
+/// What a server dropped from the config gets to end once its stdin is
+/// closed, and then once sent SIGTERM, before it is killed.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 type Client = RunningService<RoleClient, ()>;
@@ -265,7 +265,8 @@ impl Link {
     /// closes), which drops the connection.
     async fn run(self: Arc<Self>, mut alive: watch::Receiver<()>) {
         let mut backoff = FIRST_BACKOFF;
-        loop {
+        // Once the process exits, a server that ends is not started again.
+        while !crate::children::exiting() {
             let opened = tokio::select! {
                 opened = tokio::time::timeout(CONNECT_TIMEOUT, self.open()) => opened,
                 _ = alive.changed() => return,
@@ -282,10 +283,16 @@ impl Link {
                     let connection = client.cancellation_token();
                     let mut waiting = std::pin::pin!(client.waiting());
                     tokio::select! {
-                        _ = &mut waiting => self.lost("the connection closed"),
+                        _ = &mut waiting => {
+                            if crate::children::exiting() {
+                                return;
+                            }
+                            self.lost("the connection closed");
+                        }
                         _ = alive.changed() => {
                             // Closed as MCP's stdio shutdown says: its stdin
-                            // first, then SIGTERM, then SIGKILL, a moment each.
+                            // first, then SIGTERM, then SIGKILL, a moment
+                            // each.
                             connection.cancel();
                             let _ = tokio::time::timeout(CLOSE_GRACE, waiting).await;
                             if let Some(group) = group {
@@ -295,6 +302,7 @@ impl Link {
                         }
                     }
                 }
+                Ok(Err(_)) if crate::children::exiting() => return,
                 Ok(Err(e)) => self.unavailable(&e, backoff),
                 Err(_) => self.unavailable("timed out connecting", backoff),
             }
