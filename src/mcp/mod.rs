@@ -262,7 +262,8 @@ impl Link {
     /// Connects, waits for the connection to end (the server quit or a
     /// call found it broken), and connects again, with a backoff that
     /// doubles per failed attempt; until the server is dropped (`alive`
-    /// closes), which drops the connection.
+    /// closes), which closes the connection and ends the server, or the
+    /// process exits, which ends it ([`crate::children`]).
     async fn run(self: Arc<Self>, mut alive: watch::Receiver<()>) {
         let mut backoff = FIRST_BACKOFF;
         // Once the process exits, a server that ends is not started again.
