@@ -183,9 +183,9 @@ fn main() -> ExitCode {
     let poll = Duration::from_millis(args.reload_poll_ms.max(10));
     server.add_service(background_service(
         "config reload",
-        Reloader::new(config_path, config, poll),
+        Reloader::new(config_path, config.clone(), poll),
     ));
-    server.add_service(background_service("drain", Drain));
+    server.add_service(background_service("drain", Drain::new(config.clone())));
     server.add_service(background_service("reaper", Reaper));
     server.run_forever()
 }

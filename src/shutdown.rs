@@ -1,18 +1,24 @@
 //! Graceful shutdown that ends when the work does. On SIGTERM (or SIGQUIT
 //! during an upgrade) pingora stops accepting and then waits its grace period
 //! unconditionally; this service exits the process as soon as no request is
-//! in flight (a new connection's first request counts from its accept), so
-//! a rollout never waits longer than the longest live stream.
+//! in flight (a new connection's first request counts from its accept) and
+//! the MCP connections are closed as MCP says, so a rollout never waits
+//! much longer than the longest live stream.
 //! The grace period stays the upper bound: what is left then is cut.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use futures::future::join_all;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tracing::info;
 
+use crate::config::Config;
+#[cfg(doc)]
+use crate::mcp::McpServer;
 use crate::per_thread::Count;
 
 /// Every request counts itself here, on its thread's part: one count that
@@ -35,7 +41,20 @@ impl Drop for InFlight {
     }
 }
 
-pub struct Drain;
+/// What the MCP connections get to close once the requests are done: a
+/// connection's own shutdown takes two seconds at most
+/// ([`McpServer::close`]); what is left, the exit ends.
+const MCP_CLOSE_LIMIT: Duration = Duration::from_secs(3);
+
+pub struct Drain {
+    config: Arc<ArcSwap<Config>>,
+}
+
+impl Drain {
+    pub fn new(config: Arc<ArcSwap<Config>>) -> Self {
+        Drain { config }
+    }
+}
 
 #[async_trait]
 impl BackgroundService for Drain {
@@ -49,6 +68,12 @@ impl BackgroundService for Drain {
         info!(in_flight = IN_FLIGHT.get(), "shutting down: draining");
         loop {
             if IN_FLIGHT.get() == 0 {
+                let config = self.config.load_full();
+                if !config.mcp_servers.is_empty() {
+                    info!("drained; closing the MCP connections");
+                    let closing = join_all(config.mcp_servers.values().map(|s| s.close()));
+                    let _ = tokio::time::timeout(MCP_CLOSE_LIMIT, closing).await;
+                }
                 info!("drained; exiting");
                 std::process::exit(0);
             }

@@ -8,7 +8,9 @@
 //! A supervisor connects servers in
 //! the background and reconnects with backoff: a server that is down never
 //! stops the proxy or other agents, and a call to one of its tools meanwhile
-//! gets a clear error result.
+//! gets a clear error result. A connection ends as MCP's shutdown says, when
+//! its server is dropped and at the end of a drain ([`McpServer::close`]): an
+//! HTTP session deleted, a stdio server's stdin closed before any signal.
 
 mod supervisor;
 
@@ -26,6 +28,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use supervisor::McpSupervisor;
@@ -87,8 +90,11 @@ pub struct McpServer {
     link: Arc<Link>,
     /// Whether its connection task was started.
     started: AtomicBool,
-    /// Dropped with the server, which ends its connection task (and so the
-    /// connection, and a stdio server's process).
+    /// The connection task, for [`McpServer::close`] to wait for.
+    task: Mutex<Option<JoinHandle<()>>>,
+    /// Sent to by [`McpServer::close`], or dropped with the server: either
+    /// ends its connection task, which closes the connection (and ends a
+    /// stdio server's process).
     alive: watch::Sender<()>,
 }
 
@@ -156,6 +162,7 @@ impl McpServer {
                 }),
             }),
             started: AtomicBool::new(false),
+            task: Mutex::new(None),
             alive: watch::Sender::new(()),
         })
     }
@@ -178,7 +185,20 @@ impl McpServer {
     /// once per server).
     fn start(&self) {
         if !self.started.swap(true, Ordering::SeqCst) {
-            tokio::spawn(self.link.clone().run(self.alive.subscribe()));
+            let task = tokio::spawn(self.link.clone().run(self.alive.subscribe()));
+            *lock(&self.task) = Some(task);
+        }
+    }
+
+    /// Closes the connection as MCP's shutdown says, as a reload that drops
+    /// the server does, and waits for it: the drain's last step, so that an
+    /// HTTP session is deleted and a stdio server has its stdin closed
+    /// before anything signals it.
+    pub async fn close(&self) {
+        self.alive.send_replace(());
+        let task = lock(&self.task).take();
+        if let Some(task) = task {
+            let _ = task.await;
         }
     }
 
@@ -255,8 +275,7 @@ impl McpServer {
 
 impl Link {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // The state is plain data: a poisoned lock still holds a usable value.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// Connects, waits for the connection to end (the server quit or a
@@ -268,12 +287,23 @@ impl Link {
         let mut backoff = FIRST_BACKOFF;
         // Once the process exits, a server that ends is not started again.
         while !crate::children::exiting() {
+            // A stdio server's process group, from its start on: one still
+            // starting is ended as a connected one is.
+            let starting = Mutex::new(None);
             let opened = tokio::select! {
-                opened = tokio::time::timeout(CONNECT_TIMEOUT, self.open()) => opened,
-                _ = alive.changed() => return,
+                opened = tokio::time::timeout(CONNECT_TIMEOUT, self.open(&starting)) => opened,
+                _ = alive.changed() => {
+                    // Its pipes closed (the handshake dropped) first.
+                    let group = lock(&starting).take();
+                    if let Some(group) = group {
+                        group.end(CLOSE_GRACE).await;
+                    }
+                    return;
+                }
             };
+            let group = lock(&starting).take();
             match opened {
-                Ok(Ok((client, tools, group))) => {
+                Ok(Ok((client, tools))) => {
                     info!(server = %self.name, tools = tools.len(), "MCP server connected");
                     *self.state() = State {
                         status: format!("connected ({} tools)", tools.len()),
@@ -332,9 +362,9 @@ impl Link {
     }
 
     /// Connects the server and lists its tools; a stdio server's process
-    /// group comes along, to end with the connection.
-    async fn open(&self) -> Result<(Client, Vec<McpTool>, Option<Group>), String> {
-        let (client, group) = match &self.transport {
+    /// group goes to `group` as it starts, to end with the connection.
+    async fn open(&self, group: &Mutex<Option<Group>>) -> Result<(Client, Vec<McpTool>), String> {
+        let client = match &self.transport {
             Transport::Stdio { argv, env } => {
                 // Started here, not by rmcp's child transport, which kills
                 // the server (not what it started) whenever the connection
@@ -349,19 +379,17 @@ impl Link {
                     .process_group(0)
                     .spawn()
                     .map_err(|e| format!("cannot start `{}`: {e}", argv[0]))?;
-                let group = child.id().and_then(Group::led_by);
+                *lock(group) = child.id().and_then(Group::led_by);
                 let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
                     return Err("cannot attach to the server's pipes".into());
                 };
-                let client = ().serve((stdout, stdin)).await.map_err(|e| e.to_string())?;
-                (client, group)
+                ().serve((stdout, stdin)).await.map_err(|e| e.to_string())?
             }
             Transport::Http { url, headers } => {
                 let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
                 config.custom_headers = headers.clone();
                 let transport = StreamableHttpClientTransport::from_config(config);
-                let client = ().serve(transport).await.map_err(|e| e.to_string())?;
-                (client, None)
+                ().serve(transport).await.map_err(|e| e.to_string())?
             }
         };
         let listed = client.list_all_tools().await.map_err(|e| e.to_string())?;
@@ -381,8 +409,13 @@ impl Link {
                 }
             })
             .collect();
-        Ok((client, tools, group))
+        Ok((client, tools))
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain data: a poisoned lock still holds a usable value.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How a non-text content block reaches the model.
