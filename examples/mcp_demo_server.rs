@@ -181,6 +181,9 @@ async fn serve_http(port: u16) -> std::io::Result<()> {
             let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
                 let mcp = mcp.clone();
                 async move {
+                    // Each request's method and path on stderr: what a test
+                    // reads to see a session's end (`DELETE /mcp`).
+                    eprintln!("{} {}", req.method(), req.uri().path());
                     let response = if req.uri().path() == "/mcp" {
                         mcp.handle(req).await
                     } else {

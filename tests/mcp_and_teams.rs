@@ -15,10 +15,15 @@ struct HttpMcp(Child);
 
 impl HttpMcp {
     async fn start(port: u16) -> HttpMcp {
+        Self::start_logging(port, Stdio::null()).await
+    }
+
+    /// With the requests it gets (`METHOD /path` lines) written to `log`.
+    async fn start_logging(port: u16, log: impl Into<Stdio>) -> HttpMcp {
         let child = Command::new(demo_server())
             .args(["http", &port.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("the demo MCP server starts");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -179,6 +184,30 @@ async fn a_stdio_servers_env_and_output_cap_apply_to_its_calls() {
         results[1].ends_with("[truncated: output exceeded 100 bytes]") && results[1].len() < 200,
         "{}",
         results[1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_streamable_http_servers_session() {
+    let port = free_port();
+    let requests = scratch_dir().join("requests");
+    let _server = HttpMcp::start_logging(port, std::fs::File::create(&requests).unwrap()).await;
+    let upstream = FakeServer::start(|_, _| models()).await;
+    let yaml = format!(
+        "default_upstream: up\nupstreams: {{ up: {{ url: \"{}/v1\" }} }}\nmcp_servers:\n  web: {{ url: \"http://127.0.0.1:{port}/mcp\" }}\nagents:\n  a: {{ tools: [\"web/*\"] }}\n",
+        upstream.url()
+    );
+    let mut proxy = Proxy::start(&yaml).await;
+    wait_connected(&proxy, "web").await;
+    let seen = || std::fs::read_to_string(&requests).unwrap_or_default();
+    assert!(!seen().contains("DELETE"), "{}", seen());
+    proxy.signal("TERM");
+    assert!(proxy.wait_exit(Duration::from_secs(10)).await.is_some());
+    // The client's end of the session, as MCP's streamable HTTP asks.
+    assert!(
+        seen().lines().any(|line| line == "DELETE /mcp"),
+        "the session was deleted:\n{}",
+        seen()
     );
 }
 
