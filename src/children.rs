@@ -105,9 +105,13 @@ impl Group {
     /// closed: `grace` to end by itself, then SIGTERM and `grace` again,
     /// then SIGKILL (as it drops).
     pub async fn end(self, grace: Duration) {
-        if self.ended_within(grace).await {
-            return;
+        if !self.ended_within(grace).await {
+            self.terminate(grace).await;
         }
+    }
+
+    /// SIGTERM, `grace` to end, then SIGKILL (as it drops).
+    pub async fn terminate(self, grace: Duration) {
         signal_group(self.0, libc::SIGTERM);
         self.ended_within(grace).await;
     }

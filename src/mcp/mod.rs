@@ -290,13 +290,19 @@ impl Link {
             // A stdio server's process group, from its start on: one still
             // starting is ended as a connected one is.
             let starting = Mutex::new(None);
+            let mut opening = std::pin::pin!(tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                self.open(&starting)
+            ));
             let opened = tokio::select! {
-                opened = tokio::time::timeout(CONNECT_TIMEOUT, self.open(&starting)) => opened,
+                opened = &mut opening => opened,
                 _ = alive.changed() => {
-                    // Its pipes closed (the handshake dropped) first.
+                    // Told to end with its pipes still open: a server still
+                    // starting writes to them, and one closed under it
+                    // fails loudly (Node's `EPIPE` trace).
                     let group = lock(&starting).take();
                     if let Some(group) = group {
-                        group.end(CLOSE_GRACE).await;
+                        group.terminate(CLOSE_GRACE).await;
                     }
                     return;
                 }
