@@ -288,12 +288,10 @@ impl Link {
         // Once the process exits, a server that ends is not started again.
         while !crate::children::exiting() {
             // A stdio server's process group, from its start on: one still
-            // starting is ended as a connected one is.
+            // starting is ended too.
             let starting = Mutex::new(None);
-            let mut opening = std::pin::pin!(tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                self.open(&starting)
-            ));
+            let mut opening =
+                std::pin::pin!(tokio::time::timeout(CONNECT_TIMEOUT, self.open(&starting)));
             let opened = tokio::select! {
                 opened = &mut opening => opened,
                 _ = alive.changed() => {
