@@ -185,7 +185,7 @@ fn main() -> ExitCode {
         "config reload",
         Reloader::new(config_path, config.clone(), poll),
     ));
-    server.add_service(background_service("drain", Drain::new(config.clone())));
+    server.add_service(background_service("drain", Drain::new(config)));
     server.add_service(background_service("reaper", Reaper));
     server.run_forever()
 }

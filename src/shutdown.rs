@@ -42,9 +42,9 @@ impl Drop for InFlight {
 }
 
 /// What the MCP connections get to close once the requests are done: a
-/// connection's own shutdown takes two seconds at most
-/// ([`McpServer::close`]); what is left, the exit ends.
-const MCP_CLOSE_LIMIT: Duration = Duration::from_secs(3);
+/// connection's own shutdown takes three seconds at most, a second for each
+/// step ([`McpServer::close`]); what is left, the exit ends.
+const MCP_CLOSE_LIMIT: Duration = Duration::from_millis(3500);
 
 pub struct Drain {
     config: Arc<ArcSwap<Config>>,

@@ -204,11 +204,11 @@ async fn sigterm_ends_a_streamable_http_servers_session() {
     proxy.signal("TERM");
     assert!(proxy.wait_exit(Duration::from_secs(10)).await.is_some());
     // The client's end of the session, as MCP's streamable HTTP asks.
-    assert!(
-        seen().lines().any(|line| line == "DELETE /mcp"),
-        "the session was deleted:\n{}",
-        seen()
-    );
+    let deleted = wait_until(Duration::from_secs(5), || {
+        std::future::ready(seen().lines().any(|line| line == "DELETE /mcp"))
+    })
+    .await;
+    assert!(deleted, "the session was deleted:\n{}", seen());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

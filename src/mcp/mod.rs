@@ -17,7 +17,6 @@ mod supervisor;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,8 +42,9 @@ pub const SEPARATOR: &str = "__";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// What a server dropped from the config gets to end once its stdin is
-/// closed, and then once sent SIGTERM, before it is killed.
+/// What a closing server (dropped from the config, or at the end of a
+/// drain) gets to end once its stdin is closed, and then once sent SIGTERM,
+/// before it is killed.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 type Client = RunningService<RoleClient, ()>;
@@ -88,8 +88,9 @@ pub struct McpServer {
     timeout: Duration,
     max_output_bytes: usize,
     link: Arc<Link>,
-    /// Whether its connection task was started.
-    started: AtomicBool,
+    /// The connection task's end of `alive`, until the task is started:
+    /// made with the server, so a close sent before the start is seen.
+    closing: Mutex<Option<watch::Receiver<()>>>,
     /// The connection task, for [`McpServer::close`] to wait for.
     task: Mutex<Option<JoinHandle<()>>>,
     /// Sent to by [`McpServer::close`], or dropped with the server: either
@@ -147,6 +148,7 @@ impl McpServer {
             }
             _ => return Err("give either `command` (a non-empty argv) or `url`".into()),
         };
+        let alive = watch::Sender::new(());
         Ok(McpServer {
             spec: file.clone(),
             timeout: Duration::from_millis(file.timeout_ms),
@@ -161,9 +163,9 @@ impl McpServer {
                     status: "connecting".into(),
                 }),
             }),
-            started: AtomicBool::new(false),
+            closing: Mutex::new(Some(alive.subscribe())),
             task: Mutex::new(None),
-            alive: watch::Sender::new(()),
+            alive,
         })
     }
 
@@ -184,9 +186,10 @@ impl McpServer {
     /// (called by the supervisor for each server of the current config;
     /// once per server).
     fn start(&self) {
-        if !self.started.swap(true, Ordering::SeqCst) {
-            let task = tokio::spawn(self.link.clone().run(self.alive.subscribe()));
-            *lock(&self.task) = Some(task);
+        // Under the task's lock: `close` finds the task it started, or none.
+        let mut task = lock(&self.task);
+        if let Some(closing) = lock(&self.closing).take() {
+            *task = Some(tokio::spawn(self.link.clone().run(closing)));
         }
     }
 
@@ -280,32 +283,38 @@ impl Link {
 
     /// Connects, waits for the connection to end (the server quit or a
     /// call found it broken), and connects again, with a backoff that
-    /// doubles per failed attempt; until the server is dropped (`alive`
-    /// closes), which closes the connection and ends the server, or the
-    /// process exits, which ends it ([`crate::children`]).
+    /// doubles per failed attempt; until [`McpServer::close`] sends on
+    /// `alive` or the server is dropped (which closes it), either of which
+    /// closes the connection and ends the server, or the process exits,
+    /// which ends it ([`crate::children`]).
     async fn run(self: Arc<Self>, mut alive: watch::Receiver<()>) {
         let mut backoff = FIRST_BACKOFF;
         // Once the process exits, a server that ends is not started again.
         while !crate::children::exiting() {
             // A stdio server's process group, from its start on: one still
-            // starting is ended too.
-            let starting = Mutex::new(None);
-            let mut opening =
-                std::pin::pin!(tokio::time::timeout(CONNECT_TIMEOUT, self.open(&starting)));
-            let opened = tokio::select! {
-                opened = &mut opening => opened,
-                _ = alive.changed() => {
-                    // Told to end with its pipes still open: a server still
-                    // starting writes to them, and one closed under it
-                    // fails loudly (Node's `EPIPE` trace).
-                    let group = lock(&starting).take();
-                    if let Some(group) = group {
-                        group.terminate(CLOSE_GRACE).await;
+            // starting is ended too. The attempt (and its pipes) is gone by
+            // the `match`: a server that failed is killed with its group
+            // there, not after the backoff.
+            let (opened, group) = {
+                let starting = Mutex::new(None);
+                let mut opening =
+                    std::pin::pin!(tokio::time::timeout(CONNECT_TIMEOUT, self.open(&starting)));
+                let opened = tokio::select! {
+                    opened = &mut opening => opened,
+                    _ = alive.changed() => {
+                        // Told to end with its pipes still open: a server
+                        // still starting writes to them, and one closed
+                        // under it fails loudly (Node's `EPIPE` trace).
+                        let group = lock(&starting).take();
+                        if let Some(group) = group {
+                            group.terminate(CLOSE_GRACE).await;
+                        }
+                        return;
                     }
-                    return;
-                }
+                };
+                let group = lock(&starting).take();
+                (opened, group)
             };
-            let group = lock(&starting).take();
             match opened {
                 Ok(Ok((client, tools))) => {
                     info!(server = %self.name, tools = tools.len(), "MCP server connected");
@@ -338,8 +347,14 @@ impl Link {
                     }
                 }
                 Ok(Err(_)) if crate::children::exiting() => return,
-                Ok(Err(e)) => self.unavailable(&e, backoff),
-                Err(_) => self.unavailable("timed out connecting", backoff),
+                Ok(Err(e)) => {
+                    drop(group);
+                    self.unavailable(&e, backoff);
+                }
+                Err(_) => {
+                    drop(group);
+                    self.unavailable("timed out connecting", backoff);
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}

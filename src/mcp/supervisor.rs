@@ -26,8 +26,9 @@ impl McpSupervisor {
 impl BackgroundService for McpSupervisor {
     /// Runs until the process exits, holding the config: at shutdown the
     /// other services let go of theirs, and the last to go would drop the
-    /// servers. They stay connected for the requests still draining, and
-    /// the exit ends them ([`crate::children`]).
+    /// servers. They stay connected for the requests still draining; the
+    /// drain then closes them ([`crate::shutdown`]), and the exit ends what
+    /// is left ([`crate::children`]).
     async fn start(&self, _shutdown: ShutdownWatch) {
         loop {
             let config = self.config.load_full();
