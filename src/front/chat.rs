@@ -4,7 +4,6 @@
 //! `chat.completion`, whatever number of rounds the loop took.
 
 use std::borrow::Cow;
-use std::cell::OnceCell;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -23,7 +22,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
-use crate::json::cut::Cut;
+use crate::json::cut::Lazy;
 use crate::json::scan::Built;
 use crate::openai;
 use crate::sse;
@@ -478,8 +477,8 @@ pub struct ChatEncoder {
     /// A streamed text's chunk, cut around its text (`json::cut`) as the
     /// first one is written: content's, and reasoning's where one member
     /// carries it.
-    content_chunk: OnceCell<Option<Cut>>,
-    reasoning_chunk: OnceCell<Option<Cut>>,
+    content_chunk: Lazy,
+    reasoning_chunk: Lazy,
 }
 
 /// `data: {"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":`
@@ -515,25 +514,21 @@ impl ChatEncoder {
             content: String::new(),
             reasoning: String::new(),
             tool_calls: Vec::new(),
-            content_chunk: OnceCell::new(),
-            reasoning_chunk: OnceCell::new(),
+            content_chunk: Lazy::default(),
+            reasoning_chunk: Lazy::default(),
         }
     }
 
-    /// A text's chunk: cut (once), else written member by member.
+    /// A text's chunk: by its cut, else written member by member.
     fn text_chunk(
         &self,
-        cut: &OnceCell<Option<Cut>>,
+        cut: &Lazy,
         delta: for<'t> fn(&Self, &'t str) -> openai::DeltaOut<'t>,
         text: &str,
         out: &mut Vec<u8>,
     ) {
-        let cut =
-            cut.get_or_init(|| Cut::of(|_, text, out| self.chunk(delta(self, text), None, out)));
-        match cut {
-            Some(cut) => cut.write(0, text, out),
-            None => self.chunk(delta(self, text), None, out),
-        }
+        let writer = |_, text: &str, out: &mut Vec<u8>| self.chunk(delta(self, text), None, out);
+        cut.write(writer, 0, text, out);
     }
 
     fn content_delta<'t>(&self, text: &'t str) -> openai::DeltaOut<'t> {
@@ -1090,8 +1085,8 @@ mod tests {
                 }
             }
             // Cut as the first was written; reasoning in two members is not.
-            assert!(matches!(encoder.content_chunk.get(), Some(Some(_))));
-            let reasoning_cut = matches!(encoder.reasoning_chunk.get(), Some(Some(_)));
+            assert!(encoder.content_chunk.is_cut());
+            let reasoning_cut = encoder.reasoning_chunk.is_cut();
             assert_eq!(reasoning_cut, field != ReasoningField::Both);
         }
     }

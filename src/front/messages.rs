@@ -9,7 +9,6 @@
 //! comes back as that reasoning's encrypted content.
 
 use std::borrow::Cow;
-use std::cell::OnceCell;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -30,7 +29,7 @@ use crate::conversation::{
 };
 use crate::error::ApiError;
 use crate::json;
-use crate::json::cut::Cut;
+use crate::json::cut::Lazy;
 use crate::json::scan::Built;
 
 /// Anthropic's keep-alive event: what a silent stream gets instead of an SSE
@@ -664,8 +663,8 @@ pub struct MessagesEncoder {
     ended: bool,
     /// A stream's text and thinking deltas, cut around their block's index
     /// and text (`json::cut`) as the first is written.
-    text_delta: OnceCell<Option<Cut>>,
-    thinking_delta: OnceCell<Option<Cut>>,
+    text_delta: Lazy,
+    thinking_delta: Lazy,
 }
 
 impl MessagesEncoder {
@@ -681,8 +680,8 @@ impl MessagesEncoder {
             started: 0,
             content: Vec::new(),
             ended: false,
-            text_delta: OnceCell::new(),
-            thinking_delta: OnceCell::new(),
+            text_delta: Lazy::default(),
+            thinking_delta: Lazy::default(),
         }
     }
 
@@ -729,13 +728,10 @@ impl MessagesEncoder {
                 Open::Thinking => &self.thinking_delta,
                 Open::Text => &self.text_delta,
             };
-            let cut = cut.get_or_init(|| {
-                Cut::of(|index, piece, out| delta_event(kind, index as usize, piece, out))
-            });
-            match cut {
-                Some(cut) => cut.write(index as u64, piece, out),
-                None => delta_event(kind, index, piece, out),
-            }
+            let writer = |index, piece: &str, out: &mut Vec<u8>| {
+                delta_event(kind, index as usize, piece, out)
+            };
+            cut.write(writer, index as u64, piece, out);
             return;
         }
         if let Some(Block::Thinking { thinking: all, .. } | Block::Text { text: all }) =
@@ -1247,8 +1243,8 @@ mod tests {
                 );
             }
         }
-        assert!(matches!(enc.text_delta.get(), Some(Some(_))));
-        assert!(matches!(enc.thinking_delta.get(), Some(Some(_))));
+        assert!(enc.text_delta.is_cut());
+        assert!(enc.thinking_delta.is_cut());
     }
 
     /// The body of a captured request (`{method, path, headers, body}`).

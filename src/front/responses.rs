@@ -30,7 +30,7 @@ use crate::conversation::{
 use crate::error::ApiError;
 use crate::front::Encoder;
 use crate::json;
-use crate::json::cut::Cut;
+use crate::json::cut::Lazy;
 use crate::json::scan::Built;
 
 /// Between a namespace and a function name in a flattened tool name.
@@ -903,14 +903,13 @@ struct Sink {
     delta: Option<DeltaCut>,
 }
 
-/// What a text delta event is cut for, and its cut (`None`: the writer
-/// gave none).
+/// What a text delta event is cut for, and its cut.
 struct DeltaCut {
     kind: &'static str,
     item_id: String,
     output_index: usize,
     logprobs: bool,
-    cut: Option<Cut>,
+    cut: Lazy,
 }
 
 impl Sink {
@@ -969,15 +968,12 @@ impl Sink {
                     item_id: item_id.to_owned(),
                     output_index,
                     logprobs,
-                    cut: Cut::of(write),
+                    cut: Lazy::default(),
                 };
                 &self.delta.insert(cut).cut
             }
         };
-        match cut {
-            Some(cut) => cut.write(self.sequence, delta, out),
-            None => write(self.sequence, delta, out),
-        }
+        cut.write(write, self.sequence, delta, out);
         self.sequence += 1;
     }
 
@@ -2087,7 +2083,7 @@ mod tests {
             assert!(sink
                 .delta
                 .as_ref()
-                .is_some_and(|d| d.cut.is_some() && d.item_id == item));
+                .is_some_and(|d| d.cut.is_cut() && d.item_id == item));
         }
         assert_eq!(sink.sequence, 9);
     }

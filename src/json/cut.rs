@@ -13,7 +13,36 @@
 //! number in digits and its text with [`json::write`](super::write), as the
 //! cut does, whatever the number and the text.
 
+use std::cell::OnceCell;
+
 use super::write;
+
+/// A writer's [`Cut`], made as it is first written with: what a stream
+/// keeps for each kind of event it writes per token.
+#[derive(Default)]
+pub struct Lazy(OnceCell<Option<Cut>>);
+
+impl Lazy {
+    /// What `writer` writes for `number` and `text`: by the cut, made from
+    /// `writer` on the first call, or by `writer` where it has none.
+    pub fn write(
+        &self,
+        writer: impl Fn(u64, &str, &mut Vec<u8>),
+        number: u64,
+        text: &str,
+        out: &mut Vec<u8>,
+    ) {
+        match self.0.get_or_init(|| Cut::of(&writer)) {
+            Some(cut) => cut.write(number, text, out),
+            None => writer(number, text, out),
+        }
+    }
+
+    /// Whether it was made, and cut.
+    pub fn is_cut(&self) -> bool {
+        matches!(self.0.get(), Some(Some(_)))
+    }
+}
 
 pub struct Cut {
     /// The render of number 0 and text `""`.
