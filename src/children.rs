@@ -17,7 +17,7 @@
 //! as zombies for the pod's life.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, Once, PoisonError};
+use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -26,6 +26,8 @@ use pingora::server::{ExecutionPhase, ShutdownWatch};
 use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::broadcast::{self, error::TryRecvError};
+
+use crate::sync::lock;
 
 /// What the groups left at exit get between SIGTERM and SIGKILL.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
@@ -148,11 +150,6 @@ fn signal_group(id: pid_t, signal: libc::c_int) {
     // SAFETY: killpg has no memory-safety preconditions; the group was
     // created for our child by `process_group(0)`, so its id is ours.
     unsafe { libc::killpg(id, signal) };
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain data: a poisoned lock still holds a usable value.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Ends the groups still held: SIGTERM, then SIGKILL for what is left

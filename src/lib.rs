@@ -34,6 +34,7 @@ pub mod shutdown;
 pub mod socket;
 pub mod sse;
 pub mod store;
+pub mod sync;
 pub mod tools;
 pub mod upstream;
 

@@ -35,6 +35,7 @@ pub use supervisor::McpSupervisor;
 use crate::children::Group;
 use crate::config::file::McpServerFile;
 use crate::conversation::FunctionTool;
+use crate::sync::lock;
 use crate::tools::{capped_text, CallContext, Injection, Outcome};
 
 /// Separates the server from the tool in the function names models see.
@@ -430,11 +431,6 @@ impl Link {
             .collect();
         Ok((client, tools))
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain data: a poisoned lock still holds a usable value.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How a non-text content block reaches the model.

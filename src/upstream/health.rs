@@ -20,6 +20,7 @@ use tracing::warn;
 
 use super::Upstream;
 use crate::config::Config;
+use crate::sync::lock;
 
 /// Name lookup, connect and TLS of the start-up check together.
 const STARTUP_WAIT: Duration = Duration::from_secs(10);
@@ -132,11 +133,6 @@ impl Upstream {
             None => None,
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain timestamps: a poisoned lock still holds a usable value.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub struct HealthChecks {
