@@ -315,12 +315,14 @@ fn put(db: &Connection, record: &Record) -> rusqlite::Result<()> {
 /// the table. Rows the TTL's change left behind newer ones that expired
 /// sooner wait for the older ones (reads skip them meanwhile).
 fn purge(db: &Connection, now: u64, most: i64) -> rusqlite::Result<usize> {
-    db.prepare_cached(
-        "DELETE FROM responses WHERE expires_at <= ?1
-         AND rowid IN (SELECT rowid FROM responses ORDER BY rowid LIMIT ?2)",
-    )?
-    .execute(params![to_sql(now), most])
+    db.prepare_cached(PURGE)?
+        .execute(params![to_sql(now), most])
 }
+
+/// SQLite looks the listed rows up by `rowid`, and lists them by reading
+/// the table in `rowid` order until it has `most`.
+const PURGE: &str = "DELETE FROM responses WHERE expires_at <= ?1
+    AND rowid IN (SELECT rowid FROM responses ORDER BY rowid LIMIT ?2)";
 
 fn get(db: &Connection, id: &str) -> rusqlite::Result<Option<Record>> {
     db.prepare_cached(
@@ -505,6 +507,17 @@ mod tests {
         assert_eq!(ids(&db), ["e", "c"]);
         assert_eq!(purge(&db, now, 10).unwrap(), 2);
         assert!(ids(&db).is_empty());
+        // Bounded however large the table: no scan of it for the expiry.
+        let mut explain = db.prepare(&format!("EXPLAIN QUERY PLAN {PURGE}")).unwrap();
+        let plan: Vec<String> = explain
+            .query_map(params![0, 1], |row| row.get(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan[0].starts_with("SEARCH responses USING INTEGER PRIMARY KEY"),
+            "{plan:?}"
+        );
     }
 
     /// Each batch of writes deletes up to two expired rows per write, and
