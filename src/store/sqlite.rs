@@ -18,16 +18,21 @@ use tokio::sync::{mpsc, oneshot};
 use super::{unix_now, Backend, Done, Note, Record, StoreError};
 use std::sync::Arc;
 
-/// Expired rows go oldest first, a few with each batch of writes: at most
-/// this many per answer written, so deleting keeps pace with writing and
-/// no purge stalls the thread's reads. Rows are kept in the order they are
-/// written (`rowid`), and every answer of a store has the same TTL, so the
-/// oldest rows expire first. With no index on `expires_at`, an answer's
-/// write costs the thread 13% fewer instructions (one B-tree less to
-/// insert into, fewer pages to write at the commit).
+/// Expired rows go oldest first, with the batches of writes: rows are kept
+/// in the order they are written (`rowid`), and a store's answers share
+/// one TTL, so the oldest expire first. A purge deletes the expired among
+/// the oldest rows, twice as many as the batch wrote (at least
+/// [`PURGE_LEAST`]): deleting keeps pace with writing, and no purge holds
+/// up the thread's reads for long. Without an index on `expires_at`, an
+/// answer's write costs the thread 13% fewer instructions (one B-tree less
+/// to insert into, fewer pages to write at the commit).
 const PURGE_PER_WRITE: i64 = 2;
-/// After a purge that found fewer expired rows than it might delete, the
-/// next waits this long.
+/// Rows a purge looks at however few the batch wrote: a burst's answers
+/// go at about this many a write once they expire, under a lighter load.
+const PURGE_LEAST: i64 = 512;
+/// Rows a sweep looks at, past the last one it looked at (see [`Purge`]).
+const SWEEP: i64 = 10_000;
+/// Once the oldest rows are not expired, the next purge waits this long.
 const PURGE_IDLE_SECONDS: u64 = 60;
 /// Calls waiting for the thread; a caller beyond it waits its turn.
 const QUEUE: usize = 1024;
@@ -120,7 +125,7 @@ impl Sqlite {
 /// [`BATCH`]) in one transaction.
 fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>, awaited: &AtomicBool) {
     let mut connection: Option<Connection> = None;
-    let mut next_purge = 0;
+    let mut purge = Purge::default();
     let mut batch = Vec::with_capacity(BATCH);
     while let Some(first) = queue.blocking_recv() {
         // Writes wait a moment for company: one commit then serves many
@@ -146,7 +151,7 @@ fn serve(path: PathBuf, mut queue: mpsc::Receiver<Call>, awaited: &AtomicBool) {
                 }
             },
         };
-        serve_batch(db, &mut batch, &mut next_purge);
+        serve_batch(db, &mut batch, &mut purge);
     }
 }
 
@@ -169,7 +174,7 @@ fn linger(awaited: &AtomicBool, queue: &mpsc::Receiver<Call>) {
 
 /// One transaction: each call's own statement result, unless the commit
 /// fails, which fails every write of the batch.
-fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, next_purge: &mut u64) {
+fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, purge: &mut Purge) {
     let transaction = match db.transaction() {
         Ok(transaction) => transaction,
         Err(e) => {
@@ -198,18 +203,11 @@ fn serve_batch(db: &mut Connection, batch: &mut Vec<Call>, next_purge: &mut u64)
             }
         }
     }
-    let now = unix_now();
-    if !writes.is_empty() && now >= *next_purge {
-        let most = PURGE_PER_WRITE.saturating_mul(writes.len() as i64);
-        match purge(&transaction, now, most) {
-            // More may be due: the next batch purges too.
-            Ok(deleted) if deleted as i64 >= most => {}
-            Ok(_) => *next_purge = now + PURGE_IDLE_SECONDS,
-            Err(e) => {
-                tracing::warn!("sqlite store: purging expired responses: {e}");
-                *next_purge = now + PURGE_IDLE_SECONDS;
-            }
-        }
+    // A batch whose writes all failed (the file locked by another process,
+    // a full disk) leaves the purge for later.
+    let written = writes.iter().filter(|(result, _)| result.is_ok()).count();
+    if written > 0 {
+        purge.run(&transaction, unix_now(), written);
     }
     let committed = transaction.commit().map_err(sql_error);
     for (result, done) in writes {
@@ -252,7 +250,7 @@ fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
             input TEXT NOT NULL,
             response TEXT NOT NULL
         );
-        -- Made by earlier versions; purges go by rowid (see PURGE_PER_WRITE).
+        -- Made by earlier versions; purges go by rowid (see Purge).
         DROP INDEX IF EXISTS responses_expires_at;
         CREATE TABLE IF NOT EXISTS notes (
             id TEXT PRIMARY KEY,
@@ -310,19 +308,76 @@ fn put(db: &Connection, record: &Record) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// When and where expired rows are deleted. The oldest go first, with each
+/// batch while the oldest are expired. Once they are not, the purge waits
+/// [`PURGE_IDLE_SECONDS`], then sweeps on from where it last stopped, a
+/// stretch of [`SWEEP`] rows at a time, starting again from the oldest past
+/// the newest: after a reload lowers the TTL, newer rows expire before the
+/// older ones ahead of them, and are found there.
+#[derive(Default)]
+struct Purge {
+    /// Unix seconds before which no purge runs.
+    next: u64,
+    /// The last row the sweep looked at.
+    swept: i64,
+}
+
+impl Purge {
+    fn run(&mut self, db: &Connection, now: u64, written: usize) {
+        if now < self.next {
+            return;
+        }
+        let most = PURGE_PER_WRITE
+            .saturating_mul(written as i64)
+            .max(PURGE_LEAST);
+        let done = oldest(db, now, most).and_then(|deleted| {
+            if deleted as i64 >= most {
+                // More may be due: the next batch purges too.
+                return Ok(());
+            }
+            self.next = now + PURGE_IDLE_SECONDS;
+            self.swept = sweep(db, now, self.swept)?;
+            Ok(())
+        });
+        if let Err(e) = done {
+            tracing::warn!("sqlite store: purging expired responses: {e}");
+            self.next = now + PURGE_IDLE_SECONDS;
+        }
+    }
+}
+
 /// Deletes the expired among the `most` oldest rows: how many it deleted.
-/// Only the oldest are looked at, so a purge costs the same however large
-/// the table. Rows the TTL's change left behind newer ones that expired
-/// sooner wait for the older ones (reads skip them meanwhile).
-fn purge(db: &Connection, now: u64, most: i64) -> rusqlite::Result<usize> {
-    db.prepare_cached(PURGE)?
+/// Only those are looked at, so a purge costs the same however large the
+/// table.
+fn oldest(db: &Connection, now: u64, most: i64) -> rusqlite::Result<usize> {
+    db.prepare_cached(OLDEST)?
         .execute(params![to_sql(now), most])
 }
 
 /// SQLite looks the listed rows up by `rowid`, and lists them by reading
 /// the table in `rowid` order until it has `most`.
-const PURGE: &str = "DELETE FROM responses WHERE expires_at <= ?1
+const OLDEST: &str = "DELETE FROM responses WHERE expires_at <= ?1
     AND rowid IN (SELECT rowid FROM responses ORDER BY rowid LIMIT ?2)";
+
+/// Deletes the expired among the [`SWEEP`] rows past `after`: the last row
+/// looked at, or 0 past the newest (the next sweep starts again from the
+/// oldest).
+fn sweep(db: &Connection, now: u64, after: i64) -> rusqlite::Result<i64> {
+    let last: Option<i64> = db
+        .prepare_cached(SWEEP_END)?
+        .query_row(params![after, SWEEP], |row| row.get(0))?;
+    let Some(last) = last else {
+        return Ok(0);
+    };
+    db.prepare_cached(SWEEP_DELETE)?
+        .execute(params![to_sql(now), after, last])?;
+    Ok(last)
+}
+
+const SWEEP_END: &str = "SELECT max(rowid) FROM
+    (SELECT rowid FROM responses WHERE rowid > ?1 ORDER BY rowid LIMIT ?2)";
+const SWEEP_DELETE: &str =
+    "DELETE FROM responses WHERE expires_at <= ?1 AND rowid > ?2 AND rowid <= ?3";
 
 fn get(db: &Connection, id: &str) -> rusqlite::Result<Option<Record>> {
     db.prepare_cached(
@@ -466,12 +521,27 @@ mod tests {
         rows.map(Result::unwrap).collect()
     }
 
-    fn file(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("agent-proxy-sqlite-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        let _ = std::fs::remove_file(&path);
-        path
+    /// A store file in a directory of the test's own, gone with it.
+    struct File(PathBuf);
+
+    impl File {
+        fn new(test: &str) -> File {
+            let dir = std::env::temp_dir()
+                .join(format!("agent-proxy-sqlite-{}-{test}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            File(dir)
+        }
+
+        fn path(&self) -> PathBuf {
+            self.0.join("store.sqlite3")
+        }
+    }
+
+    impl Drop for File {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     /// A write into the batch, its outcome sent on `outcomes`.
@@ -485,83 +555,150 @@ mod tests {
         )
     }
 
+    fn plan(db: &Connection, statement: &str, params: impl rusqlite::Params) -> Vec<String> {
+        let mut explain = db
+            .prepare(&format!("EXPLAIN QUERY PLAN {statement}"))
+            .unwrap();
+        let rows = explain.query_map(params, |row| row.get(3)).unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
     /// The oldest rows go first, the expired among them only, a bounded
     /// number at a time.
     #[test]
     fn a_purge_deletes_the_expired_among_the_oldest_rows() {
-        let db = open(&file("purge.sqlite3")).unwrap();
+        let file = File::new("oldest");
+        let db = open(&file.path()).unwrap();
         let now = unix_now();
         for (id, expires_at) in [("a", now - 5), ("b", now), ("c", now + 60), ("d", now - 1)] {
             put(&db, &record(id, expires_at)).unwrap();
         }
-        assert_eq!(purge(&db, now, 1).unwrap(), 1);
+        assert_eq!(oldest(&db, now, 1).unwrap(), 1);
         assert_eq!(ids(&db), ["b", "c", "d"]);
         // Two looked at (b, c): the live one stays, and so does d behind it.
-        assert_eq!(purge(&db, now, 2).unwrap(), 1);
+        assert_eq!(oldest(&db, now, 2).unwrap(), 1);
         assert_eq!(ids(&db), ["c", "d"]);
-        assert_eq!(purge(&db, now, 10).unwrap(), 1);
+        assert_eq!(oldest(&db, now, 10).unwrap(), 1);
         assert_eq!(ids(&db), ["c"]);
         // Written again, a row goes to the back, to expire as it now says.
         put(&db, &record("e", now - 1)).unwrap();
         put(&db, &record("c", now - 1)).unwrap();
         assert_eq!(ids(&db), ["e", "c"]);
-        assert_eq!(purge(&db, now, 10).unwrap(), 2);
+        assert_eq!(oldest(&db, now, 10).unwrap(), 2);
         assert!(ids(&db).is_empty());
-        // Bounded however large the table: no scan of it for the expiry.
-        let mut explain = db.prepare(&format!("EXPLAIN QUERY PLAN {PURGE}")).unwrap();
-        let plan: Vec<String> = explain
-            .query_map(params![0, 1], |row| row.get(3))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        assert!(
-            plan[0].starts_with("SEARCH responses USING INTEGER PRIMARY KEY"),
-            "{plan:?}"
+    }
+
+    /// Every purge's statement goes by `rowid`: none reads the whole table
+    /// or sorts it, however large it is.
+    #[test]
+    fn purges_look_rows_up_by_rowid() {
+        let file = File::new("plans");
+        let db = open(&file.path()).unwrap();
+        assert_eq!(
+            plan(&db, OLDEST, params![0, 1]),
+            [
+                "SEARCH responses USING INTEGER PRIMARY KEY (rowid=?)",
+                "LIST SUBQUERY 1",
+                "SCAN responses"
+            ]
+        );
+        assert_eq!(
+            plan(&db, SWEEP_END, params![0, 1]),
+            [
+                "CO-ROUTINE (subquery-1)",
+                "SEARCH responses USING INTEGER PRIMARY KEY (rowid>?)",
+                "SEARCH (subquery-1)"
+            ]
+        );
+        assert_eq!(
+            plan(&db, SWEEP_DELETE, params![0, 0, 1]),
+            ["SEARCH responses USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)"]
         );
     }
 
-    /// Each batch of writes deletes up to two expired rows per write, and
-    /// purges again at the next batch while it found as many as it might
-    /// delete; once it finds fewer, it waits.
+    /// A backlog goes [`PURGE_LEAST`] rows a batch (at least), and the
+    /// purge runs again at the next batch while it deleted as many as it
+    /// might; once it finds fewer, it waits.
     #[test]
     fn batches_purge_as_they_write_until_nothing_is_due() {
-        let mut db = open(&file("batches.sqlite3")).unwrap();
+        let file = File::new("batches");
+        let mut db = open(&file.path()).unwrap();
         let now = unix_now();
-        for id in ["old1", "old2", "old3"] {
-            put(&db, &record(id, now - 1)).unwrap();
+        let backlog = PURGE_LEAST as usize + 8;
+        let writing = db.transaction().unwrap();
+        for n in 0..backlog {
+            put(&writing, &record(&format!("old{n}"), now - 1)).unwrap();
         }
+        writing.commit().unwrap();
         let (outcomes, written) = std::sync::mpsc::channel();
-        let mut next_purge = 0;
+        let mut purge = Purge::default();
         let mut batch = vec![put_call(record("new1", now + 60), &outcomes)];
-        serve_batch(&mut db, &mut batch, &mut next_purge);
+        serve_batch(&mut db, &mut batch, &mut purge);
         assert!(written.recv().unwrap());
-        assert_eq!(ids(&db), ["old3", "new1"]);
-        assert_eq!(next_purge, 0, "two deleted of two allowed: more may be due");
+        assert_eq!(ids(&db).len(), 8 + 1);
+        assert_eq!(purge.next, 0, "as many deleted as allowed: more may be due");
         let mut batch = vec![put_call(record("new2", now + 60), &outcomes)];
-        serve_batch(&mut db, &mut batch, &mut next_purge);
+        serve_batch(&mut db, &mut batch, &mut purge);
         assert!(written.recv().unwrap());
         assert_eq!(ids(&db), ["new1", "new2"]);
-        assert!(next_purge >= now + PURGE_IDLE_SECONDS);
+        assert!(purge.next >= now + PURGE_IDLE_SECONDS);
         // Not due: an expired row written meanwhile stays for now.
-        put(&db, &record("old4", now - 1)).unwrap();
+        put(&db, &record("old", now - 1)).unwrap();
         let mut batch = vec![put_call(record("new3", now + 60), &outcomes)];
-        serve_batch(&mut db, &mut batch, &mut next_purge);
+        serve_batch(&mut db, &mut batch, &mut purge);
         assert!(written.recv().unwrap());
-        assert_eq!(ids(&db), ["new1", "new2", "old4", "new3"]);
+        assert_eq!(ids(&db), ["new1", "new2", "old", "new3"]);
+    }
+
+    /// After a reload lowers the TTL, newer rows expire before the older
+    /// ones ahead of them: the sweep finds them, a stretch at a time, and
+    /// starts again from the oldest past the newest.
+    #[test]
+    fn a_sweep_finds_what_expired_behind_longer_lived_rows() {
+        let file = File::new("sweep");
+        let mut db = open(&file.path()).unwrap();
+        let now = unix_now();
+        // More long-lived rows than the oldest rows a purge looks at.
+        let long = PURGE_LEAST as usize;
+        let writing = db.transaction().unwrap();
+        for n in 0..long {
+            put(&writing, &record(&format!("long{n}"), now + 60)).unwrap();
+        }
+        put(&writing, &record("short1", now - 1)).unwrap();
+        put(&writing, &record("short2", now - 1)).unwrap();
+        writing.commit().unwrap();
+        let mut purge = Purge::default();
+        purge.run(&db, now, 1);
+        assert_eq!(ids(&db).len(), long);
+        assert!(purge.next >= now + PURGE_IDLE_SECONDS);
+        assert_eq!(
+            purge.swept,
+            long as i64 + 2,
+            "looked at up to the newest row"
+        );
+        // A row written now takes the rowid after the newest left (a
+        // deleted one's): the next sweep finds nothing past where the last
+        // stopped, and the one after starts again from the oldest.
+        put(&db, &record("short3", now - 1)).unwrap();
+        assert_eq!(sweep(&db, now, purge.swept).unwrap(), 0);
+        assert_eq!(ids(&db).len(), long + 1);
+        assert_eq!(sweep(&db, now, 0).unwrap(), long as i64 + 1);
+        assert_eq!(ids(&db).len(), long);
+        assert!(ids(&db).iter().all(|id| id.starts_with("long")));
     }
 
     /// A file an earlier version made loses its `expires_at` index, which
     /// every write paid for; its rows stay.
     #[test]
     fn an_earlier_versions_expiry_index_is_dropped() {
-        let path = file("earlier.sqlite3");
+        let file = File::new("earlier");
         {
-            let db = open(&path).unwrap();
+            let db = open(&file.path()).unwrap();
             put(&db, &record("kept", unix_now() + 60)).unwrap();
             db.execute_batch("CREATE INDEX responses_expires_at ON responses (expires_at)")
                 .unwrap();
         }
-        let db = open(&path).unwrap();
+        let db = open(&file.path()).unwrap();
         let indexes: i64 = db
             .query_row(
                 "SELECT count(*) FROM sqlite_master WHERE name = 'responses_expires_at'",
