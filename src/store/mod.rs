@@ -384,7 +384,8 @@ pub fn tenant_of(key: Option<&crate::config::ApiKey>) -> String {
 mod tests {
     use super::*;
 
-    fn record(id: &str, tenant: &str, expires_at: u64) -> Record {
+    /// A record as the stores' tests keep: `{"id":…}` its response.
+    pub(super) fn record(id: &str, tenant: &str, expires_at: u64) -> Record {
         Record {
             id: id.into(),
             tenant: tenant.into(),

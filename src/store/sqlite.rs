@@ -27,8 +27,8 @@ use std::sync::Arc;
 /// answer's write costs the thread 13% fewer instructions (one B-tree less
 /// to insert into, fewer pages to write at the commit).
 const PURGE_PER_WRITE: i64 = 2;
-/// Rows a purge looks at however few the batch wrote: a burst's answers
-/// go at about this many a write once they expire, under a lighter load.
+/// Rows a purge looks at however few the batch wrote: once a burst's
+/// answers expire, a lighter load's batches delete this many each.
 const PURGE_LEAST: i64 = 512;
 /// Rows a sweep looks at, past the last one it looked at (see [`Purge`]).
 const SWEEP: i64 = 10_000;
@@ -500,17 +500,7 @@ mod tests {
     use super::*;
 
     fn record(id: &str, expires_at: u64) -> Record {
-        Record {
-            id: id.into(),
-            tenant: "name:alice".into(),
-            agent: "weather".into(),
-            previous: None,
-            status: "completed".into(),
-            created_at: 1,
-            expires_at,
-            input: "[]".into(),
-            response: "{}".into(),
-        }
+        crate::store::tests::record(id, "name:alice", expires_at)
     }
 
     fn ids(db: &Connection) -> Vec<String> {
