@@ -50,6 +50,15 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 type Client = RunningService<RoleClient, ()>;
 
+/// A server's connection task: waiting to be started with its end of
+/// `alive` (made with the server, so a close sent before the start is
+/// seen), running, or done with.
+enum Task {
+    Waiting(watch::Receiver<()>),
+    Running(JoinHandle<()>),
+    Done,
+}
+
 enum Transport {
     Stdio {
         argv: Vec<String>,
@@ -89,11 +98,9 @@ pub struct McpServer {
     timeout: Duration,
     max_output_bytes: usize,
     link: Arc<Link>,
-    /// The connection task's end of `alive`, until the task is started:
-    /// made with the server, so a close sent before the start is seen.
-    closing: Mutex<Option<watch::Receiver<()>>>,
-    /// The connection task, for [`McpServer::close`] to wait for.
-    task: Mutex<Option<JoinHandle<()>>>,
+    /// The connection task, started once, for [`McpServer::close`] to wait
+    /// for.
+    task: Mutex<Task>,
     /// Sent to by [`McpServer::close`], or dropped with the server: either
     /// ends its connection task, which closes the connection (and ends a
     /// stdio server's process).
@@ -164,8 +171,7 @@ impl McpServer {
                     status: "connecting".into(),
                 }),
             }),
-            closing: Mutex::new(Some(alive.subscribe())),
-            task: Mutex::new(None),
+            task: Mutex::new(Task::Waiting(alive.subscribe())),
             alive,
         })
     }
@@ -187,10 +193,9 @@ impl McpServer {
     /// (called by the supervisor for each server of the current config;
     /// once per server).
     fn start(&self) {
-        // Under the task's lock: `close` finds the task it started, or none.
         let mut task = lock(&self.task);
-        if let Some(closing) = lock(&self.closing).take() {
-            *task = Some(tokio::spawn(self.link.clone().run(closing)));
+        if let Task::Waiting(alive) = std::mem::replace(&mut *task, Task::Done) {
+            *task = Task::Running(tokio::spawn(self.link.clone().run(alive)));
         }
     }
 
@@ -200,8 +205,8 @@ impl McpServer {
     /// before anything signals it.
     pub async fn close(&self) {
         self.alive.send_replace(());
-        let task = lock(&self.task).take();
-        if let Some(task) = task {
+        let task = std::mem::replace(&mut *lock(&self.task), Task::Done);
+        if let Task::Running(task) = task {
             let _ = task.await;
         }
     }
@@ -301,7 +306,9 @@ impl Link {
                 let mut opening =
                     std::pin::pin!(tokio::time::timeout(CONNECT_TIMEOUT, self.open(&starting)));
                 let opened = tokio::select! {
-                    opened = &mut opening => opened,
+                    opened = &mut opening => {
+                        opened.unwrap_or_else(|_| Err("timed out connecting".into()))
+                    }
                     _ = alive.changed() => {
                         // Told to end with its pipes still open: a server
                         // still starting writes to them, and one closed
@@ -317,7 +324,7 @@ impl Link {
                 (opened, group)
             };
             match opened {
-                Ok(Ok((client, tools))) => {
+                Ok((client, tools)) => {
                     info!(server = %self.name, tools = tools.len(), "MCP server connected");
                     *self.state() = State {
                         status: format!("connected ({} tools)", tools.len()),
@@ -347,14 +354,11 @@ impl Link {
                         }
                     }
                 }
-                Ok(Err(_)) if crate::children::exiting() => return,
-                Ok(Err(e)) => {
+                Err(_) if crate::children::exiting() => return,
+                Err(e) => {
+                    // A server that failed ends now, not after the backoff.
                     drop(group);
                     self.unavailable(&e, backoff);
-                }
-                Err(_) => {
-                    drop(group);
-                    self.unavailable("timed out connecting", backoff);
                 }
             }
             tokio::select! {
