@@ -228,11 +228,15 @@ impl<'s> Client<'s> {
 /// answer as a tool result.
 pub trait Downstream: Send {
     fn header_sent(&self) -> bool;
-    /// Runs `work` unless the client goes away first.
+    /// Runs `work` unless the client goes away first (by default, a
+    /// downstream that cannot go away: `work` alone).
     fn wait<F>(&mut self, work: F) -> impl Future<Output = Result<F::Output, Gone>> + Send
     where
         F: Future + Send,
-        F::Output: Send;
+        F::Output: Send,
+    {
+        async { Ok(work.await) }
+    }
     fn start_event_stream(&mut self) -> impl Future<Output = Result<(), Gone>> + Send;
     fn write(&mut self, bytes: Bytes) -> impl Future<Output = Result<(), Gone>> + Send;
     /// Opens an event stream with its first bytes, in one write where it can.
@@ -301,14 +305,6 @@ pub struct Headless;
 impl Downstream for Headless {
     fn header_sent(&self) -> bool {
         false
-    }
-
-    async fn wait<F>(&mut self, work: F) -> Result<F::Output, Gone>
-    where
-        F: Future + Send,
-        F::Output: Send,
-    {
-        Ok(work.await)
     }
 
     async fn start_event_stream(&mut self) -> Result<(), Gone> {

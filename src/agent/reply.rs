@@ -446,13 +446,6 @@ mod tests {
         fn header_sent(&self) -> bool {
             self.header_sent
         }
-        async fn wait<F>(&mut self, work: F) -> Result<F::Output, Gone>
-        where
-            F: Future + Send,
-            F::Output: Send,
-        {
-            Ok(work.await)
-        }
         async fn start_event_stream(&mut self) -> Result<(), Gone> {
             self.header_sent = true;
             self.calls.push("head");

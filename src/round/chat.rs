@@ -356,6 +356,16 @@ pub fn finish_of(reason: &str) -> Finish {
     }
 }
 
+/// A chat tool call, whole or assembled from a stream's deltas, as the core's.
+fn core_call(call: crate::openai::ToolCall) -> ToolCall {
+    ToolCall {
+        id: call.id,
+        name: call.function.name,
+        arguments: call.function.arguments,
+        kind: CallKind::Function,
+    }
+}
+
 impl RoundDecoder for Decoder {
     fn event<'a>(&mut self, event: &'a sse::Event) -> Result<Step<'a>, DecodeError> {
         if event.is_done() {
@@ -411,16 +421,7 @@ impl RoundDecoder for Decoder {
             ));
         };
         let message = choice.message;
-        self.calls = message
-            .tool_calls
-            .into_iter()
-            .map(|call| ToolCall {
-                id: call.id,
-                name: call.function.name,
-                arguments: call.function.arguments,
-                kind: CallKind::Function,
-            })
-            .collect();
+        self.calls = message.tool_calls.into_iter().map(core_call).collect();
         self.finish = Some(
             choice
                 .finish_reason
@@ -449,12 +450,7 @@ impl RoundDecoder for Decoder {
             calls = std::mem::take(&mut self.assembler)
                 .finish()
                 .into_iter()
-                .map(|call| ToolCall {
-                    id: call.id,
-                    name: call.function.name,
-                    arguments: call.function.arguments,
-                    kind: CallKind::Function,
-                })
+                .map(core_call)
                 .collect();
         }
         // A tool result names its call by id: two calls sharing one (a
