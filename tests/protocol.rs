@@ -214,3 +214,49 @@ async fn an_early_error_reaches_a_client_still_sending_its_body() {
     assert_eq!(response.json()["type"], "error");
     assert_eq!(response.json()["error"]["type"], "authentication_error");
 }
+
+#[tokio::test]
+async fn an_http_1_0_client_gets_an_agent_s_whole_stream_before_the_close() {
+    let upstream = FakeServer::start(|_, _| {
+        Reply::events(vec![content("Hel"), content("lo"), finish("stop")])
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, "")).await;
+    let user = json!([{"role": "user", "content": "hi"}]);
+    for (path, body, last) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "a", "stream": true, "messages": user}),
+            "data: [DONE]",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "a", "stream": true, "max_tokens": 8, "messages": user}),
+            "event: message_stop",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "a", "stream": true, "store": false, "input": "hi"}),
+            "event: response.completed",
+        ),
+    ] {
+        // No chunks for HTTP/1.0: the close ends the body, and the last
+        // events (held to leave with a closing chunk) must go before it.
+        let body = body.to_string();
+        let request = format!(
+            "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let res = raw_request(proxy.port, request.as_bytes()).await;
+        assert_eq!(res.status, 200, "{path}: {}", res.text());
+        assert_eq!(res.header("transfer-encoding"), None, "{path}");
+        let text = res.text();
+        assert!(text.contains("lo"), "{path}: {text}");
+        let events: Vec<&str> = text.split_terminator("\n\n").collect();
+        assert!(text.ends_with("\n\n"), "{path}: {text}");
+        assert!(
+            events.last().is_some_and(|e| e.starts_with(last)),
+            "{path}: {text}"
+        );
+    }
+}

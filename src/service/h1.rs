@@ -761,7 +761,13 @@ impl Session {
         let ended = match self.out {
             Out::Chunked => self.end_body().await.is_ok(),
             Out::Length | Out::Nothing | Out::Ended => true,
-            Out::NotStarted | Out::Close => false,
+            // The close ends this body: its last bytes (an event stream's
+            // last events, held to leave with the end) go before it.
+            Out::Close => {
+                let _ = self.flush().await;
+                false
+            }
+            Out::NotStarted => false,
         };
         let whole = ended && self.flush().await.is_ok();
         // Anything but a whole response leaves the connection to close.
