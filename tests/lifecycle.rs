@@ -377,36 +377,54 @@ async fn an_mcp_servers_processes_end_with_the_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_a_connected_mcp_server_as_mcp_says_before_the_exit() {
     let upstream = echo_prompt_upstream(1, Duration::ZERO).await;
-    let dir = scratch_dir();
-    let said = dir.join("said");
-    // A connected server that puts its state away once its stdin closes,
-    // and says whether a SIGTERM came first.
-    let script = format!(
-        "trap 'echo terminated >> {said}' TERM; {} stdio; echo put away >> {said}",
-        demo_server().display(),
-        said = said.display(),
-    );
-    let yaml = format!(
-        "{}mcp_servers:\n  demo: {{ command: [sh, -c, \"{script}\"] }}\n",
-        config(&upstream, 1)
-    );
-    let mut proxy = Proxy::start(&yaml).await;
-    wait_connected(&proxy, "demo").await;
-    proxy.signal("TERM");
-    assert!(
-        proxy.wait_exit(Duration::from_secs(10)).await.is_some(),
-        "the proxy exited"
-    );
-    let put_away = wait_until(Duration::from_secs(5), || {
-        std::future::ready(std::fs::read_to_string(&said).is_ok_and(|s| s.ends_with('\n')))
-    })
-    .await;
-    assert!(put_away, "the server ended:\n{}", proxy.logs());
-    assert_eq!(
-        std::fs::read_to_string(&said).unwrap_or_default(),
-        "put away\n",
-        "its stdin closed, the server ended by itself, before any signal"
-    );
+    // Also after a reload that kept the server: it is started again with
+    // the new config, and the drain still waits for its close.
+    for reloaded in [false, true] {
+        let dir = scratch_dir();
+        let said = dir.join("said");
+        // A connected server that puts its state away once its stdin
+        // closes, and says whether a SIGTERM came first.
+        let script = format!(
+            "trap 'echo terminated >> {said}' TERM; {} stdio; echo put away >> {said}",
+            demo_server().display(),
+            said = said.display(),
+        );
+        let yaml = |generation| {
+            format!(
+                "{}mcp_servers:\n  demo: {{ command: [sh, -c, \"{script}\"] }}\n",
+                config(&upstream, generation)
+            )
+        };
+        let mut proxy = reload::Reloadable::start(&yaml(1)).await;
+        wait_connected(&proxy.proxy, "demo").await;
+        if reloaded {
+            proxy.reload(&yaml(2)).await;
+            wait_connected(&proxy.proxy, "demo").await;
+        }
+        proxy.proxy.signal("TERM");
+        assert!(
+            proxy
+                .proxy
+                .wait_exit(Duration::from_secs(10))
+                .await
+                .is_some(),
+            "the proxy exited"
+        );
+        let put_away = wait_until(Duration::from_secs(5), || {
+            std::future::ready(std::fs::read_to_string(&said).is_ok_and(|s| s.ends_with('\n')))
+        })
+        .await;
+        assert!(
+            put_away,
+            "reloaded {reloaded}: the server ended:\n{}",
+            proxy.proxy.logs()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&said).unwrap_or_default(),
+            "put away\n",
+            "reloaded {reloaded}: its stdin closed, the server ended by itself, before any signal"
+        );
+    }
 }
 
 /// The processes whose parent is `parent`, running or not yet reaped.

@@ -189,14 +189,16 @@ impl McpServer {
         self.link.state()
     }
 
-    /// Starts the task that connects this server and keeps it connected
-    /// (called by the supervisor for each server of the current config;
-    /// once per server).
+    /// Starts the task that connects this server and keeps it connected.
+    /// The supervisor calls it for each server of every config it loads: a
+    /// server a reload kept is started again, and keeps its task (the drain
+    /// waits for it), as a closed one stays closed.
     fn start(&self) {
         let mut task = lock(&self.task);
-        if let Task::Waiting(alive) = std::mem::replace(&mut *task, Task::Done) {
-            *task = Task::Running(tokio::spawn(self.link.clone().run(alive)));
-        }
+        *task = match std::mem::replace(&mut *task, Task::Done) {
+            Task::Waiting(alive) => Task::Running(tokio::spawn(self.link.clone().run(alive))),
+            started_or_closed => started_or_closed,
+        };
     }
 
     /// Closes the connection as MCP's shutdown says, as a reload that drops
