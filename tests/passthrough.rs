@@ -95,6 +95,41 @@ async fn non_agent_json_answer_and_error_pass_through() {
     assert_eq!(res.body, fixture("error-n-unsupported.json"));
 }
 
+/// An event stream framed by its length that breaks off is cut as it is:
+/// an error event written after it would be read as the start of the next
+/// response on the connection, or land inside the declared length.
+#[tokio::test]
+async fn a_stream_with_a_length_that_breaks_off_is_cut_without_an_event() {
+    let events = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n".to_vec();
+    for missing in [10, 500] {
+        let sent = events.clone();
+        let upstream = FakeServer::start(move |_, _| Reply::ShortEvents {
+            declared: sent.len() + missing,
+            body: sent.clone(),
+        })
+        .await;
+        let proxy = Proxy::start(&config(&upstream, "")).await;
+        let body = json!({"model": "other", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+        let res = request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+        .await;
+        assert_eq!(res.status, 200);
+        let declared = (events.len() + missing).to_string();
+        assert_eq!(res.header("content-length"), Some(declared.as_str()));
+        assert_eq!(
+            String::from_utf8_lossy(&res.body),
+            String::from_utf8_lossy(&events),
+            "{missing} bytes short"
+        );
+        assert!(!res.complete, "the close tells the client it was cut");
+    }
+}
+
 #[tokio::test]
 async fn a_request_and_its_answer_are_passed_on_with_their_fields_as_sent_but_the_hop_by_hop_ones()
 {

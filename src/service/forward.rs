@@ -215,7 +215,10 @@ async fn relay(
             Ok(Some(piece)) => client.write(piece).await?,
             Ok(None) => return Ok(()),
             Err(e) => {
-                if event_stream {
+                // A body with a length is cut by the close alone: an event
+                // after it would be read as the next response, or land
+                // inside the length declared.
+                if event_stream && !length {
                     let error = from_upstream(&upstream.name, &e);
                     let _ = client
                         .write(crate::front::error_event(dialect, &error))

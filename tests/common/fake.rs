@@ -106,6 +106,9 @@ pub enum Reply {
     Hold,
     /// Close the connection without answering, the request read whole.
     CloseUnanswered,
+    /// A `text/event-stream` body short of the length its head declares,
+    /// then the close: an upstream that died mid-answer.
+    ShortEvents { declared: usize, body: Vec<u8> },
     /// Answer, then close the connection (its response did not say so):
     /// a keep-alive connection the server closes while it is idle.
     ThenClose(Box<Reply>),
@@ -573,6 +576,15 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply) -> bool {
                 let _ = w.shutdown().await;
                 false
             }
+        }
+        Reply::ShortEvents { declared, body } => {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {declared}\r\n\r\n"
+            );
+            let _ = w.write_all(head.as_bytes()).await;
+            let _ = w.write_all(&body).await;
+            let _ = w.shutdown().await;
+            false
         }
         Reply::Stall | Reply::Hold => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
