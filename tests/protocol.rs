@@ -122,6 +122,41 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
     assert_eq!(chats.count(), 1);
 }
 
+/// A request pingora's proxy path serves (a body over 1 MiB, a chunked body
+/// to another route) with requests pipelined after it: it is answered
+/// whole, then the connection closes, its answer saying so. The requests
+/// after it are the client's to send again (RFC 9112 §9.3.2), never
+/// answered by nothing or left waiting.
+#[tokio::test]
+async fn a_request_on_pingoras_path_with_requests_pipelined_after_it_is_answered_then_closed() {
+    let (upstream, proxy) = started("").await;
+    let large = "x".repeat(2 << 20);
+    let requests = [
+        (
+            "a body over 1 MiB",
+            format!(
+                "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{large}",
+                large.len()
+            ),
+        ),
+        (
+            "a chunked body",
+            "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_string(),
+        ),
+    ];
+    for (what, request) in &requests {
+        let next = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut conn = sent(proxy.port, format!("{request}{next}{next}").as_bytes()).await;
+        let first = conn.next_response().await;
+        assert_eq!(first.status, 200, "{what}: {}", first.text());
+        assert!(first.complete, "{what}");
+        assert_eq!(first.header("connection"), Some("close"), "{what}");
+        assert!(conn.closed_within(Duration::from_secs(5)).await, "{what}");
+    }
+    let sizes: Vec<usize> = upstream.requests().iter().map(|r| r.body.len()).collect();
+    assert_eq!(sizes, [large.len(), 5]);
+}
+
 #[tokio::test]
 async fn a_client_that_asks_to_close_gets_its_answer_then_the_close() {
     let (_upstream, proxy) = started("").await;

@@ -27,7 +27,7 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::BytesMut;
 use memchr::memmem;
-use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
+use pingora::apps::{HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
 use pingora::proxy::HttpProxy;
@@ -173,20 +173,22 @@ impl Edge {
     }
 
     /// Hands a request to pingora's proxy path, which parses `request` (its
-    /// head, and what of its body was read) as the connection's first bytes.
-    /// Not an `async fn`: pingora's future is boxed already, and ours would
-    /// only be a frame around it.
+    /// head, and what of its body was read) as the connection's first bytes,
+    /// and serves it as the connection's last (`AgentProxy`'s `request_filter`
+    /// says why): what it returns is never reused. Not an `async fn`:
+    /// pingora's future is boxed already, and ours would only be a frame
+    /// around it.
     fn pass_on<'a>(
         &'a self,
         stream: Stream,
         request: BytesMut,
-        persisted: Option<HttpPersistentSettings>,
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Option<ReusedHttpStream>> + 'a {
         let mut session = ServerSession::new_http1(stream);
-        if let Some(settings) = persisted {
-            settings.apply_to_session(&mut session);
-        }
+        // Bytes a client pipelined after the request wait for a next
+        // request that never comes, rather than being an error that cuts
+        // this one off (no answer, a reset).
+        session.set_pipelining_enabled(true);
         session.set_pipelined_prefix(request);
         self.proxy.process_new_http(session, shutdown)
     }
@@ -210,8 +212,6 @@ impl ServerApp for Edge {
             );
             return None;
         };
-        // What pingora's proxy path left for the next request it serves.
-        let mut persisted = None;
         // Bytes of the next request, read with the last one.
         let mut next = BytesMut::new();
         // A new connection's first request counts as in flight from the
@@ -230,7 +230,7 @@ impl ServerApp for Edge {
             let config = Held::current(&self.config);
             timeouts = HeadTimeouts::of(&config);
             let arrived = self.arrived(stream, buf, &config);
-            let reused = match arrived {
+            match arrived {
                 Arrived::Malformed(stream, malformed) => {
                     drop(config);
                     boxed::pinned(move || refuse(stream, malformed)).await;
@@ -239,8 +239,8 @@ impl ServerApp for Edge {
                 Arrived::ForPingora(stream, request) => {
                     // Pingora's proxy path takes its own.
                     drop(config);
-                    self.pass_on(stream, request, persisted.take(), shutdown)
-                        .await
+                    self.pass_on(stream, request, shutdown).await;
+                    return None;
                 }
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
@@ -257,21 +257,18 @@ impl ServerApp for Edge {
                         }
                         Served::Answered(h1::Finished::Closed) => return None,
                         Served::PassedOn(stream, request) if proxy_path == ProxyPath::Perhaps => {
-                            self.pass_on(stream, request, persisted.take(), shutdown)
-                                .await
+                            self.pass_on(stream, request, shutdown).await;
+                            return None;
                         }
                         Served::PassedOn(..) => {
                             error!(
                                 "a request passed on from a route that never is: connection closed"
                             );
-                            None
+                            return None;
                         }
                     }
                 }
-            };
-            arriving = None;
-            next = BytesMut::new();
-            (stream, persisted) = reused?.consume();
+            }
         }
     }
 

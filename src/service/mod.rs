@@ -300,7 +300,11 @@ impl ProxyHttp for AgentProxy {
     }
 
     /// The requests `Edge` hands over: admitted as our routes' are, then
-    /// proxied while `passthrough` is on.
+    /// proxied while `passthrough` is on, each the last of its connection.
+    /// Pingora keeps what a client pipelined after it where our HTTP/1 cannot
+    /// take it back, so the close tells the client to send those again
+    /// (RFC 9112 §9.3.2). These are rare: bodies over 1 MiB, chunked ones to
+    /// other routes, upgrades.
     async fn request_filter(
         &self,
         session: &mut ProxySession,
@@ -313,6 +317,7 @@ impl ProxyHttp for AgentProxy {
                     .map(|()| dialect)
                     .map_err(|error| (dialect, error))
             });
+        session.set_keepalive(None);
         let (dialect, error) = match admitted {
             Ok(_) if ctx.config.passthrough => return Ok(false),
             Ok(dialect) => {
@@ -323,7 +328,6 @@ impl ProxyHttp for AgentProxy {
             }
             Err(refused) => refused,
         };
-        session.set_keepalive(None);
         respond_proxied(session, dialect, &error, &ctx.request_id).await?;
         Ok(true)
     }
