@@ -201,17 +201,12 @@ impl AgentProxy {
             "responses" => front_door::handle(session, ctx, Dialect::Responses).await,
             "messages" => front_door::handle(session, ctx, Dialect::Messages).await,
             "count_tokens" => front_door::count_tokens(session, ctx).await,
-            "stored_response" => stored::handle(session, ctx).await,
-            _ if ctx.config.passthrough && forward::takes(session.req_header(), session.body()) => {
-                forward::other_route(session, ctx).await
-            }
-            _ if ctx.config.passthrough => Ok(false),
-            _ => {
-                let req = session.req_header();
-                let error =
-                    ApiError::not_found(format!("no route for {} {}", req.method, req.uri.path()));
-                reject(session, dialect, &error).await
-            }
+            "stored_response" => match stored::handle(session, ctx).await? {
+                true => Ok(true),
+                // An id that is not ours: the upstream's, perhaps.
+                false => other_route(session, ctx, dialect).await,
+            },
+            _ => other_route(session, ctx, dialect).await,
         }
     }
 
@@ -517,6 +512,25 @@ fn route_of(method: &str, path: &str, config: &Config) -> &'static str {
     }
 }
 
+/// A request none of our handlers answers: with `passthrough`, passed on
+/// by our forwarder where it takes it (no body, or one of up to 1 MiB), by
+/// pingora's proxy path otherwise (`Ok(false)`); without, a 404.
+async fn other_route(
+    session: &mut h1::Session,
+    ctx: &mut RequestCtx,
+    dialect: Dialect,
+) -> Result<bool> {
+    if !ctx.config.passthrough {
+        let req = session.req_header();
+        let error = ApiError::not_found(format!("no route for {} {}", req.method, req.uri.path()));
+        return reject(session, dialect, &error).await;
+    }
+    match forward::takes(session.req_header(), session.body()) {
+        true => forward::other_route(session, ctx).await,
+        false => Ok(false),
+    }
+}
+
 /// The route of a request our handlers do not answer.
 const PROXY: &str = "proxy";
 
@@ -530,8 +544,9 @@ enum ProxyPath {
     /// `passthrough` on.
     Now,
     /// Our handlers answer, but may pass the request on: a stored
-    /// response's id that is not ours. A route of none of ours comes too:
-    /// our forwarder takes it, or, without `passthrough`, it is refused.
+    /// response's id that is not ours, or a route of none of ours, which
+    /// our forwarder takes unless its body is large or chunked (without
+    /// `passthrough`, refused).
     Perhaps,
     /// Our handlers answer.
     Never,

@@ -238,8 +238,9 @@ fn ask<'a>(method: &str, path: &'a str) -> Option<Ask<'a>> {
     }
 }
 
-/// Answers a stored response's route; `Ok(false)` hands the request to the
-/// proxy path (an id that is not ours, with `passthrough`).
+/// Answers a stored response's route; `Ok(false)`: not ours to answer (an
+/// id that is not ours, with `passthrough`; a route of a response we do not
+/// serve).
 pub async fn handle(session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
     let config = ctx.config.clone();
     let req = session.req_header();
