@@ -198,6 +198,40 @@ async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
     );
 }
 
+/// A client that reads nothing of its stream holds its connection, and the
+/// model's answer behind it, only `limits.send_timeout_ms` past the last
+/// write the client took: then both are let go, the client's stream cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_is_let_go_after_the_send_timeout() {
+    // 40 MB offered: more than every buffer on the way holds.
+    let chunk = format!("data: {}\n\n", content(&"y".repeat(16 * 1024)));
+    let upstream = FakeServer::start(move |_, _| {
+        let steps = (0..2500)
+            .map(|_| Step::Bytes(chunk.clone().into_bytes()))
+            .collect();
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
+    })
+    .await;
+    let limits = "agents: { a: {} }\nlimits: { send_timeout_ms: 300 }";
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), limits)).await;
+    for (before, model) in ["a", "other"].into_iter().enumerate() {
+        let mut conn = Connection::chat(proxy.port, &ask(model, true)).await;
+        let let_go = wait_until(Duration::from_secs(10), || {
+            std::future::ready(upstream.hangups() as usize > before)
+        })
+        .await;
+        assert!(let_go, "{model}: the upstream's answer was let go");
+        // What the buffers held, then the close: a cut stream.
+        let mut res = conn.head().await;
+        assert_eq!(res.status, 200, "{model}");
+        while conn.next_chunk(&mut res).await.is_some() {}
+        assert!(!res.complete, "{model}: the stream was cut");
+    }
+}
+
 // ------------------------------------------------------------------------ limits
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

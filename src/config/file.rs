@@ -586,6 +586,9 @@ pub struct LimitsFile {
     pub keepalive_timeout_ms: u64,
     /// A request's head, once its first byte came, must be whole within this.
     pub header_timeout_ms: u64,
+    /// Each write of a response to a client may wait this long for the
+    /// client to take it.
+    pub send_timeout_ms: u64,
     /// Open client connections; at the cap the one idle the longest is
     /// closed to make room. 0: no limit.
     pub max_connections: usize,
@@ -607,6 +610,8 @@ impl Default for LimitsFile {
             keepalive_timeout_ms: 75_000,
             // nginx's client_header_timeout.
             header_timeout_ms: 60_000,
+            // nginx's send_timeout.
+            send_timeout_ms: 60_000,
             max_connections: 10_000,
         }
     }

@@ -130,6 +130,8 @@ pub struct Limits {
     pub keepalive_timeout: Duration,
     /// The longest a request's head may take to arrive, once begun.
     pub header_timeout: Duration,
+    /// The longest one write of a response may wait for the client to read.
+    pub send_timeout: Duration,
     /// Open client connections (0: no limit).
     pub max_connections: usize,
 }
@@ -755,6 +757,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             max_json_values: file.limits.max_json_values,
             keepalive_timeout: Duration::from_millis(file.limits.keepalive_timeout_ms.max(1)),
             header_timeout: Duration::from_millis(file.limits.header_timeout_ms.max(1)),
+            send_timeout: Duration::from_millis(file.limits.send_timeout_ms.max(1)),
             max_connections: file.limits.max_connections,
         },
     })
