@@ -99,6 +99,72 @@ async fn upstream_faults_end_in_defined_errors() {
     );
 }
 
+/// However small its events, what a model streams to an agent is bounded
+/// as a whole answer is (16 MiB): its text and a call's arguments are held
+/// for the next round, and a Responses item's text for its last events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_stream_past_16_mib_is_an_error_not_memory() {
+    let text = "y".repeat(64 * 1024);
+    let call = json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "function": {"arguments": text}}
+    ]}}]});
+    let upstream = FakeServer::start(move |req, _| {
+        let first = tool_call(0, "c1", "echo", "");
+        let delta = match req.json()["messages"][0]["content"].as_str() {
+            Some("arguments") => &call,
+            _ => &content(&text),
+        };
+        let mut steps = vec![Step::event(&first)];
+        steps.extend((0..320).map(|_| Step::event(delta)));
+        Reply::Sse {
+            steps,
+            complete: true,
+        }
+    })
+    .await;
+    let tools = "tools:\n  echo: { command: { argv: [cat] } }\nagents: { a: { tools: [echo] } }";
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), tools)).await;
+    let pid = proxy.pid();
+    let start = rss_kib(pid);
+    for (path, what) in [
+        ("/v1/chat/completions", "arguments"),
+        ("/v1/chat/completions", "text"),
+        ("/v1/responses", "text"),
+    ] {
+        let body = match path {
+            "/v1/responses" => {
+                json!({"model": "a", "stream": true, "input": [{"role": "user", "content": what}]})
+            }
+            _ => {
+                json!({"model": "a", "stream": true, "messages": [{"role": "user", "content": what}]})
+            }
+        };
+        let res = post_json(proxy.port, path, &body).await;
+        // A 502 before the answer began (a call's arguments are not
+        // streamed), an error event and the cut after.
+        assert!(
+            res.status == 502 || !res.complete,
+            "{path} {what}: {}",
+            res.status
+        );
+        assert!(
+            res.text().contains("larger than 16777216 bytes"),
+            "{path} {what}: {}",
+            &res.text()[res.text().len().saturating_sub(400)..]
+        );
+    }
+    let grown = rss_kib(pid).saturating_sub(start);
+    assert!(
+        grown < 200 * 1024,
+        "RSS grew by {grown} KiB for 20 MiB answers"
+    );
+    assert_eq!(
+        upstream.requests().len(),
+        3,
+        "no call ran, no round followed"
+    );
+}
+
 // ---------------------------------------------------------------- client faults
 
 #[tokio::test]

@@ -552,6 +552,10 @@ async fn read_round<D: Downstream>(
     let mut parser = sse::Parser::new(limits.max_event_bytes);
     // The next piece, when it was read with the last.
     let mut read = None;
+    // What the round holds grows with what the model sends (the text for
+    // the history, a call's arguments, a Responses item's text): a stream
+    // is bounded as a whole answer is.
+    let mut streamed = 0usize;
     loop {
         let piece = match read.take() {
             Some(piece) => piece,
@@ -570,6 +574,14 @@ async fn read_round<D: Downstream>(
             }
             break;
         };
+        streamed += piece.len();
+        if streamed > limits.max_upstream_body_bytes {
+            return Err(ApiError::bad_gateway(format!(
+                "upstream `{}`: its answer is larger than {} bytes",
+                upstream.name, limits.max_upstream_body_bytes
+            ))
+            .into());
+        }
         parser.feed(&piece);
         // The events of one read leave in one write: under load a read
         // holds many (in as many chunks, from llama-server), and a write per

@@ -120,7 +120,8 @@ pub struct Limits {
     pub max_streams_per_client: usize,
     /// Largest SSE event accepted from an upstream.
     pub max_event_bytes: usize,
-    /// Largest non-streamed upstream body read whole (errors, JSON answers).
+    /// The most one upstream answer may carry to an agent, read whole
+    /// (errors, JSON answers) or streamed (a round's events).
     pub max_upstream_body_bytes: usize,
     pub max_tool_calls_per_turn: usize,
     /// At least 1.
