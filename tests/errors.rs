@@ -343,6 +343,49 @@ async fn upstream_error_status_and_body_reach_the_client() {
     assert_eq!(res.header("retry-after"), Some("7"));
 }
 
+/// An upstream that echoes the credential it was sent in its error ("Incorrect
+/// API key provided: …") has the upstream's key masked: the client and the
+/// log never see it, on an agent's path, streamed or not, or passed on.
+#[tokio::test]
+async fn an_upstream_key_echoed_in_an_error_is_masked() {
+    const KEY: &str = "sk-UPSTREAM-SECRET-123";
+    let upstream = FakeServer::start(|req, _| {
+        let sent = req.header("authorization").unwrap_or_default();
+        let message = format!("Incorrect API key provided: {sent}");
+        Reply::json(
+            401,
+            json!({"error": {"message": message, "type": "invalid_request_error"}}),
+        )
+    })
+    .await;
+    let yaml = format!(
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"{}/v1\", api_key: {KEY} }}\nagents:\n  helper: {{}}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let masked = format!(
+        "Incorrect API key provided: Bearer {}",
+        "*".repeat(KEY.len())
+    );
+    for (model, stream) in [
+        ("helper", false),
+        ("helper", true),
+        ("other", false),
+        ("other", true),
+    ] {
+        let res = post_json(proxy.port, "/v1/chat/completions", &chat(model, stream)).await;
+        assert_eq!(res.status, 401, "{model} {stream}: {}", res.text());
+        assert!(
+            !res.text().contains(KEY),
+            "{model} {stream}: {}",
+            res.text()
+        );
+        assert_eq!(res.json()["error"]["message"], masked, "{model} {stream}");
+    }
+    assert_eq!(upstream.requests().len(), 4, "each went to the upstream");
+    assert!(!proxy.logs().contains(KEY), "{}", proxy.logs());
+}
+
 #[tokio::test]
 async fn upstream_breaking_mid_stream_ends_with_an_error_event_not_a_clean_end() {
     let upstream = FakeServer::start(|req, _| {

@@ -508,7 +508,7 @@ async fn read_round<D: Downstream>(
             .unwrap_or_default();
         return Err(Failure::Upstream {
             status,
-            body,
+            body: upstream.masking_key(body),
             retry_after,
         });
     }
@@ -524,7 +524,7 @@ async fn read_round<D: Downstream>(
             }
             DecodeError::Upstream(e) => Failure::Upstream {
                 status: e.status,
-                body: e.body,
+                body: upstream.masking_key(e.body),
                 retry_after: None,
             },
         }

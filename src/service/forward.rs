@@ -183,6 +183,21 @@ async fn relay(
         let invalid = ApiError::bad_gateway("the upstream's response has an invalid status");
         return client.respond_error_in(dialect, &invalid).await;
     };
+    // An error's body is read whole first, to mask the upstream's key in
+    // it (a server may echo the credential it was sent), at its length.
+    let error_body = match status.as_u16() >= 400 {
+        true => {
+            let limit = config.limits.max_upstream_body_bytes;
+            match client.wait(pin!(exchange.read_to_end(limit))).await? {
+                Ok(body) => Some(upstream.masking_key(body)),
+                Err(e) => {
+                    let error = from_upstream(&upstream.name, &e);
+                    return client.respond_error_in(dialect, &error).await;
+                }
+            }
+        }
+        false => None,
+    };
     // Written as the upstream sent them, but for its hop-by-hop fields and
     // those its `Connection` lists. Ours is an HTTP/1.1 answer, whatever the
     // upstream spoke (h2).
@@ -204,6 +219,12 @@ async fn relay(
     client
         .send_head(status, passed.chain(chunked).chain(unbuffered), false)
         .await?;
+    if let Some(body) = error_body {
+        return match body.is_empty() {
+            true => Ok(()),
+            false => client.write(body).await,
+        };
+    }
     // Counted, but no heartbeats: a passed-through stream stays byte for byte.
     let _stream = event_stream.then(StreamGuard::open);
     loop {

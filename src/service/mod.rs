@@ -91,6 +91,9 @@ pub struct RequestCtx {
     key_name: Option<String>,
     /// Whose stored responses the client sees (see `store::tenant_of`).
     tenant: String,
+    /// Pingora's proxy path passes on an error: its body's pieces go with
+    /// the upstream's key masked (`Upstream::masking_key`).
+    masking: bool,
 }
 
 /// The handler answered; `Err` aborts the connection when a response was
@@ -127,6 +130,7 @@ impl AgentProxy {
             attempts: None,
             key_name: None,
             tenant: String::new(),
+            masking: false,
         }
     }
 
@@ -388,10 +392,28 @@ impl ProxyHttp for AgentProxy {
         }
         forward::drop_hop_fields(upstream_response)?;
         upstream_response.insert_header(request_id::HEADER.clone(), ctx.request_id.as_str())?;
+        ctx.masking = upstream_response.status.as_u16() >= 400;
         if is_event_stream(upstream_response) {
             ctx.stream = Some(StreamGuard::open());
         }
         Ok(())
+    }
+
+    /// An error's pieces, each with the upstream's key masked (a key split
+    /// across two pieces is not found: an error's body comes in one).
+    fn response_body_filter(
+        &self,
+        _session: &mut ProxySession,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        if ctx.masking {
+            *body = body
+                .take()
+                .map(|piece| ctx.config.default_upstream.masking_key(piece));
+        }
+        Ok(None)
     }
 
     fn suppress_error_log(

@@ -168,6 +168,28 @@ impl Upstream {
         }
     }
 
+    /// `body` with every copy of this upstream's key masked, byte for byte:
+    /// a server may echo the credential it was sent ("Incorrect API key
+    /// provided: sk-…"), and an upstream's error goes on to the client and
+    /// into the log. The same length, so a body's framing holds.
+    pub fn masking_key(&self, body: Bytes) -> Bytes {
+        let Some(key) = self.spec.api_key.as_deref().filter(|key| !key.is_empty()) else {
+            return body;
+        };
+        let finder = memchr::memmem::Finder::new(key);
+        if finder.find(&body).is_none() {
+            return body;
+        }
+        let mut masked = body.to_vec();
+        let mut from = 0;
+        while let Some(at) = finder.find(&masked[from..]) {
+            let start = from + at;
+            masked[start..start + key.len()].fill(b'*');
+            from = start + key.len();
+        }
+        Bytes::from(masked)
+    }
+
     /// Whether this runtime was built from `spec`.
     pub fn is_built_from(&self, spec: &UpstreamFile) -> bool {
         self.spec == *spec
@@ -345,6 +367,17 @@ mod tests {
     fn upstream(url: &str) -> Upstream {
         let file: UpstreamFile = serde_yaml_ng::from_str(&format!("url: '{url}'")).unwrap();
         Upstream::from_file("t", file).unwrap()
+    }
+
+    #[test]
+    fn every_copy_of_the_key_is_masked_at_its_length() {
+        let file: UpstreamFile =
+            serde_yaml_ng::from_str("{ url: 'http://a', api_key: sk-1234 }").unwrap();
+        let keyed = Upstream::from_file("t", file).unwrap();
+        let body = Bytes::from_static(b"sk-1234 and sk-12345, not sk-123");
+        assert_eq!(keyed.masking_key(body), "******* and *******5, not sk-123");
+        let none = upstream("http://a");
+        assert_eq!(none.masking_key(Bytes::from_static(b"sk-1234")), "sk-1234");
     }
 
     #[test]
