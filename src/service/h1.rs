@@ -407,12 +407,15 @@ fn frame_response(
 /// The fields every response head gets as it is written: the request's id,
 /// `Date` (RFC 9110 §6.6.1, unless the head has one) and `Connection`. The
 /// head's own `x-request-id` and `Connection` are not written: these are
-/// ours; nor its `Transfer-Encoding` when the close ends the body.
+/// ours; nor its `Transfer-Encoding` when the close ends the body or there
+/// is none, nor its `Content-Length` on a 1xx or 204 (RFC 9110 §8.6, RFC
+/// 9112 §6.1: a client would wait for a body that never comes).
 struct Stamp<'a> {
     request_id: Option<&'a HeaderValue>,
     date: bool,
     keep_alive: bool,
     coded: bool,
+    sized: bool,
 }
 
 /// A head of `status` and `fields` in HTTP/1.1's wire format with `stamp`'s
@@ -429,6 +432,7 @@ fn head_bytes<'f>(
         !is_name(name, b"connection")
             && !is_name(name, request_id::HEADER.as_str().as_bytes())
             && (stamp.coded || !is_name(name, b"transfer-encoding"))
+            && (stamp.sized || !is_name(name, b"content-length"))
     };
     let stamped = stamp.request_id.map_or(0, |id| id.len() + 16)
         + date.as_ref().map_or(0, |d| d.len() + 8)
@@ -694,7 +698,8 @@ impl Session {
             request_id: self.header.headers.get(&request_id::HEADER),
             date: !said.date,
             keep_alive: self.keep_alive,
-            coded: self.out != Out::Close,
+            coded: matches!(self.out, Out::Length | Out::Chunked),
+            sized: !(status == StatusCode::NO_CONTENT || status.is_informational()),
         };
         self.response = Some(Answered {
             status,
@@ -857,6 +862,7 @@ pub async fn refuse(stream: &mut Stream, status: u16, body: &[u8]) -> Result<()>
         date: true,
         keep_alive: false,
         coded: true,
+        sized: true,
     };
     let size = Said::of(fields.into_iter()).size;
     let head = head_bytes(status, fields.into_iter(), size, &stamp);
@@ -1142,6 +1148,26 @@ mod tests {
         assert!(out.contains("content-length: 2\r\n"), "{out}");
         assert!(out.ends_with("\r\n\r\n"), "{out:?}");
         assert!(reusable);
+    }
+
+    #[tokio::test]
+    async fn a_204_or_304_head_says_no_body_is_coming() {
+        // As an upstream may send them, and as a passed-on answer without
+        // a length gets a coding.
+        let fields = [("content-length", "5"), ("transfer-encoding", "chunked")];
+        for (status, length) in [(204, false), (304, true)] {
+            let (mut s, client) = session("GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+            let named = fields.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()));
+            let head = s
+                .response_head(StatusCode::from_u16(status).unwrap(), named)
+                .unwrap();
+            s.send_head(head, false).await.unwrap();
+            let (out, reusable) = response(s, client).await;
+            assert!(!out.contains("transfer-encoding"), "{out}");
+            assert_eq!(out.contains("content-length: 5\r\n"), length, "{out}");
+            assert!(out.ends_with("\r\n\r\n"), "{out:?}");
+            assert!(reusable, "{status}");
+        }
     }
 
     #[tokio::test]
