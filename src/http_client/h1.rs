@@ -155,8 +155,10 @@ pub struct Response {
 }
 
 impl Response {
-    /// Reads a response head off `stream`, each read within `read_timeout`,
-    /// past any interim (1xx) responses.
+    /// Reads a response head off `stream` within `read_timeout` of when it
+    /// first had to wait, past any interim (1xx) responses: one deadline
+    /// for the head, so a server dripping interim responses or a head's
+    /// bytes holds the request no longer.
     pub async fn read(
         link: Link,
         read_timeout: Option<Duration>,
@@ -167,6 +169,7 @@ impl Response {
             buf: BytesMut::new(),
             read_timeout,
         };
+        let mut deadline = None;
         loop {
             if !conn.buf.is_empty() {
                 if let Some((head, len)) = parse_head(&conn.buf, head_request)? {
@@ -191,7 +194,7 @@ impl Response {
                     return Error::e_explain(invalid(), "response head too long");
                 }
             }
-            if conn.fill().await? == 0 {
+            if conn.fill(&mut deadline).await? == 0 {
                 return Error::e_explain(
                     ErrorType::ConnectionClosed,
                     "closed before the response head",
@@ -229,7 +232,8 @@ impl Response {
                 Decoded::End => return Ok(None),
                 Decoded::NeedMore => {}
             }
-            if self.conn.fill().await? == 0 {
+            // Each read of the body within the idle limit of its own.
+            if self.conn.fill(&mut None).await? == 0 {
                 self.body.closed()?;
             }
         }
@@ -280,18 +284,21 @@ impl Link {
             stream.write_all_buf(wire).await?;
             stream.flush().await
         };
-        within(timer, limit, write)
+        within(timer, limit, &mut None, write)
             .await
             .or_err(ErrorType::WriteTimedout, "writing the request")?
             .or_err(ErrorType::WriteError, "writing the request")
     }
 }
 
-/// `io`, unless it is still waiting `limit` from now (`None`). `timer` is
-/// touched only when `io` must wait.
+/// `io`, unless it is still waiting at `deadline`, or, with none set yet,
+/// `limit` from now (`None`); the deadline set is left in `deadline`, for
+/// the next wait of a whole that shares it. `timer` is touched only when
+/// `io` must wait.
 async fn within<F: Future>(
     timer: &mut Option<Pin<Box<Sleep>>>,
     limit: Duration,
+    deadline: &mut Option<Instant>,
     io: F,
 ) -> Option<F::Output> {
     let mut io = pin!(io);
@@ -300,14 +307,14 @@ async fn within<F: Future>(
         if let Poll::Ready(done) = io.as_mut().poll(cx) {
             return Poll::Ready(Some(done));
         }
-        let deadline = Instant::now() + limit;
+        let until = *deadline.get_or_insert_with(|| Instant::now() + limit);
         let timer = match timer {
             Some(timer) if armed => timer,
             Some(timer) => {
-                timer.as_mut().reset(deadline);
+                timer.as_mut().reset(until);
                 timer
             }
-            None => timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            None => timer.insert(Box::pin(tokio::time::sleep_until(until))),
         };
         armed = true;
         timer.as_mut().poll(cx).map(|()| None)
@@ -324,8 +331,10 @@ struct Conn {
 }
 
 impl Conn {
-    /// Reads once into the buffer; 0 when the server has closed.
-    async fn fill(&mut self) -> Result<usize> {
+    /// Reads once into the buffer; 0 when the server has closed. The read
+    /// waits until `deadline`, or `read_timeout` from when it first had to
+    /// (then set in `deadline`).
+    async fn fill(&mut self, deadline: &mut Option<Instant>) -> Result<usize> {
         if self.buf.is_empty() {
             // Its memory goes back (once the pieces handed out are dropped)
             // before the wait, which may be long.
@@ -334,7 +343,7 @@ impl Conn {
         let Link { stream, timer } = &mut self.link;
         let read = read_copied(stream, &mut self.buf);
         let read = match self.read_timeout {
-            Some(limit) => within(timer, limit, read)
+            Some(limit) => within(timer, limit, deadline, read)
                 .await
                 .or_err(ErrorType::ReadTimedout, "reading the response")?,
             None => read.await,
@@ -645,6 +654,48 @@ mod tests {
         assert_eq!(error.etype(), &ErrorType::ReadTimedout);
         assert!(
             started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn interim_responses_dripped_do_not_move_the_head_s_deadline() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (ours, theirs) = tokio::join!(ours, listener.accept());
+        let mut server = theirs.unwrap().0;
+        let stream = pingora::protocols::l4::stream::Stream::from(ours.unwrap());
+        let link = Link::new(Box::new(stream));
+        // A `102 Processing` every 50 ms, for ever: each read comes well
+        // within the limit, the head never.
+        let drip = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if server
+                    .write_all(b"HTTP/1.1 102 Processing\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        };
+        let started = std::time::Instant::now();
+        let read = Response::read(link, Some(Duration::from_millis(300)), false);
+        let raced = async {
+            tokio::select! {
+                read = read => read.err().expect("no head: an error"),
+                () = drip => unreachable!("the drip ends only when the link is gone"),
+            }
+        };
+        let error = tokio::time::timeout(Duration::from_secs(5), raced)
+            .await
+            .expect("the head's deadline held");
+        assert_eq!(error.etype(), &ErrorType::ReadTimedout);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
             "{:?}",
             started.elapsed()
         );
