@@ -529,6 +529,45 @@ async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
     assert!(has(sent, "x-kept"));
 }
 
+/// An upstream that switches protocols on a request that asked for no
+/// switch gets a 502, not the client's connection as a tunnel (pingora's
+/// proxy path: a chunked upload; nginx answers so too).
+#[tokio::test]
+async fn a_switch_the_client_did_not_ask_for_is_a_502() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::TcpListener;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut socket = BufReader::new(socket);
+                let mut line = String::new();
+                // The head, then the chunked body up to its last chunk.
+                while socket.read_line(&mut line).await.unwrap_or(0) > 0 {
+                    if line.ends_with("0\r\n\r\n") {
+                        let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n";
+                        let _ = socket.get_mut().write_all(switch).await;
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let config = format!(
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\" }}\n"
+    );
+    let proxy = Proxy::start(&config).await;
+    let res = raw_request(
+        proxy.port,
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(res.status, 502, "{}", res.text());
+    assert_eq!(res.header("upgrade"), None);
+}
+
 /// A WebSocket (as OpenAI's Realtime API opens one) goes by pingora's proxy
 /// path: the 101 keeps its `Upgrade`, `Connection: upgrade` and accept key,
 /// loses the upstream's other hop fields, and then bytes flow both ways.

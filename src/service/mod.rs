@@ -380,10 +380,21 @@ impl ProxyHttp for AgentProxy {
 
     async fn response_filter(
         &self,
-        _session: &mut ProxySession,
+        session: &mut ProxySession,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // A switch the client did not ask for would make its connection a
+        // tunnel to the upstream (nginx: 502).
+        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS
+            && !session
+                .req_header()
+                .headers
+                .contains_key(http::header::UPGRADE)
+        {
+            let unasked = ErrorType::Custom("it switched protocols unasked");
+            return Err(Error::new(unasked).into_up());
+        }
         if let Some(attempts) = ctx.attempts.as_mut() {
             attempts.passed_on(
                 &ctx.config.default_upstream,
