@@ -529,6 +529,54 @@ async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
     assert!(has(sent, "x-kept"));
 }
 
+/// An upstream that answers before it has read the whole request (a 413 for
+/// a body too large) and closes: its answer reaches the client, not a 502
+/// for the write it cut short.
+#[tokio::test]
+async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::TcpListener;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut socket = BufReader::new(socket);
+                let mut line = String::new();
+                while socket.read_line(&mut line).await.unwrap_or(0) > 0 {
+                    if line.ends_with("\r\n\r\n") {
+                        break;
+                    }
+                }
+                let body = r#"{"error":{"message":"too large","type":"invalid_request_error"}}"#;
+                let answer = format!(
+                    "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.get_mut().write_all(answer.as_bytes()).await;
+                // Closed with the body unread: the proxy's write fails.
+            });
+        }
+    });
+    let config = format!(
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\" }}\n"
+    );
+    let proxy = Proxy::start(&config).await;
+    let large = "x".repeat(8 << 20);
+    let body = json!({"model": "other", "messages": [{"role": "user", "content": large}]});
+    let res = request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(res.status, 413, "{}", res.text());
+    assert_eq!(res.json()["error"]["message"], "too large");
+}
+
 /// An upstream that switches protocols on a request that asked for no
 /// switch gets a 502, not the client's connection as a tunnel (pingora's
 /// proxy path: a chunked upload; nginx answers so too).

@@ -251,6 +251,11 @@ impl Response {
 
     /// The connection, if it may serve another request: the body was read to
     /// its end, nothing came after it, and the server keeps it open.
+    /// The connection is not to serve another request once this one ends.
+    pub fn close_after(&mut self) {
+        self.keep_alive = false;
+    }
+
     pub fn into_reusable(self) -> Option<Link> {
         let done = self.body == Body::Done && self.conn.buf.is_empty();
         (self.keep_alive && done).then_some(self.conn.link)

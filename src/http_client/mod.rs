@@ -43,6 +43,9 @@ const DNS_TTL: Duration = Duration::from_secs(30);
 /// How long a connection attempt runs alone before the next address is
 /// tried beside it (RFC 8305's connection attempt delay).
 const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
+/// How long a request whose write failed waits for an answer the server
+/// sent before it closed (it came with the failure, or not at all).
+const EARLY_ANSWER: Duration = Duration::from_secs(1);
 
 /// A parsed base URL (`http[s]://host[:port][/base/path]`) with its own
 /// connection settings.
@@ -484,7 +487,18 @@ impl Endpoint {
     ) -> std::result::Result<Response, (Box<Error>, bool)> {
         let limit = self.timeouts.first_byte;
         let mut wire = head.chain(body.unwrap_or_default());
-        link.write(limit, &mut wire).await.map_err(|e| (e, false))?;
+        if let Err(e) = link.write(limit, &mut wire).await {
+            // A server may answer before it read the whole request (a 413
+            // for a body too large) and close: its answer is the client's.
+            if e.etype() == &ErrorType::WriteError {
+                let early = h1::Response::read(link, Some(EARLY_ANSWER), head_request).await;
+                if let Ok(mut response) = early {
+                    response.close_after();
+                    return Ok(Response::H1(response));
+                }
+            }
+            return Err((e, false));
+        }
         h1::Response::read(link, Some(limit), head_request)
             .await
             .map(Response::H1)
