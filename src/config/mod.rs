@@ -311,7 +311,41 @@ impl Previous<'_> {
     }
 }
 
+/// [`parse_expanded`], its error never showing a value `${VAR}` brought in
+/// (how secrets are given: a key, a URL's password): `${VAR}` stands in its
+/// place. The message goes to a terminal, and to the log on a reload.
 fn parse_text(
+    text: &str,
+    env: &impl Fn(&str) -> Option<String>,
+    previous: &Previous,
+    base: &Path,
+) -> Result<Config, Invalid> {
+    let brought = std::cell::RefCell::new(Vec::new());
+    let recording = |name: &str| {
+        let value = env(name);
+        if let Some(value) = value.as_ref().filter(|v| v.len() >= SHOWN_UNDER) {
+            brought
+                .borrow_mut()
+                .push((value.clone(), format!("${{{name}}}")));
+        }
+        value
+    };
+    parse_expanded(text, &recording, previous, base).map_err(|mut invalid| {
+        // The longest first: a value inside another is not cut from it.
+        let mut brought = brought.into_inner();
+        brought.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+        for (value, name) in &brought {
+            invalid.message = invalid.message.replace(value.as_str(), name);
+        }
+        invalid
+    })
+}
+
+/// Values from the environment this short stay in error messages (a port,
+/// a flag); masking them would garble the message around them.
+const SHOWN_UNDER: usize = 6;
+
+fn parse_expanded(
     text: &str,
     env: &impl Fn(&str) -> Option<String>,
     previous: &Previous,
@@ -848,6 +882,33 @@ agents:
         match Config::parse(text, no_env) {
             Err(e) => e,
             Ok(_) => panic!("config was accepted"),
+        }
+    }
+
+    #[test]
+    fn errors_show_an_environment_value_as_its_variable() {
+        let env = |name: &str| match name {
+            "CK" => Some("client-KEY-456".to_owned()),
+            "PASS" => Some("TOOL-SECRET-789".to_owned()),
+            "PORT" => Some("9000".to_owned()),
+            _ => None,
+        };
+        let typed = format!("{BASE}auth: {{ api_keys: '${{CK}}' }}\n");
+        let url = BASE.replace(
+            "http://127.0.0.1:9000/weather",
+            "http://u:${PASS}@127.0.0.1:${PORT} /weather",
+        );
+        for text in [typed, url] {
+            let e = Config::parse(&text, env).err().expect("refused");
+            let shown = e.to_string();
+            assert!(
+                !shown.contains("KEY-456") && !shown.contains("SECRET-789"),
+                "{shown}"
+            );
+            assert!(
+                shown.contains("${CK}") || shown.contains("${PASS}"),
+                "{shown}"
+            );
         }
     }
 
