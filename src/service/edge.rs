@@ -6,8 +6,6 @@
 //!   `limits.max_connections` are open and another arrives (pingora would
 //!   keep an idle keep-alive connection open for ever);
 //! - a head, once begun, must be whole within `limits.header_timeout_ms`;
-//! - each write of a response waits at most `limits.send_timeout_ms` for
-//!   the client to take it (ours, and pingora's proxy path's);
 //! - a head that cannot be parsed gets an OpenAI error body (pingora's is an
 //!   empty 400 that names it, `Server: Pingora`).
 //!
@@ -89,6 +87,11 @@ enum Served {
 }
 
 impl Edge {
+    /// `limits.send_timeout_ms`, for a connection opened now.
+    pub fn send_timeout(&self) -> Duration {
+        self.config.load().limits.send_timeout
+    }
+
     pub fn new(proxy: HttpProxy<AgentProxy>, config: Arc<ArcSwap<Config>>) -> Self {
         Edge {
             proxy: Arc::new(proxy),
@@ -170,10 +173,7 @@ impl Edge {
         match super::proxy_path(&head, config) {
             // `buf`'s room (4 KiB) goes now, not as late as pingora's request.
             ProxyPath::Now => Arrived::ForPingora(stream, head.as_sent(&buf)),
-            proxy_path => {
-                let session = h1::Session::new(stream, head, buf, config.limits.send_timeout);
-                Arrived::Ours(session, proxy_path)
-            }
+            proxy_path => Arrived::Ours(h1::Session::new(stream, head, buf), proxy_path),
         }
     }
 
@@ -187,11 +187,9 @@ impl Edge {
         &'a self,
         stream: Stream,
         request: BytesMut,
-        send_timeout: Duration,
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Option<ReusedHttpStream>> + 'a {
         let mut session = ServerSession::new_http1(stream);
-        session.set_write_timeout(Some(send_timeout));
         // Bytes a client pipelined after the request wait for a next
         // request that never comes, rather than being an error that cuts
         // this one off (no answer, a reset).
@@ -236,7 +234,6 @@ impl ServerApp for Edge {
             // are read from it, and the next wait's timeouts.
             let config = Held::current(&self.config);
             timeouts = HeadTimeouts::of(&config);
-            let send_timeout = config.limits.send_timeout;
             let arrived = self.arrived(stream, buf, &config);
             match arrived {
                 Arrived::Malformed(stream, malformed) => {
@@ -247,7 +244,7 @@ impl ServerApp for Edge {
                 Arrived::ForPingora(stream, request) => {
                     // Pingora's proxy path takes its own.
                     drop(config);
-                    self.pass_on(stream, request, send_timeout, shutdown).await;
+                    self.pass_on(stream, request, shutdown).await;
                     return None;
                 }
                 // Boxed: a request's state is held only while it lasts,
@@ -265,7 +262,7 @@ impl ServerApp for Edge {
                         }
                         Served::Answered(h1::Finished::Closed) => return None,
                         Served::PassedOn(stream, request) if proxy_path == ProxyPath::Perhaps => {
-                            self.pass_on(stream, request, send_timeout, shutdown).await;
+                            self.pass_on(stream, request, shutdown).await;
                             return None;
                         }
                         Served::PassedOn(..) => {

@@ -30,7 +30,6 @@ use pingora::protocols::http::date::get_cached_date;
 use pingora::protocols::Stream;
 use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_timeout::fast_timeout::fast_timeout;
-use pingora_timeout::Elapsed;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::http1::{
@@ -529,17 +528,12 @@ pub struct Session {
     keep_alive: bool,
     response: Option<Answered>,
     out: Out,
-    /// How long one write may wait for the client to take it
-    /// (`limits.send_timeout_ms`): a client that reads nothing holds its
-    /// connection, and the upstream's answer behind it, no longer.
-    send_timeout: Duration,
 }
 
 impl Session {
     /// The request `head`, parsed off `rest`, which holds whatever of the
-    /// body (or a next request) came with it; its answer's writes each wait
-    /// at most `send_timeout`.
-    pub fn new(stream: Stream, head: Head, rest: BytesMut, send_timeout: Duration) -> Session {
+    /// body (or a next request) came with it.
+    pub fn new(stream: Stream, head: Head, rest: BytesMut) -> Session {
         let mut session = Session {
             stream,
             header: head.header,
@@ -549,7 +543,6 @@ impl Session {
             keep_alive: head.keep_alive,
             response: None,
             out: Out::NotStarted,
-            send_timeout,
         };
         session.release_buffer();
         session
@@ -811,13 +804,13 @@ impl Session {
     }
 
     async fn send(&mut self, bytes: &[u8]) -> Result<()> {
-        let outcome = fast_timeout(self.send_timeout, self.stream.write_all(bytes)).await;
+        let outcome = self.stream.write_all(bytes).await;
         self.written(outcome)
     }
 
     async fn send_vectored(&mut self, mut bufs: &mut [IoSlice<'_>]) -> Result<()> {
         while !bufs.is_empty() {
-            let outcome = fast_timeout(self.send_timeout, self.stream.write_vectored(bufs)).await;
+            let outcome = self.stream.write_vectored(bufs).await;
             let sent = self.written(outcome)?;
             if sent == 0 {
                 return Error::e_explain(ErrorType::WriteError, "the connection takes no more");
@@ -828,19 +821,15 @@ impl Session {
     }
 
     async fn flush(&mut self) -> Result<()> {
-        let outcome = fast_timeout(self.send_timeout, self.stream.flush()).await;
+        let outcome = self.stream.flush().await;
         self.written(outcome)
     }
 
-    /// A write's outcome: done, failed, or not taken by the client in time;
-    /// the response is [`Out::Broken`] unless done.
-    fn written<T>(&mut self, outcome: Result<std::io::Result<T>, Elapsed>) -> Result<T> {
-        let result = outcome
-            .or_err(
-                ErrorType::WriteTimedout,
-                "the client took none of the response in time",
-            )
-            .and_then(|written| written.or_err(ErrorType::WriteError, "writing the response"));
+    /// A write's outcome; the response is [`Out::Broken`] unless it was
+    /// done (a write the client took nothing of within
+    /// `limits.send_timeout_ms` fails: `WriteBuffer`).
+    fn written<T>(&mut self, outcome: std::io::Result<T>) -> Result<T> {
+        let result = outcome.or_err(ErrorType::WriteError, "writing the response");
         if result.is_err() {
             self.out = Out::Broken;
         }
@@ -1034,15 +1023,12 @@ mod tests {
         assert_eq!(chunk_size_line(0x1234abcd, &mut buf), b"1234abcd\r\n");
     }
 
-    /// `limits.send_timeout_ms`'s default.
-    const SEND: Duration = Duration::from_secs(60);
-
     /// A session on one end of an in-memory connection; the test is the client.
     fn session(wire: &str) -> (Session, DuplexStream) {
         let (ours, client) = duplex(1 << 20);
         let mut buf = BytesMut::from(wire);
         let head = parse(&mut buf).unwrap();
-        (Session::new(Box::new(ours), head, buf, SEND), client)
+        (Session::new(Box::new(ours), head, buf), client)
     }
 
     /// The session's response ended, and what became of the connection.
@@ -1216,25 +1202,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_client_that_reads_nothing_is_let_go_after_the_send_timeout() {
-        let (ours, _client) = duplex(4096);
-        let mut buf = BytesMut::from("GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
-        let head = parse(&mut buf).unwrap();
-        let mut s = Session::new(Box::new(ours), head, buf, Duration::from_millis(100));
-        write_head(&mut s, &[("transfer-encoding", "chunked")], false).await;
-        let started = std::time::Instant::now();
-        let stuck = s.write_response_body(Bytes::from(vec![b'x'; 1 << 20]), false);
-        let error = tokio::time::timeout(Duration::from_secs(10), stuck)
-            .await
-            .expect("the write gave up")
-            .unwrap_err();
-        assert_eq!(error.etype(), &ErrorType::WriteTimedout);
-        assert!(started.elapsed() >= Duration::from_millis(100));
-        // The response is cut: the connection closes.
-        assert!(matches!(finish(s).await, Finished::Closed));
-    }
-
-    #[tokio::test]
     async fn a_small_body_read_whole_leaves_no_read_buffer_behind() {
         // As a request arrives: its head and body in one read, into a
         // buffer with room to spare.
@@ -1242,7 +1209,7 @@ mod tests {
         let mut buf = BytesMut::with_capacity(4096);
         buf.extend_from_slice(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc");
         let head = parse(&mut buf).unwrap();
-        let mut s = Session::new(Box::new(ours), head, buf, SEND);
+        let mut s = Session::new(Box::new(ours), head, buf);
         let whole = s.read_request_body_whole(1024).await.unwrap().unwrap();
         assert_eq!(whole, "abc");
         // A stream lasts minutes: neither the body nor the session keeps

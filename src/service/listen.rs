@@ -102,6 +102,7 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
         }
         let edge = edge.clone();
         let shutdown = shutdown.clone();
+        let send_timeout = edge.send_timeout();
         // Without work stealing, each connection goes to the thread's
         // runtime serving the fewest, not all to this loop's.
         let (runtime, open) = runtimes.least_loaded();
@@ -131,7 +132,7 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
                 },
             };
             let deferral = FlushDeferral::default();
-            let buffered = WriteBuffer::new(WRITE_BUFFER, socket, deferral.clone());
+            let buffered = WriteBuffer::new(WRITE_BUFFER, socket, deferral.clone(), send_timeout);
             let connection = Socket::new(buffered, peer);
             write_buffer::serving(deferral, async move {
                 let mut next = edge.process_new(Box::new(connection), &shutdown).await;

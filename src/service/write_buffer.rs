@@ -12,6 +12,11 @@
 //! ([`deferring_flush`]): pingora flushes an event stream's head, and each
 //! body write, on its own, and an agent knows when more follows at once (the
 //! head, then the first events; the last events, then the closing chunk).
+//!
+//! A write the client takes nothing of for `limits.send_timeout_ms` fails
+//! (`TimedOut`), on our routes and pingora's proxy path alike: a client that
+//! reads nothing holds its connection, and the answer behind it, no longer.
+//! The timer is touched only when a write has to wait.
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -22,6 +27,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Duration, Instant, Sleep};
 
 /// At most this many of a write's slices go with the held bytes.
 const SLICES: usize = 8;
@@ -67,15 +73,55 @@ pub struct WriteBuffer<W> {
     held: Vec<u8>,
     capacity: usize,
     deferral: FlushDeferral,
+    send_timeout: Duration,
+    /// Set to the deadline of the write that waits, made by the first that
+    /// had to.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// A write is waiting: the timer runs for it.
+    waiting: bool,
 }
 
 impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
-    pub fn new(capacity: usize, inner: W, deferral: FlushDeferral) -> Self {
+    pub fn new(capacity: usize, inner: W, deferral: FlushDeferral, send_timeout: Duration) -> Self {
         WriteBuffer {
             inner,
             held: Vec::new(),
             capacity,
             deferral,
+            send_timeout,
+            timer: None,
+            waiting: false,
+        }
+    }
+
+    /// `poll`, a write of the inner stream's, unless it has waited
+    /// `send_timeout` since it first had to.
+    fn bounded<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.waiting = false;
+            return poll;
+        }
+        if !self.waiting {
+            self.waiting = true;
+            let deadline = Instant::now() + self.send_timeout;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        match self.timer.as_mut().map(|timer| timer.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => {
+                self.waiting = false;
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client took none of the response within limits.send_timeout_ms",
+                )))
+            }
+            _ => Poll::Pending,
         }
     }
 
@@ -97,7 +143,8 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
                 return Poll::Ready(Ok(total));
             }
             if self.held.is_empty() {
-                return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+                let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+                return self.bounded(cx, poll);
             }
             let mut slices = [IoSlice::new(&[]); SLICES];
             slices[0] = IoSlice::new(&self.held);
@@ -106,7 +153,8 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
                 slices[count] = *buf;
                 count += 1;
             }
-            let sent = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, &slices[..count]))?;
+            let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, &slices[..count]);
+            let sent = ready!(self.bounded(cx, poll))?;
             if sent == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -127,7 +175,8 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
     /// Sends everything held.
     fn send_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.held.is_empty() {
-            let sent = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.held))?;
+            let poll = Pin::new(&mut self.inner).poll_write(cx, &self.held);
+            let sent = ready!(self.bounded(cx, poll))?;
             if sent == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -178,13 +227,15 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for WriteBuffer<W> {
             return Poll::Ready(Ok(()));
         }
         ready!(this.send_held(cx))?;
-        Pin::new(&mut this.inner).poll_flush(cx)
+        let poll = Pin::new(&mut this.inner).poll_flush(cx);
+        this.bounded(cx, poll)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         ready!(this.send_held(cx))?;
-        Pin::new(&mut this.inner).poll_shutdown(cx)
+        let poll = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.bounded(cx, poll)
     }
 }
 
@@ -204,6 +255,43 @@ mod tests {
     use bytes::Buf;
     use std::pin::pin;
     use tokio::io::AsyncWriteExt;
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    /// A client that takes nothing of what it is sent.
+    struct Stuck;
+
+    impl AsyncWrite for Stuck {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Pending
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_the_client_takes_nothing_of_fails_after_the_send_timeout() {
+        let limit = Duration::from_millis(100);
+        let mut out = WriteBuffer::new(4, Stuck, FlushDeferral::default(), limit);
+        // Held: no wait yet.
+        out.write_all(b"ab").await.unwrap();
+        for _ in 0..2 {
+            let started = Instant::now();
+            let error = out.write_all(b"event").await.unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+            assert!(started.elapsed() >= limit);
+        }
+        let error = out.flush().await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+    }
 
     /// A socket that records each write call, takes at most `per_write`
     /// bytes a call, and is not ready on every `pending_every`-th call.
@@ -267,7 +355,7 @@ mod tests {
     /// An idle connection, or a stream between two events, holds no buffer.
     #[tokio::test]
     async fn the_buffer_is_memory_only_while_it_holds_bytes() {
-        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default());
+        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default(), MINUTE);
         assert_eq!(out.held.capacity(), 0);
         out.write_all(b"data: 1\n\n").await.unwrap();
         assert_eq!(
@@ -289,7 +377,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_and_a_body_too_large_to_hold_leave_in_one_write() {
-        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default());
+        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default(), MINUTE);
         let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n";
         out.write_all(head).await.unwrap();
         assert!(out.get_ref().writes.is_empty(), "a head alone is held");
@@ -305,7 +393,7 @@ mod tests {
 
     #[tokio::test]
     async fn small_writes_are_held_until_a_flush() {
-        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default());
+        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default(), MINUTE);
         out.write_all(b"event: a\n\n").await.unwrap();
         out.write_all(b"event: b\n\n").await.unwrap();
         assert!(out.get_ref().writes.is_empty());
@@ -322,7 +410,7 @@ mod tests {
     #[tokio::test]
     async fn a_deferred_flush_leaves_its_bytes_for_the_next_write() {
         let deferral = FlushDeferral::default();
-        let mut out = WriteBuffer::new(64, Socket::default(), deferral.clone());
+        let mut out = WriteBuffer::new(64, Socket::default(), deferral.clone(), MINUTE);
         serving(deferral, async move {
             deferring_flush(pin!(async {
                 out.write_all(b"head;").await.unwrap();
@@ -354,7 +442,8 @@ mod tests {
                 pending_every: rng.bool().then(|| rng.usize(2..5)),
                 ..Socket::default()
             };
-            let mut out = WriteBuffer::new(rng.usize(1..64), socket, FlushDeferral::default());
+            let mut out =
+                WriteBuffer::new(rng.usize(1..64), socket, FlushDeferral::default(), MINUTE);
             let mut expected = Vec::new();
             for _ in 0..rng.usize(1..12) {
                 let pieces: Vec<Vec<u8>> = (0..rng.usize(1..4))
