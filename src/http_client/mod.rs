@@ -11,6 +11,7 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -488,16 +489,10 @@ impl Endpoint {
         let limit = self.timeouts.first_byte;
         let mut wire = head.chain(body.unwrap_or_default());
         if let Err(e) = link.write(limit, &mut wire).await {
-            // A server may answer before it read the whole request (a 413
-            // for a body too large) and close: its answer is the client's.
-            if e.etype() == &ErrorType::WriteError {
-                let early = h1::Response::read(link, Some(EARLY_ANSWER), head_request).await;
-                if let Ok(mut response) = early {
-                    response.close_after();
-                    return Ok(Response::H1(response));
-                }
-            }
-            return Err((e, false));
+            return match e.etype() == &ErrorType::WriteError {
+                true => early_answer(link, head_request).await.ok_or((e, false)),
+                false => Err((e, false)),
+            };
         }
         h1::Response::read(link, Some(limit), head_request)
             .await
@@ -536,6 +531,23 @@ impl Endpoint {
             }
         }
     }
+}
+
+/// The answer a server sent before it read the whole request, then closed
+/// (a 413 for a body too large): a request whose write failed reads it
+/// within [`EARLY_ANSWER`], for the client. Boxed: rare, and out of every
+/// exchange's future.
+fn early_answer(
+    link: h1::Link,
+    head_request: bool,
+) -> Pin<Box<impl Future<Output = Option<Response>> + Send>> {
+    crate::boxed::pinned(|| async move {
+        let mut response = h1::Response::read(link, Some(EARLY_ANSWER), head_request)
+            .await
+            .ok()?;
+        response.close_after();
+        Some(Response::H1(response))
+    })
 }
 
 /// Whether a response is an event stream (by its `Content-Type`).
