@@ -216,11 +216,10 @@ async fn a_client_that_leaves_while_the_upstream_thinks_cancels_the_upstream_cal
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
-    // 40 MB offered as fast as the proxy takes it.
+/// An upstream that streams 40 MB to each request, as fast as it is taken.
+async fn forty_megabytes() -> FakeServer {
     let chunk = format!("data: {}\n\n", content(&"y".repeat(16 * 1024)));
-    let upstream = FakeServer::start(move |_, _| {
+    FakeServer::start(move |_, _| {
         let steps = (0..2500)
             .map(|_| Step::Bytes(chunk.clone().into_bytes()))
             .collect();
@@ -229,7 +228,12 @@ async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
             complete: true,
         }
     })
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
+    let upstream = forty_megabytes().await;
     let mut proxy_process = Proxy::start(&one_upstream(&upstream.url(), "agents: { a: {} }")).await;
     let pid = proxy_process.pid();
     for model in ["a", "other"] {
@@ -269,18 +273,8 @@ async fn a_slow_reader_gets_backpressure_not_unbounded_buffering() {
 /// write the client took: then both are let go, the client's stream cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_reads_nothing_is_let_go_after_the_send_timeout() {
-    // 40 MB offered: more than every buffer on the way holds.
-    let chunk = format!("data: {}\n\n", content(&"y".repeat(16 * 1024)));
-    let upstream = FakeServer::start(move |_, _| {
-        let steps = (0..2500)
-            .map(|_| Step::Bytes(chunk.clone().into_bytes()))
-            .collect();
-        Reply::Sse {
-            steps,
-            complete: true,
-        }
-    })
-    .await;
+    // More than every buffer on the way holds.
+    let upstream = forty_megabytes().await;
     let limits = "agents: { a: {} }\nlimits: { send_timeout_ms: 300 }";
     let proxy = Proxy::start(&one_upstream(&upstream.url(), limits)).await;
     for (before, model) in ["a", "other"].into_iter().enumerate() {

@@ -110,14 +110,7 @@ async fn a_stream_with_a_length_that_breaks_off_is_cut_without_an_event() {
         .await;
         let proxy = Proxy::start(&config(&upstream, "")).await;
         let body = json!({"model": "other", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-        let res = request(
-            proxy.port,
-            "POST",
-            "/v1/chat/completions",
-            &[("content-type", "application/json")],
-            body.to_string().as_bytes(),
-        )
-        .await;
+        let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
         assert_eq!(res.status, 200);
         let declared = (events.len() + missing).to_string();
         assert_eq!(res.header("content-length"), Some(declared.as_str()));
@@ -529,50 +522,50 @@ async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
     assert!(has(sent, "x-kept"));
 }
 
+/// The config of a proxy in front of an upstream that reads each request's
+/// lines until what it read so far is `answered_at`, then writes `answer`
+/// and closes.
+async fn scripted_upstream(answered_at: fn(&str) -> bool, answer: Vec<u8>) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut socket = BufReader::new(socket);
+                let mut read = String::new();
+                while socket.read_line(&mut read).await.unwrap_or(0) > 0 {
+                    if answered_at(&read) {
+                        let _ = socket.get_mut().write_all(&answer).await;
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    format!(
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\" }}\n"
+    )
+}
+
 /// An upstream that answers before it has read the whole request (a 413 for
 /// a body too large) and closes: its answer reaches the client, not a 502
 /// for the write it cut short.
 #[tokio::test]
 async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    use tokio::net::TcpListener;
-
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut socket = BufReader::new(socket);
-                let mut line = String::new();
-                while socket.read_line(&mut line).await.unwrap_or(0) > 0 {
-                    if line.ends_with("\r\n\r\n") {
-                        break;
-                    }
-                }
-                let body = r#"{"error":{"message":"too large","type":"invalid_request_error"}}"#;
-                let answer = format!(
-                    "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = socket.get_mut().write_all(answer.as_bytes()).await;
-                // Closed with the body unread: the proxy's write fails.
-            });
-        }
-    });
-    let config = format!(
-        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\" }}\n"
+    let body = r#"{"error":{"message":"too large","type":"invalid_request_error"}}"#;
+    let answer = format!(
+        "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     );
+    // Answered at the head's end, the body unread: the proxy's write fails.
+    let config = scripted_upstream(|read| read.ends_with("\r\n\r\n"), answer.into_bytes()).await;
     let proxy = Proxy::start(&config).await;
     let large = "x".repeat(8 << 20);
     let body = json!({"model": "other", "messages": [{"role": "user", "content": large}]});
-    let res = request(
-        proxy.port,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-    .await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     assert_eq!(res.status, 413, "{}", res.text());
     assert_eq!(res.json()["error"]["message"], "too large");
 }
@@ -582,30 +575,9 @@ async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client(
 /// proxy path: a chunked upload; nginx answers so too).
 #[tokio::test]
 async fn a_switch_the_client_did_not_ask_for_is_a_502() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    use tokio::net::TcpListener;
-
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut socket = BufReader::new(socket);
-                let mut line = String::new();
-                // The head, then the chunked body up to its last chunk.
-                while socket.read_line(&mut line).await.unwrap_or(0) > 0 {
-                    if line.ends_with("0\r\n\r\n") {
-                        let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n";
-                        let _ = socket.get_mut().write_all(switch).await;
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    let config = format!(
-        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\" }}\n"
-    );
+    let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n";
+    // Answered once the chunked body's last chunk came.
+    let config = scripted_upstream(|read| read.ends_with("0\r\n\r\n"), switch.to_vec()).await;
     let proxy = Proxy::start(&config).await;
     let res = raw_request(
         proxy.port,

@@ -621,15 +621,22 @@ mod tests {
     /// own limit, shorter or longer than the last one's, and a timer that
     /// went off while the connection sat in the pool does not end the next
     /// read early.
+    /// Our end of a connection, as the pool holds one, and the server's.
+    async fn connected() -> (
+        pingora::protocols::l4::stream::Stream,
+        tokio::net::TcpStream,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (ours, theirs) = tokio::join!(ours, listener.accept());
+        (ours.unwrap().into(), theirs.unwrap().0)
+    }
+
     #[tokio::test]
     async fn each_read_of_a_pooled_connection_gets_its_own_limit() {
         use tokio::io::AsyncWriteExt;
         const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
-        let (ours, theirs) = tokio::join!(ours, listener.accept());
-        let mut server = theirs.unwrap().0;
-        let stream = pingora::protocols::l4::stream::Stream::from(ours.unwrap());
+        let (stream, mut server) = connected().await;
         let mut link = Link::new(Box::new(stream));
         let mut exchange = async |link, limit: u64, answer_after: u64| {
             let read = Response::read(link, Some(Duration::from_millis(limit)), false);
@@ -667,11 +674,7 @@ mod tests {
     #[tokio::test]
     async fn interim_responses_dripped_do_not_move_the_head_s_deadline() {
         use tokio::io::AsyncWriteExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
-        let (ours, theirs) = tokio::join!(ours, listener.accept());
-        let mut server = theirs.unwrap().0;
-        let stream = pingora::protocols::l4::stream::Stream::from(ours.unwrap());
+        let (stream, mut server) = connected().await;
         let link = Link::new(Box::new(stream));
         // A `102 Processing` every 50 ms, for ever: each read comes well
         // within the limit, the head never.
@@ -712,11 +715,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_stream_holds_no_read_buffer() {
         use tokio::io::AsyncWriteExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
-        let (ours, theirs) = tokio::join!(ours, listener.accept());
-        let mut server = theirs.unwrap().0;
-        let stream = pingora::protocols::l4::stream::Stream::from(ours.unwrap());
+        let (stream, mut server) = connected().await;
         server
             .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6")
             .await
