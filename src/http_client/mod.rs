@@ -11,7 +11,6 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -488,16 +487,26 @@ impl Endpoint {
     ) -> std::result::Result<Response, (Box<Error>, bool)> {
         let limit = self.timeouts.first_byte;
         let mut wire = head.chain(body.unwrap_or_default());
-        if let Err(e) = link.write(limit, &mut wire).await {
-            return match e.etype() == &ErrorType::WriteError {
-                true => early_answer(link, head_request).await.ok_or((e, false)),
-                false => Err((e, false)),
-            };
+        // A server may answer before it read the whole request (a 413 for
+        // a body too large) and close: a write that failed so is followed
+        // by a short read of that answer, for the client.
+        let (read_limit, failed) = match link.write(limit, &mut wire).await {
+            Ok(()) => (limit, None),
+            Err(e) if e.etype() == &ErrorType::WriteError => (EARLY_ANSWER, Some(e)),
+            Err(e) => return Err((e, false)),
+        };
+        match (
+            h1::Response::read(link, Some(read_limit), head_request).await,
+            failed,
+        ) {
+            (Ok(response), None) => Ok(Response::H1(response)),
+            (Ok(mut early), Some(_)) => {
+                early.close_after();
+                Ok(Response::H1(early))
+            }
+            (Err(e), None) => Err((e, true)),
+            (Err(_), Some(write)) => Err((write, false)),
         }
-        h1::Response::read(link, Some(limit), head_request)
-            .await
-            .map(Response::H1)
-            .map_err(|e| (e, true))
     }
 
     /// Sends a request over pingora's HTTP/2 session and reads its response
@@ -531,23 +540,6 @@ impl Endpoint {
             }
         }
     }
-}
-
-/// The answer a server sent before it read the whole request, then closed
-/// (a 413 for a body too large): a request whose write failed reads it
-/// within [`EARLY_ANSWER`], for the client. Boxed: rare, and out of every
-/// exchange's future.
-fn early_answer(
-    link: h1::Link,
-    head_request: bool,
-) -> Pin<Box<impl Future<Output = Option<Response>> + Send>> {
-    crate::boxed::pinned(|| async move {
-        let mut response = h1::Response::read(link, Some(EARLY_ANSWER), head_request)
-            .await
-            .ok()?;
-        response.close_after();
-        Some(Response::H1(response))
-    })
 }
 
 /// Whether a response is an event stream (by its `Content-Type`).
