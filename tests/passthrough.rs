@@ -570,6 +570,23 @@ async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client(
     assert_eq!(res.json()["error"]["message"], "too large");
 }
 
+/// Interim answers an upstream sends on pingora's proxy path (103 Early
+/// Hints) are not passed on: an HTTP/1.0 client must get none, and an API
+/// client has no use for them.
+#[tokio::test]
+async fn interim_answers_on_the_proxy_path_are_not_passed_on() {
+    let answer = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    let config = scripted_upstream(|read| read.ends_with("0\r\n\r\n"), answer.to_vec()).await;
+    let proxy = Proxy::start(&config).await;
+    let res = raw_request(
+        proxy.port,
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.text(), "ok");
+}
+
 /// An upstream that switches protocols on a request that asked for no
 /// switch gets a 502, not the client's connection as a tunnel (pingora's
 /// proxy path: a chunked upload; nginx answers so too).

@@ -190,6 +190,12 @@ impl Edge {
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Option<ReusedHttpStream>> + 'a {
         let mut session = ServerSession::new_http1(stream);
+        if let ServerSession::H1(h1) = &mut session {
+            // Interim answers (103 Early Hints) mean nothing to an API
+            // client, and an HTTP/1.0 one must get none (RFC 9110 §15.2);
+            // a switch, and a 100 the client waits for, still go.
+            h1.set_ignore_info_resp(true);
+        }
         // Bytes a client pipelined after the request wait for a next
         // request that never comes, rather than being an error that cuts
         // this one off (no answer, a reset).
