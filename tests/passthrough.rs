@@ -524,8 +524,8 @@ async fn the_proxy_path_passes_on_no_field_of_one_hop_either_way() {
 
 /// The config of a proxy in front of an upstream that reads each request's
 /// lines until what it read so far is `answered_at`, then writes `answer`
-/// and closes.
-async fn scripted_upstream(answered_at: fn(&str) -> bool, answer: Vec<u8>) -> String {
+/// and closes, or with `hold`, goes silent.
+async fn scripted_upstream(answered_at: fn(&str) -> bool, answer: Vec<u8>, hold: bool) -> String {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -539,6 +539,9 @@ async fn scripted_upstream(answered_at: fn(&str) -> bool, answer: Vec<u8>) -> St
                 while socket.read_line(&mut read).await.unwrap_or(0) > 0 {
                     if answered_at(&read) {
                         let _ = socket.get_mut().write_all(&answer).await;
+                        if hold {
+                            std::future::pending::<()>().await;
+                        }
                         break;
                     }
                 }
@@ -546,7 +549,7 @@ async fn scripted_upstream(answered_at: fn(&str) -> bool, answer: Vec<u8>) -> St
         }
     });
     format!(
-        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\" }}\n"
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"http://127.0.0.1:{port}/v1\", first_byte_timeout_ms: 2000 }}\n"
     )
 }
 
@@ -561,7 +564,12 @@ async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client(
         body.len()
     );
     // Answered at the head's end, the body unread: the proxy's write fails.
-    let config = scripted_upstream(|read| read.ends_with("\r\n\r\n"), answer.into_bytes()).await;
+    let config = scripted_upstream(
+        |read| read.ends_with("\r\n\r\n"),
+        answer.into_bytes(),
+        false,
+    )
+    .await;
     let proxy = Proxy::start(&config).await;
     let large = "x".repeat(8 << 20);
     let body = json!({"model": "other", "messages": [{"role": "user", "content": large}]});
@@ -570,13 +578,34 @@ async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client(
     assert_eq!(res.json()["error"]["message"], "too large");
 }
 
+/// What pingora's proxy path writes goes out as it comes: an answer with a
+/// length whose upstream goes silent reaches the client as far as it came
+/// (its head, what of its body came), then the close; held, the client got
+/// nothing at all.
+#[tokio::test]
+async fn an_answer_on_the_proxy_path_that_stalls_reaches_the_client_as_far_as_it_came() {
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf";
+    // Silent after: the proxy's read of the rest times out (2 s).
+    let config = scripted_upstream(|read| read.ends_with("0\r\n\r\n"), answer.to_vec(), true).await;
+    let proxy = Proxy::start(&config).await;
+    let res = raw_request(
+        proxy.port,
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(res.text(), "half");
+    assert!(!res.complete, "cut");
+}
+
 /// Interim answers an upstream sends on pingora's proxy path (103 Early
 /// Hints) are not passed on: an HTTP/1.0 client must get none, and an API
 /// client has no use for them.
 #[tokio::test]
 async fn interim_answers_on_the_proxy_path_are_not_passed_on() {
     let answer = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-    let config = scripted_upstream(|read| read.ends_with("0\r\n\r\n"), answer.to_vec()).await;
+    let config =
+        scripted_upstream(|read| read.ends_with("0\r\n\r\n"), answer.to_vec(), false).await;
     let proxy = Proxy::start(&config).await;
     let res = raw_request(
         proxy.port,
@@ -594,7 +623,8 @@ async fn interim_answers_on_the_proxy_path_are_not_passed_on() {
 async fn a_switch_the_client_did_not_ask_for_is_a_502() {
     let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n";
     // Answered once the chunked body's last chunk came.
-    let config = scripted_upstream(|read| read.ends_with("0\r\n\r\n"), switch.to_vec()).await;
+    let config =
+        scripted_upstream(|read| read.ends_with("0\r\n\r\n"), switch.to_vec(), false).await;
     let proxy = Proxy::start(&config).await;
     let res = raw_request(
         proxy.port,

@@ -189,6 +189,9 @@ impl Edge {
         request: BytesMut,
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Option<ReusedHttpStream>> + 'a {
+        // The connection's last request (see `request_filter`): its buffer
+        // holds nothing more.
+        super::write_buffer::writing_through();
         let mut session = ServerSession::new_http1(stream);
         if let ServerSession::H1(h1) = &mut session {
             // Interim answers (103 Early Hints) mean nothing to an API

@@ -29,7 +29,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Handle;
 use tracing::{debug, error, info};
 
-use super::write_buffer::{self, FlushDeferral, WriteBuffer};
+use super::write_buffer::{self, BufferControl, WriteBuffer};
 use super::Edge;
 use crate::socket::Socket;
 
@@ -131,10 +131,10 @@ async fn accept(listener: &TcpListener, edge: &Arc<Edge>, mut shutdown: Shutdown
                     }
                 },
             };
-            let deferral = FlushDeferral::default();
-            let buffered = WriteBuffer::new(WRITE_BUFFER, socket, deferral.clone(), send_timeout);
+            let control = BufferControl::default();
+            let buffered = WriteBuffer::new(WRITE_BUFFER, socket, control.clone(), send_timeout);
             let connection = Socket::new(buffered, peer);
-            write_buffer::serving(deferral, async move {
+            write_buffer::serving(control, async move {
                 let mut next = edge.process_new(Box::new(connection), &shutdown).await;
                 while let Some(stream) = next {
                     next = edge.process_new(stream, &shutdown).await;

@@ -32,21 +32,28 @@ use tokio::time::{Duration, Instant, Sleep};
 /// At most this many of a write's slices go with the held bytes.
 const SLICES: usize = 8;
 
-/// Whether a connection's next flush is skipped; shared by its
-/// [`WriteBuffer`] and the task serving it.
+/// What the task serving a connection tells its [`WriteBuffer`]: skip the
+/// next flush ([`deferring_flush`]), or hold nothing from now on
+/// ([`writing_through`]).
 #[derive(Debug, Clone, Default)]
-pub struct FlushDeferral(Arc<AtomicBool>);
+pub struct BufferControl(Arc<Control>);
+
+#[derive(Debug, Default)]
+struct Control {
+    skip_flush: AtomicBool,
+    through: AtomicBool,
+}
 
 tokio::task_local! {
-    static CONNECTION: FlushDeferral;
+    static CONNECTION: BufferControl;
 }
 
 /// Runs a connection's task, where [`deferring_flush`] reaches its buffer.
 pub fn serving<F: Future>(
-    deferral: FlushDeferral,
+    control: BufferControl,
     connection: F,
 ) -> impl Future<Output = F::Output> {
-    CONNECTION.scope(deferral, connection)
+    CONNECTION.scope(control, connection)
 }
 
 /// Runs `write` with the connection's first flush in it skipped: what it
@@ -54,17 +61,26 @@ pub fn serving<F: Future>(
 /// agent's call), just runs it. `write` comes pinned where it was made: by
 /// value it would be held twice here, argument and awaited future.
 pub async fn deferring_flush<F: Future + ?Sized>(write: Pin<&mut F>) -> F::Output {
-    let deferral = CONNECTION.try_with(FlushDeferral::clone).ok();
-    if let Some(d) = &deferral {
-        d.0.store(true, Ordering::Relaxed);
+    let control = CONNECTION.try_with(BufferControl::clone).ok();
+    if let Some(d) = &control {
+        d.0.skip_flush.store(true, Ordering::Relaxed);
     }
     let out = write.await;
     // Not left set: a write that did not flush must not cost a later one
     // its flush.
-    if let Some(d) = &deferral {
-        d.0.store(false, Ordering::Relaxed);
+    if let Some(d) = &control {
+        d.0.skip_flush.store(false, Ordering::Relaxed);
     }
     out
+}
+
+/// From now on the connection's buffer holds nothing: each write goes out
+/// as it comes. For pingora's proxy path, which flushes a head with a body,
+/// and a body with a length, only at its end: held, an upstream's answer
+/// that stalled or broke off reached the client not at all. Outside a
+/// connection's task, nothing.
+pub fn writing_through() {
+    let _ = CONNECTION.try_with(|control| control.0.through.store(true, Ordering::Relaxed));
 }
 
 #[derive(Debug)]
@@ -72,7 +88,7 @@ pub struct WriteBuffer<W> {
     inner: W,
     held: Vec<u8>,
     capacity: usize,
-    deferral: FlushDeferral,
+    control: BufferControl,
     send_timeout: Duration,
     /// Set to the deadline of the write that waits, made by the first that
     /// had to.
@@ -82,12 +98,12 @@ pub struct WriteBuffer<W> {
 }
 
 impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
-    pub fn new(capacity: usize, inner: W, deferral: FlushDeferral, send_timeout: Duration) -> Self {
+    pub fn new(capacity: usize, inner: W, control: BufferControl, send_timeout: Duration) -> Self {
         WriteBuffer {
             inner,
             held: Vec::new(),
             capacity,
-            deferral,
+            control,
             send_timeout,
             timer: None,
             waiting: false,
@@ -135,7 +151,9 @@ impl<W: AsyncWrite + Unpin> WriteBuffer<W> {
     fn write(&mut self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let total = bufs.iter().map(|b| b.len()).sum::<usize>();
         loop {
-            if self.held.len() + total <= self.capacity {
+            if self.held.len() + total <= self.capacity
+                && !self.control.0.through.load(Ordering::Relaxed)
+            {
                 if self.held.capacity() == 0 {
                     self.held.reserve_exact(self.capacity);
                 }
@@ -223,7 +241,7 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for WriteBuffer<W> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.deferral.0.swap(false, Ordering::Relaxed) {
+        if this.control.0.skip_flush.swap(false, Ordering::Relaxed) {
             return Poll::Ready(Ok(()));
         }
         ready!(this.send_held(cx))?;
@@ -280,7 +298,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_the_client_takes_nothing_of_fails_after_the_send_timeout() {
         let limit = Duration::from_millis(100);
-        let mut out = WriteBuffer::new(4, Stuck, FlushDeferral::default(), limit);
+        let mut out = WriteBuffer::new(4, Stuck, BufferControl::default(), limit);
         // Held: no wait yet.
         out.write_all(b"ab").await.unwrap();
         for _ in 0..2 {
@@ -355,7 +373,7 @@ mod tests {
     /// An idle connection, or a stream between two events, holds no buffer.
     #[tokio::test]
     async fn the_buffer_is_memory_only_while_it_holds_bytes() {
-        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default(), MINUTE);
+        let mut out = WriteBuffer::new(64, Socket::default(), BufferControl::default(), MINUTE);
         assert_eq!(out.held.capacity(), 0);
         out.write_all(b"data: 1\n\n").await.unwrap();
         assert_eq!(
@@ -377,7 +395,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_and_a_body_too_large_to_hold_leave_in_one_write() {
-        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default(), MINUTE);
+        let mut out = WriteBuffer::new(64, Socket::default(), BufferControl::default(), MINUTE);
         let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n";
         out.write_all(head).await.unwrap();
         assert!(out.get_ref().writes.is_empty(), "a head alone is held");
@@ -393,7 +411,7 @@ mod tests {
 
     #[tokio::test]
     async fn small_writes_are_held_until_a_flush() {
-        let mut out = WriteBuffer::new(64, Socket::default(), FlushDeferral::default(), MINUTE);
+        let mut out = WriteBuffer::new(64, Socket::default(), BufferControl::default(), MINUTE);
         out.write_all(b"event: a\n\n").await.unwrap();
         out.write_all(b"event: b\n\n").await.unwrap();
         assert!(out.get_ref().writes.is_empty());
@@ -409,9 +427,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_deferred_flush_leaves_its_bytes_for_the_next_write() {
-        let deferral = FlushDeferral::default();
-        let mut out = WriteBuffer::new(64, Socket::default(), deferral.clone(), MINUTE);
-        serving(deferral, async move {
+        let control = BufferControl::default();
+        let mut out = WriteBuffer::new(64, Socket::default(), control.clone(), MINUTE);
+        serving(control, async move {
             deferring_flush(pin!(async {
                 out.write_all(b"head;").await.unwrap();
                 out.flush().await.unwrap();
@@ -422,7 +440,7 @@ mod tests {
             out.flush().await.unwrap();
             assert_eq!(out.get_ref().writes, [b"head;events;".to_vec()]);
 
-            // A deferral no flush took is not left to skip a later one.
+            // A control no flush took is not left to skip a later one.
             deferring_flush(pin!(async {})).await;
             out.write_all(b"more").await.unwrap();
             out.flush().await.unwrap();
@@ -443,7 +461,7 @@ mod tests {
                 ..Socket::default()
             };
             let mut out =
-                WriteBuffer::new(rng.usize(1..64), socket, FlushDeferral::default(), MINUTE);
+                WriteBuffer::new(rng.usize(1..64), socket, BufferControl::default(), MINUTE);
             let mut expected = Vec::new();
             for _ in 0..rng.usize(1..12) {
                 let pieces: Vec<Vec<u8>> = (0..rng.usize(1..4))
