@@ -578,6 +578,19 @@ async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client(
     assert_eq!(res.json()["error"]["message"], "too large");
 }
 
+/// A chunked upload, which pingora's proxy path serves, to an upstream that
+/// answers it with `answer` once the body's last chunk came (and with
+/// `hold` goes silent after); the client's view of the answer.
+async fn chunked_upload(answer: Vec<u8>, hold: bool) -> Response {
+    let config = scripted_upstream(|read| read.ends_with("0\r\n\r\n"), answer, hold).await;
+    let proxy = Proxy::start(&config).await;
+    raw_request(
+        proxy.port,
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await
+}
+
 /// What pingora's proxy path writes goes out as it comes: an answer with a
 /// length whose upstream goes silent reaches the client as far as it came
 /// (its head, what of its body came), then the close; held, the client got
@@ -586,13 +599,7 @@ async fn an_answer_the_upstream_sent_before_reading_the_body_reaches_the_client(
 async fn an_answer_on_the_proxy_path_that_stalls_reaches_the_client_as_far_as_it_came() {
     let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf";
     // Silent after: the proxy's read of the rest times out (2 s).
-    let config = scripted_upstream(|read| read.ends_with("0\r\n\r\n"), answer.to_vec(), true).await;
-    let proxy = Proxy::start(&config).await;
-    let res = raw_request(
-        proxy.port,
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-    )
-    .await;
+    let res = chunked_upload(answer.to_vec(), true).await;
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(res.text(), "half");
     assert!(!res.complete, "cut");
@@ -604,14 +611,7 @@ async fn an_answer_on_the_proxy_path_that_stalls_reaches_the_client_as_far_as_it
 #[tokio::test]
 async fn interim_answers_on_the_proxy_path_are_not_passed_on() {
     let answer = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-    let config =
-        scripted_upstream(|read| read.ends_with("0\r\n\r\n"), answer.to_vec(), false).await;
-    let proxy = Proxy::start(&config).await;
-    let res = raw_request(
-        proxy.port,
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-    )
-    .await;
+    let res = chunked_upload(answer.to_vec(), false).await;
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(res.text(), "ok");
 }
@@ -622,15 +622,7 @@ async fn interim_answers_on_the_proxy_path_are_not_passed_on() {
 #[tokio::test]
 async fn a_switch_the_client_did_not_ask_for_is_a_502() {
     let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\nConnection: Upgrade\r\n\r\n";
-    // Answered once the chunked body's last chunk came.
-    let config =
-        scripted_upstream(|read| read.ends_with("0\r\n\r\n"), switch.to_vec(), false).await;
-    let proxy = Proxy::start(&config).await;
-    let res = raw_request(
-        proxy.port,
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-    )
-    .await;
+    let res = chunked_upload(switch.to_vec(), false).await;
     assert_eq!(res.status, 502, "{}", res.text());
     assert_eq!(res.header("upgrade"), None);
 }
