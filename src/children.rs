@@ -81,6 +81,21 @@ fn teardown() -> bool {
     }
 }
 
+/// A child's whole environment (it starts with an empty one): the proxy's
+/// own values of the names in `inherit`, then `set`. A command tool's and a
+/// stdio MCP server's alike: neither sees the proxy's secrets unless named.
+pub fn environment<'a>(
+    inherit: &[String],
+    set: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = inherit
+        .iter()
+        .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)))
+        .collect();
+    env.extend(set.into_iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
 /// A process group this proxy started and ends.
 pub struct Group(pid_t);
 

@@ -56,6 +56,16 @@ async fn with_stdio_demo(upstream: &FakeServer, agents: &str) -> Proxy {
 
 /// [`with_stdio_demo`] with the server's `settings` (YAML flow entries).
 async fn with_stdio_demo_set(upstream: &FakeServer, settings: &str, agents: &str) -> Proxy {
+    with_stdio_demo_env(upstream, settings, agents, &[]).await
+}
+
+/// [`with_stdio_demo_set`], the proxy's environment having `env` too.
+async fn with_stdio_demo_env(
+    upstream: &FakeServer,
+    settings: &str,
+    agents: &str,
+    env: &[(&str, &str)],
+) -> Proxy {
     let yaml = format!(
         r#"
 default_upstream: up
@@ -68,7 +78,7 @@ agents:
         upstream.url(),
         demo_server().display()
     );
-    let proxy = Proxy::start(&yaml).await;
+    let proxy = Proxy::start_with_env(&yaml, env).await;
     wait_connected(&proxy, "demo").await;
     proxy
 }
@@ -161,16 +171,19 @@ async fn a_stdio_servers_env_and_output_cap_apply_to_its_calls() {
     let long = "x".repeat(500);
     let upstream = calls_then_echo_results(vec![
         ("demo__env", r#"{"name": "DEMO_GREETING"}"#),
+        ("demo__env", r#"{"name": "HOME"}"#),
+        ("demo__env", r#"{"name": "UPSTREAM_SECRET"}"#),
         (
             "demo__fail",
             Box::leak(format!(r#"{{"message": "{long}"}}"#).into_boxed_str()),
         ),
     ])
     .await;
-    let proxy = with_stdio_demo_set(
+    let proxy = with_stdio_demo_env(
         &upstream,
         "timeout_ms: 5000, max_output_bytes: 100, env: { DEMO_GREETING: hello }",
         "  docs: { tools: [\"demo/*\"] }",
+        &[("UPSTREAM_SECRET", "sk-not-for-servers")],
     )
     .await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("docs", "go")).await;
@@ -180,11 +193,40 @@ async fn a_stdio_servers_env_and_output_cap_apply_to_its_calls() {
         results[0], "hello",
         "the server's env has the configured variable"
     );
-    assert!(
-        results[1].ends_with("[truncated: output exceeded 100 bytes]") && results[1].len() < 200,
-        "{}",
-        results[1]
+    assert_eq!(
+        results[1],
+        std::env::var("HOME").unwrap_or_else(|_| "unset".into()),
+        "and HOME, as the MCP SDKs pass it"
     );
+    assert_eq!(
+        results[2], "unset",
+        "but none of the proxy's other variables, as the MCP SDKs do"
+    );
+    assert!(
+        results[3].ends_with("[truncated: output exceeded 100 bytes]") && results[3].len() < 200,
+        "{}",
+        results[3]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_inherits_only_the_variables_it_names() {
+    let upstream = calls_then_echo_results(vec![
+        ("demo__env", r#"{"name": "UPSTREAM_SECRET"}"#),
+        ("demo__env", r#"{"name": "PATH"}"#),
+    ])
+    .await;
+    let proxy = with_stdio_demo_env(
+        &upstream,
+        "timeout_ms: 5000, inherit_env: [UPSTREAM_SECRET]",
+        "  docs: { tools: [\"demo/*\"] }",
+        &[("UPSTREAM_SECRET", "sk-named")],
+    )
+    .await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("docs", "go")).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let results = chats(&upstream)[1].tool_results();
+    assert_eq!(results, ["sk-named", "unset"], "named, and only that");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -487,9 +487,12 @@ pub struct InjectFile {
 pub struct McpServerFile {
     /// A stdio server: the program and its arguments (no shell).
     pub command: Option<Vec<String>>,
-    /// Variables added to the proxy's environment for a stdio server.
+    /// Variables set for a stdio server. Its environment starts empty.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Variables a stdio server gets from the proxy's environment.
+    #[serde(default = "default_mcp_inherited_env")]
+    pub inherit_env: Vec<String>,
     /// A streamable-HTTP server.
     pub url: Option<String>,
     #[serde(default)]
@@ -560,6 +563,15 @@ fn default_tool_timeout() -> u64 {
 
 fn default_inherited_env() -> Vec<String> {
     vec!["PATH".into()]
+}
+
+/// What the MCP SDKs' stdio clients pass a server by default (Python's
+/// `get_default_environment`, TypeScript's `getDefaultEnvironment`): enough
+/// for `npx` and `uvx` to find their caches, none of the proxy's secrets.
+fn default_mcp_inherited_env() -> Vec<String> {
+    ["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"]
+        .map(String::from)
+        .to_vec()
 }
 
 #[derive(Debug, Deserialize)]

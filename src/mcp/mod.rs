@@ -128,11 +128,7 @@ impl McpServer {
         let transport = match (&file.command, &file.url) {
             (Some(argv), None) if !argv.is_empty() && !argv[0].is_empty() => Transport::Stdio {
                 argv: argv.clone(),
-                env: file
-                    .env
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
+                env: crate::children::environment(&file.inherit_env, &file.env),
             },
             (None, Some(url)) => {
                 let _: http::Uri = url
@@ -399,6 +395,7 @@ impl Link {
                 // speaks over its pipes.
                 let mut child = tokio::process::Command::new(&argv[0])
                     .args(&argv[1..])
+                    .env_clear()
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())

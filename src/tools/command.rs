@@ -30,12 +30,7 @@ impl CommandTool {
         if file.argv.is_empty() || file.argv[0].is_empty() {
             return Err("`argv` needs at least the program".into());
         }
-        let mut env: Vec<(String, String)> = file
-            .inherit_env
-            .iter()
-            .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)))
-            .collect();
-        env.extend(file.env);
+        let env = crate::children::environment(&file.inherit_env, &file.env);
         Ok(CommandTool {
             argv: file.argv,
             cwd: file.cwd,
