@@ -465,20 +465,28 @@ async fn malformed_requests_get_an_error_body_that_does_not_name_the_software() 
             .map(|i| format!("X-H{i}: v\r\n"))
             .collect::<String>()
     );
-    for (what, bytes) in [
-        ("a 1 MiB header", huge_header),
-        ("10,000 headers", many_headers),
+    let long_target = format!(
+        "GET /v1/models?q={} HTTP/1.1\r\nHost: x\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    // Each with the status that names its fault (RFC 9110 §15.5.15, RFC 6585 §5).
+    for (what, bytes, status) in [
+        ("a 1 MiB header", huge_header, 431),
+        ("a 70,000-byte target", long_target, 414),
+        ("10,000 headers", many_headers, 400),
         (
             "a bad method",
             "G(T /v1/models HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+            400,
         ),
         (
             "HTTP/9.9",
             "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n".into(),
+            400,
         ),
     ] {
         let res = raw_request(proxy.port, bytes.as_bytes()).await;
-        assert_error(&res, 400, "invalid_request_error");
+        assert_error(&res, status, "invalid_request_error");
         assert!(
             res.header("server")
                 .is_none_or(|s| !s.to_ascii_lowercase().contains("pingora")),

@@ -415,8 +415,11 @@ fn head_complete(head: &[u8], scanned: &mut usize) -> bool {
 
 /// Answers a head that cannot be served with an OpenAI error, and closes.
 async fn refuse(mut stream: Stream, malformed: h1::Malformed) {
-    let body = ApiError::bad_request(malformed.0).to_json();
-    if h1::refuse(&mut stream, 400, &body).await.is_ok() {
+    let body = ApiError::bad_request(malformed.why).to_json();
+    if h1::refuse(&mut stream, malformed.status, &body)
+        .await
+        .is_ok()
+    {
         close_draining(stream).await;
     }
 }

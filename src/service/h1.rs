@@ -51,10 +51,24 @@ const PAST_BODY: usize = 64;
 /// How long each read of a request body may take (pingora's default).
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Why a request head cannot be served: it is answered 400 and the
-/// connection closed.
+/// Why a request head cannot be served: it is answered with `status` and
+/// the connection closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Malformed(pub &'static str);
+pub struct Malformed {
+    pub status: u16,
+    pub why: &'static str,
+}
+
+impl Malformed {
+    /// A 400: the head breaks HTTP's rules.
+    const fn bad(why: &'static str) -> Self {
+        Malformed { status: 400, why }
+    }
+}
+
+/// `http`'s longest target (`Uri`'s limit): a longer one is a 414, as
+/// RFC 9110 §15.5.15 has it, not a head that cannot be parsed.
+const MAX_TARGET: usize = u16::MAX as usize - 1;
 
 /// A parsed request head.
 #[derive(Debug)]
@@ -103,7 +117,7 @@ pub fn parse(buf: &mut BytesMut) -> Result<Head, Malformed> {
 }
 
 const MALFORMED: Malformed =
-    Malformed("malformed HTTP request: the request line or a header cannot be parsed");
+    Malformed::bad("malformed HTTP request: the request line or a header cannot be parsed");
 
 enum Parsing {
     /// The request line has bytes a target may not: escaping may mend it.
@@ -131,10 +145,16 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
     let mut request = httparse::Request::new(&mut []);
     let len = match request.parse_with_uninit_headers(buf, &mut fields) {
         Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
-        Ok(_) => return Err(Malformed("the request head is larger than 1 MiB").into()),
+        Ok(_) => {
+            return Err(Malformed {
+                status: 431,
+                why: "the request head is larger than 1 MiB",
+            }
+            .into())
+        }
         Err(httparse::Error::Token | httparse::Error::Version) => return Err(Parsing::Target),
         Err(httparse::Error::TooManyHeaders) => {
-            return Err(Malformed("a request head may have at most 256 header fields").into())
+            return Err(Malformed::bad("a request head may have at most 256 header fields").into())
         }
         Err(_) => return Err(MALFORMED.into()),
     };
@@ -173,6 +193,13 @@ fn parse_as_sent(buf: &mut BytesMut) -> Result<Head, Parsing> {
     parts.uri = known.unwrap_or_default();
     let mut header = RequestHeader::from(parts);
     if !found {
+        if target.len() > MAX_TARGET {
+            return Err(Malformed {
+                status: 414,
+                why: "the request target is longer than 65,534 bytes",
+            }
+            .into());
+        }
         header.set_raw_path(target).map_err(|_| MALFORMED)?;
     }
     bytes::Buf::advance(buf, len);
@@ -245,19 +272,22 @@ impl Framing {
     /// How the request's body is delimited, and whether the connection
     /// may serve another request after it.
     fn decide(self, header: &mut RequestHeader) -> Result<(Body, bool), Malformed> {
-        validate_request_authority(header)
-            .map_err(|_| Malformed("the request's authority is ambiguous or names another host"))?;
+        validate_request_authority(header).map_err(|_| {
+            Malformed::bad("the request's authority is ambiguous or names another host")
+        })?;
         let http10 = header.version == Version::HTTP_10;
         let mut keep_alive = !self.close && (!http10 || self.keep_alive);
         let body = match self.chunked {
             Some(chunked) => {
                 if http10 {
-                    return Err(Malformed(
+                    return Err(Malformed::bad(
                         "an HTTP/1.0 request cannot have a Transfer-Encoding",
                     ));
                 }
                 if !chunked {
-                    return Err(Malformed("the final Transfer-Encoding must be chunked"));
+                    return Err(Malformed::bad(
+                        "the final Transfer-Encoding must be chunked",
+                    ));
                 }
                 // The coding wins (RFC 9112 §6.3); the connection is not
                 // trusted with another request (§6.1).
@@ -280,9 +310,9 @@ fn more_length(mut length: Option<u64>, value: &[u8]) -> Result<Option<u64>, Mal
         let parsed = (!token.is_empty() && token.iter().all(u8::is_ascii_digit))
             .then(|| std::str::from_utf8(token).ok()?.parse::<u64>().ok())
             .flatten()
-            .ok_or(Malformed("the Content-Length is not a number"))?;
+            .ok_or(Malformed::bad("the Content-Length is not a number"))?;
         if length.is_some_and(|l| l != parsed) {
-            return Err(Malformed("the request has differing Content-Lengths"));
+            return Err(Malformed::bad("the request has differing Content-Lengths"));
         }
         length = Some(parsed);
     }
@@ -1010,9 +1040,22 @@ mod tests {
                 .map(|i| format!("X-{i}: v\r\n"))
                 .collect::<String>()
         );
-        assert!(parsed(&many).unwrap_err().0.contains("256"));
+        let refused = parsed(&many).unwrap_err();
+        assert!(refused.why.contains("256") && refused.status == 400);
         let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(MAX_HEAD));
-        assert!(parsed(&long).unwrap_err().0.contains("1 MiB"));
+        let refused = parsed(&long).unwrap_err();
+        assert!(refused.why.contains("1 MiB") && refused.status == 431);
+    }
+
+    #[test]
+    fn a_target_longer_than_a_uri_may_be_is_a_414() {
+        let at_most = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_TARGET - 1));
+        assert_eq!(
+            parsed(&at_most).unwrap().0.header.uri.path().len(),
+            MAX_TARGET
+        );
+        let longer = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_TARGET));
+        assert_eq!(parsed(&longer).unwrap_err().status, 414);
     }
 
     #[test]
