@@ -21,6 +21,7 @@ pub mod json;
 pub mod knowledge;
 pub mod limits;
 pub mod logs;
+pub mod mask;
 pub mod mcp;
 pub mod metrics;
 pub mod openai;

@@ -524,6 +524,45 @@ async fn http_tools_post_to_the_configured_url_whatever_the_arguments_say() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_tools_key_reflected_by_its_target_is_masked_in_the_result() {
+    // A target that reflects the headers it got, as many echo and debugging
+    // endpoints do, and as error messages quoting a bad key do.
+    let tool = FakeServer::start(|req, _| {
+        let said = req.header("authorization").unwrap_or_default().to_owned();
+        let key = said.trim_start_matches("Bearer ").to_owned();
+        Reply::json(
+            401,
+            json!({"headers": {"authorization": said}, "error": format!("bad key {key}")}),
+        )
+    })
+    .await;
+    let upstream = calls_then_echo_results(vec![("lookup", "{}")]).await;
+    let yaml = one_upstream(
+        &upstream.url(),
+        &format!(
+            "tools:\n  lookup: {{ http: {{ url: \"{}/\", headers: {{ Authorization: \"Bearer ${{TOOL_KEY}}\" }} }} }}\nagents:\n  a: {{ tools: [lookup] }}",
+            tool.url()
+        ),
+    );
+    let proxy = Proxy::start_with_env(&yaml, &[("TOOL_KEY", "tk-0123456789abcdef")]).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask("a", false)).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(
+        tool.requests()[0].header("authorization"),
+        Some("Bearer tk-0123456789abcdef"),
+        "the tool got its key"
+    );
+    let result = &upstream.requests().last().unwrap().tool_results()[0];
+    assert!(!result.contains("tk-0123456789abcdef"), "{result}");
+    assert!(
+        result.contains("*************************")
+            && result.contains("bad key *******************"),
+        "masked where it was, at its length: {result}"
+    );
+    assert!(!res.text().contains("tk-0123456789abcdef"));
+}
+
 // ------------------------------------------------------------------- tool faults
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,10 @@ pub struct HttpTool {
     endpoint: Endpoint,
     path: String,
     headers: Vec<(::http::HeaderName, ::http::HeaderValue)>,
+    /// The credentials among `headers`, masked in what the tool answers: a
+    /// target that reflects its request's headers would put the operator's
+    /// key in the model's context, and on to the client.
+    secrets: Vec<Box<[u8]>>,
     timeout: Duration,
     /// Longer results are cut (`max_output_bytes`).
     cap: usize,
@@ -52,11 +56,17 @@ impl HttpTool {
                     .map_err(|_| format!("invalid value for header `{name}`"))?;
                 Ok((name, value))
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<Vec<_>, String>>()?;
+        let secrets = crate::mask::credentials(
+            headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_bytes())),
+        );
         Ok(HttpTool {
             endpoint,
             path,
             headers,
+            secrets,
             timeout,
             cap,
         })
@@ -105,6 +115,11 @@ impl HttpTool {
                 }
                 Ok(None) => break,
                 Err(e) => return self.failed("reading the response failed", &e),
+            }
+        }
+        for secret in &self.secrets {
+            if let Some(masked) = crate::mask::masked(&body, secret) {
+                body = masked;
             }
         }
         let text = capped_text(&body, cap, truncated);

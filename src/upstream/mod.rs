@@ -173,21 +173,8 @@ impl Upstream {
     /// provided: sk-…"), and an upstream's error goes on to the client and
     /// into the log. The same length, so a body's framing holds.
     pub fn masking_key(&self, body: Bytes) -> Bytes {
-        let Some(key) = self.spec.api_key.as_deref().filter(|key| !key.is_empty()) else {
-            return body;
-        };
-        let finder = memchr::memmem::Finder::new(key);
-        if finder.find(&body).is_none() {
-            return body;
-        }
-        let mut masked = body.to_vec();
-        let mut from = 0;
-        while let Some(at) = finder.find(&masked[from..]) {
-            let start = from + at;
-            masked[start..start + key.len()].fill(b'*');
-            from = start + key.len();
-        }
-        Bytes::from(masked)
+        let key = self.spec.api_key.as_deref().unwrap_or_default();
+        crate::mask::masked(&body, key.as_bytes()).map_or(body, Bytes::from)
     }
 
     /// Whether this runtime was built from `spec`.
