@@ -22,11 +22,22 @@ pub fn masked(text: &[u8], secret: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The credentials among a request's configured header fields: the whole
-/// value of a field whose name says it holds one (`Authorization`,
-/// `X-Api-Key`, `Cookie`, a token or a secret), and the credential after its
-/// scheme (`Bearer sk-…`), which a server may echo alone. Values shorter
-/// than 8 bytes are left: masking them would garble ordinary text.
+/// `text` with every copy of each of `secrets` masked (see [`masked`]).
+pub fn masked_all(mut text: Vec<u8>, secrets: &[Box<[u8]>]) -> Vec<u8> {
+    for secret in secrets {
+        if let Some(masked) = masked(&text, secret) {
+            text = masked;
+        }
+    }
+    text
+}
+
+/// The credentials among configured name-value pairs (a request's header
+/// fields, a child's environment): the whole value of one whose name says
+/// it holds one (`Authorization`, `X-Api-Key`, `Cookie`, a token or a
+/// secret), and the credential after its scheme (`Bearer sk-…`), which a
+/// server may echo alone. Values shorter than 8 bytes are left: masking
+/// them would garble ordinary text.
 pub fn credentials<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Vec<Box<[u8]>> {
     const NAMES: [&str; 6] = ["auth", "key", "token", "secret", "cookie", "password"];
     let mut secrets: Vec<Box<[u8]>> = Vec::new();

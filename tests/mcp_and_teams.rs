@@ -210,7 +210,7 @@ async fn a_stdio_servers_env_and_output_cap_apply_to_its_calls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stdio_server_inherits_only_the_variables_it_names() {
+async fn a_stdio_server_inherits_only_the_variables_it_names_and_its_credentials_are_masked() {
     let upstream = calls_then_echo_results(vec![
         ("demo__env", r#"{"name": "UPSTREAM_SECRET"}"#),
         ("demo__env", r#"{"name": "PATH"}"#),
@@ -226,7 +226,11 @@ async fn a_stdio_server_inherits_only_the_variables_it_names() {
     let res = post_json(proxy.port, "/v1/chat/completions", &ask("docs", "go")).await;
     assert_eq!(res.status, 200, "{}", res.text());
     let results = chats(&upstream)[1].tool_results();
-    assert_eq!(results, ["sk-named", "unset"], "named, and only that");
+    assert_eq!(
+        results,
+        ["********", "unset"],
+        "named, and only that; a credential the server echoes is masked"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,7 +301,9 @@ agents:
     );
     assert!(properties.contains_key("note"));
     let results = requests[1].tool_results();
-    assert_eq!(results[0], "Bearer tok-123");
+    // The server echoes the header it got: the configured value exactly, as
+    // only that is masked, and masked, as a credential the server echoes is.
+    assert_eq!(results[0], "*".repeat("Bearer tok-123".len()));
     assert_eq!(
         results[1], "user=alice note=hi",
         "the model's user_id was overridden"

@@ -70,6 +70,24 @@ enum Transport {
     },
 }
 
+impl Transport {
+    /// The credentials among what the server is given: its environment, or
+    /// its headers.
+    fn secrets(&self) -> Vec<Box<[u8]>> {
+        match self {
+            Transport::Stdio { env, .. } => crate::mask::credentials(
+                env.iter()
+                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
+            ),
+            Transport::Http { headers, .. } => crate::mask::credentials(
+                headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
+            ),
+        }
+    }
+}
+
 /// One MCP tool as the model sees it.
 #[derive(Clone)]
 pub struct McpTool {
@@ -97,6 +115,9 @@ pub struct McpServer {
     spec: McpServerFile,
     timeout: Duration,
     max_output_bytes: usize,
+    /// The credentials among its configured headers or environment, masked
+    /// in what it answers (see [`crate::mask`]).
+    secrets: Vec<Box<[u8]>>,
     link: Arc<Link>,
     /// The connection task, started once, for [`McpServer::close`] to wait
     /// for.
@@ -157,6 +178,7 @@ impl McpServer {
             spec: file.clone(),
             timeout: Duration::from_millis(file.timeout_ms),
             max_output_bytes: file.max_output_bytes,
+            secrets: transport.secrets(),
             link: Arc::new(Link {
                 name: name.to_owned(),
                 transport,
@@ -271,7 +293,8 @@ impl McpServer {
                 text = structured.to_string();
             }
         }
-        let text = capped_text(text.as_bytes(), self.max_output_bytes, false);
+        let text = crate::mask::masked_all(text.into_bytes(), &self.secrets);
+        let text = capped_text(&text, self.max_output_bytes, false);
         if result.is_error == Some(true) {
             Outcome::error(text)
         } else {

@@ -117,11 +117,7 @@ impl HttpTool {
                 Err(e) => return self.failed("reading the response failed", &e),
             }
         }
-        for secret in &self.secrets {
-            if let Some(masked) = crate::mask::masked(&body, secret) {
-                body = masked;
-            }
-        }
+        let body = crate::mask::masked_all(body, &self.secrets);
         let text = capped_text(&body, cap, truncated);
         let status = exchange.status();
         if (200..300).contains(&status) {
