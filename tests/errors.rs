@@ -416,6 +416,45 @@ async fn upstream_breaking_mid_stream_ends_with_an_error_event_not_a_clean_end()
     }
 }
 
+/// Responses' `response.failed` and a Messages `error` end their streams, as
+/// OpenAI's and Anthropic's do: the body ends cleanly after them, and the
+/// client reads the failure (Codex reports a `response.failed` only from a
+/// stream that ended; a cut body was a transport error to it and to the
+/// SDKs). Chat has no such event: there the cut says the answer is not whole.
+#[tokio::test]
+async fn a_broken_stream_ends_cleanly_after_a_terminal_error_event() {
+    let upstream = FakeServer::start(|_, _| Reply::Sse {
+        steps: vec![Step::Bytes(
+            format!("data: {}\n\n", content("partial ")).into_bytes(),
+        )],
+        complete: false,
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let asks = [
+        (
+            "/v1/responses",
+            json!({"model": "helper", "input": "hi", "stream": true}),
+            "response.failed",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "helper", "max_tokens": 64, "stream": true,
+                   "messages": [{"role": "user", "content": "hi"}]}),
+            "error",
+        ),
+    ];
+    for (path, body, terminal) in asks {
+        let res = post_json(proxy.port, path, &body).await;
+        assert_eq!(res.status, 200, "{path}");
+        assert!(res.complete, "{path}: the body ends: {}", res.text());
+        let text = res.text();
+        let mut data = text.lines().filter_map(|l| l.strip_prefix("data: "));
+        let last: Value = serde_json::from_str(data.next_back().unwrap()).unwrap();
+        assert_eq!(last["type"], terminal, "{path}: {last}");
+    }
+}
+
 #[tokio::test]
 async fn garbage_in_an_upstream_stream_is_an_error_event() {
     let upstream = FakeServer::start(|_, _| Reply::Sse {

@@ -21,6 +21,15 @@ async fn upstream() -> FakeServer {
         let body = req.json();
         let messages = body["messages"].as_array().unwrap();
         let results = req.tool_results();
+        if messages.iter().any(|m| m["content"] == "Break off.") {
+            // The model server fails mid-answer.
+            return Reply::Sse {
+                steps: vec![Step::Bytes(
+                    format!("data: {}\n\n", content("Half an")).into_bytes(),
+                )],
+                complete: false,
+            };
+        }
         let asks_file = messages.iter().any(|m| {
             m["content"]
                 .as_str()

@@ -345,9 +345,10 @@ impl Reply {
     }
 
     /// Reports a failure: before any byte, as an error response with its
-    /// status; once streaming, as the dialect's error event. Returns whether
-    /// the stream was cut (the caller must then abort the connection, so the
-    /// answer cannot look complete).
+    /// status; once streaming, as the dialect's error event, which ends the
+    /// stream where the dialect's does ([`Encoder::error_ends_stream`]).
+    /// Returns whether the stream was cut (the caller must then abort the
+    /// connection, so the answer cannot look complete).
     pub async fn fail(mut self, client: &mut impl Downstream, failure: Failure) -> bool {
         let (status, body, retry_after) = match failure {
             Failure::Gone => return true,
@@ -363,6 +364,9 @@ impl Reply {
             // What was gathered before the failure goes out before its event.
             self.hold = false;
             self.encoder.stream_error(status, &body, &mut self.buf);
+            if self.encoder.error_ends_stream() {
+                return self.write(client, true).await.is_err();
+            }
             let _ = self.flush(client).await;
             return true;
         }

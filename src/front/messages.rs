@@ -937,6 +937,10 @@ impl Encoder for MessagesEncoder {
     fn heartbeat(&self) -> &'static [u8] {
         PING
     }
+
+    fn error_ends_stream(&self) -> bool {
+        true
+    }
 }
 
 // ------------------------------------------------------------------ errors

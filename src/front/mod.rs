@@ -76,6 +76,16 @@ pub trait Encoder: Send {
     /// An error once the stream is open: the dialect's error event.
     fn stream_error(&mut self, status: u16, openai_error: &[u8], out: &mut Vec<u8>);
 
+    /// Whether the error event ends the stream as the dialect's own end
+    /// does, so the body ends cleanly after it (Responses' `response.failed`,
+    /// a Messages `error`: what OpenAI's and Anthropic's servers do, and what
+    /// a client reads the failure from; Codex reports a `response.failed`
+    /// only from a stream that ended). Chat has no such event: a cut body
+    /// there is what tells a client the answer is not whole.
+    fn error_ends_stream(&self) -> bool {
+        false
+    }
+
     /// What keeps a silent stream alive: an SSE comment, unless the dialect
     /// has its own event for it (Anthropic's `ping`).
     fn heartbeat(&self) -> &'static [u8] {

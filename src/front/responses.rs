@@ -1380,6 +1380,10 @@ impl Encoder for ResponsesEncoder {
         self.sink.stream
     }
 
+    fn error_ends_stream(&self) -> bool {
+        true
+    }
+
     fn open(&mut self, out: &mut Vec<u8>) {
         if !self.sink.stream {
             return;

@@ -100,8 +100,18 @@ def check_a_conversation_chained_by_previous_response_id():
         raise AssertionError("an unknown previous_response_id is a 404")
 
 
+def check_a_failed_stream_is_read_to_its_end():
+    # The stream ends after its `response.failed`: the client reads the
+    # failure, not a broken connection (APIConnectionError).
+    events = list(client.responses.create(model="weather", input="Break off.", stream=True))
+    assert events[-1].type == "response.failed", [e.type for e in events]
+    assert events[-1].response.status == "failed", events[-1].response
+    assert events[-1].response.error.message, events[-1].response.error
+
+
 check_non_streaming_with_a_local_tool()
 check_streaming_with_a_local_tool()
 check_stream_helper_and_client_tool_round_trip()
 check_a_conversation_chained_by_previous_response_id()
+check_a_failed_stream_is_read_to_its_end()
 print("all openai responses checks passed")
