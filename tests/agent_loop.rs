@@ -140,7 +140,9 @@ async fn streams_a_two_round_tool_loop_from_real_llama_cpp_captures() {
     let reasoning = res.delta_text("reasoning_content");
     let round1 = fixture_text("toolcall-stream.sse", "reasoning_content");
     let round2 = fixture_text("reasoning-stream.sse", "reasoning_content");
-    let note = "Calling get_weather {\"city\":\"Paris\"}…\n";
+    // The note is a line of its own after the model's reasoning.
+    assert!(!round1.ends_with('\n'));
+    let note = "\nCalling get_weather {\"city\":\"Paris\"}…\n";
     assert_eq!(reasoning, format!("{round1}{note}{round2}"));
     assert_eq!(
         res.delta_text("content"),
@@ -251,7 +253,7 @@ async fn a_non_streaming_client_gets_non_streaming_upstream_calls_from_real_llam
     assert_eq!(
         choice["message"]["reasoning_content"],
         format!(
-            "{}Calling get_weather {{\"city\":\"Paris\"}}…\n{}",
+            "{}\nCalling get_weather {{\"city\":\"Paris\"}}…\n{}",
             message(&round1, "reasoning_content"),
             message(&round2, "reasoning_content")
         )
@@ -607,17 +609,32 @@ async fn tool_events_setting_controls_progress_lines() {
     let tool = weather_tool(200).await;
     let upstream = FakeServer::start(|_, i| match i % 2 {
         0 => Reply::events(vec![
+            reasoning("I should look."),
+            content("Let me look."),
             tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
             finish("tool_calls"),
         ]),
         _ => Reply::events(vec![content("ok"), finish("stop")]),
     })
     .await;
+    // A line of its own, after whatever the model's text ended with.
     let note = "Calling get_weather {\"city\":\"Oslo\"}…\n";
     for (events, content, reasoning) in [
-        ("content", format!("{note}ok"), String::new()),
-        ("reasoning", "ok".to_owned(), note.to_owned()),
-        ("hidden", "ok".to_owned(), String::new()),
+        (
+            "content",
+            format!("Let me look.\n{note}ok"),
+            "I should look.".to_owned(),
+        ),
+        (
+            "reasoning",
+            "Let me look.\n\nok".to_owned(),
+            format!("I should look.\n{note}"),
+        ),
+        (
+            "hidden",
+            "Let me look.\n\nok".to_owned(),
+            "I should look.".to_owned(),
+        ),
     ] {
         let proxy = agent_with(
             &upstream,

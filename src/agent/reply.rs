@@ -31,6 +31,8 @@ pub struct Reply {
     opened: bool,
     /// The last character of the text sent so far.
     last_char: Option<char>,
+    /// The last character of the reasoning sent so far.
+    last_reasoning_char: Option<char>,
     /// A new round began: its first text starts a new paragraph.
     round_break: bool,
     /// For an agent called by another: its text is collected (the caller's
@@ -86,6 +88,7 @@ impl Reply {
             hold: false,
             opened: false,
             last_char: None,
+            last_reasoning_char: None,
             round_break: false,
             nested: None,
         }
@@ -301,12 +304,36 @@ impl Reply {
         client: &mut impl Downstream,
         text: &str,
     ) -> Result<(), Gone> {
+        self.last_reasoning_char = text.chars().next_back().or(self.last_reasoning_char);
         if self.report(text, false) {
             return Ok(());
         }
         self.open();
         self.encoder.reasoning(text, &mut self.buf);
         self.flush(client).await
+    }
+
+    /// A line of the proxy's own (tool progress), in the text or in the
+    /// reasoning: it starts a line, whatever the model's text before it
+    /// ended with.
+    pub async fn line(
+        &mut self,
+        client: &mut impl Downstream,
+        line: &str,
+        in_content: bool,
+    ) -> Result<(), Gone> {
+        let last = match in_content {
+            true => self.last_char,
+            false => self.last_reasoning_char,
+        };
+        let line = match last {
+            Some(c) if c != '\n' => std::borrow::Cow::Owned(format!("\n{line}")),
+            _ => std::borrow::Cow::Borrowed(line),
+        };
+        match in_content {
+            true => self.content(client, &line).await,
+            false => self.proxy_note(client, &line).await,
+        }
     }
 
     /// Tool calls the client runs itself, in the client's dialect.

@@ -285,7 +285,7 @@ impl Turn<'_> {
             })
             .collect();
         for (call, _) in calls.iter().zip(&plans).filter(|(_, p)| **p == Plan::Run) {
-            self.show(client, reply, &progress_note(call)).await?;
+            self.show(client, reply, &progress_note(call), true).await?;
         }
         let (progress, mut notes) = unbounded_channel::<Progress>();
         let ctx = CallContext {
@@ -367,7 +367,7 @@ impl Turn<'_> {
         progress: Progress,
     ) -> Result<(), Failure> {
         match progress {
-            Progress::Note(note) => self.show(client, reply, &note).await,
+            Progress::Note(note) => self.show(client, reply, &note, false).await,
             Progress::Usage(usage) => {
                 reply.add_usage(usage);
                 Ok(())
@@ -375,17 +375,24 @@ impl Turn<'_> {
         }
     }
 
-    /// Tool progress, where the agent's `tool_events` puts it.
+    /// Tool progress, where the agent's `tool_events` puts it: a `line` of
+    /// its own (a call's), or a piece of a called agent's stream.
     async fn show<D: Downstream>(
         &self,
         client: &mut D,
         reply: &mut Reply,
         note: &str,
+        line: bool,
     ) -> Result<(), Failure> {
-        match self.agent.tool_events {
-            ToolEvents::Reasoning => reply.proxy_note(client, note).await?,
-            ToolEvents::Content => reply.content(client, note).await?,
-            ToolEvents::Hidden => {}
+        let in_content = match self.agent.tool_events {
+            ToolEvents::Reasoning => false,
+            ToolEvents::Content => true,
+            ToolEvents::Hidden => return Ok(()),
+        };
+        match (line, in_content) {
+            (true, _) => reply.line(client, note, in_content).await?,
+            (false, true) => reply.content(client, note).await?,
+            (false, false) => reply.proxy_note(client, note).await?,
         }
         Ok(())
     }
