@@ -805,7 +805,7 @@ enum Phase {
     /// Just opened (`output_item.added`): no content yet.
     Added,
     Done,
-    /// Cut off by a failure.
+    /// Cut off by a failure, or by the answer's end (a token limit).
     Cut,
 }
 
@@ -1055,6 +1055,9 @@ pub struct ResponsesEncoder {
     output: Vec<OutputItem>,
     /// The message or reasoning item (an index into `output`) still taking text.
     open: Option<usize>,
+    /// The item the answer's end cut short (`max_output_tokens`): it goes
+    /// out `incomplete`, as OpenAI's does.
+    cut: Option<usize>,
     /// The terminal event went out: nothing more may follow it.
     ended: bool,
     keep: Option<Keep>,
@@ -1074,6 +1077,7 @@ impl ResponsesEncoder {
             },
             output: Vec::new(),
             open: None,
+            cut: None,
             ended: false,
             keep: None,
         }
@@ -1187,9 +1191,17 @@ impl ResponsesEncoder {
     /// Finishes the open item, if any; a reasoning item takes the summary,
     /// text and encrypted content of `upstream`, the item the upstream made.
     fn close(&mut self, upstream: Option<&Reasoning>, out: &mut Vec<u8>) {
+        self.close_as(upstream, Phase::Done, out);
+    }
+
+    /// [`Self::close`], the item done as `phase` says.
+    fn close_as(&mut self, upstream: Option<&Reasoning>, phase: Phase, out: &mut Vec<u8>) {
         let Some(index) = self.open.take() else {
             return;
         };
+        if phase == Phase::Cut {
+            self.cut = Some(index);
+        }
         let item = &mut self.output[index];
         let item_id = item.id.as_str();
         match &mut item.body {
@@ -1265,7 +1277,7 @@ impl ResponsesEncoder {
             "response.output_item.done",
             ItemEvent {
                 output_index: index,
-                item: self.output[index].wire(Phase::Done),
+                item: self.output[index].wire(phase),
             },
         );
     }
@@ -1292,7 +1304,7 @@ impl ResponsesEncoder {
             model: &self.model,
             output: OutputList {
                 items: &self.output,
-                cut: self.open,
+                cut: self.open.or(self.cut),
             },
             parallel_tool_calls: echo.parallel_tool_calls,
             previous_response_id: echo.previous_response_id.as_deref(),
@@ -1534,7 +1546,8 @@ impl Encoder for ResponsesEncoder {
         if self.ended {
             return;
         }
-        self.close(None, out);
+        let whole = matches!(finish, Finish::Stop | Finish::ToolCalls);
+        self.close_as(None, if whole { Phase::Done } else { Phase::Cut }, out);
         self.ended = true;
         let (kind, status, incomplete) = match finish {
             Finish::Stop | Finish::ToolCalls => ("response.completed", "completed", None),
@@ -3013,6 +3026,9 @@ mod tests {
                 last["response"]["output"],
                 Value::Array(done_items(&events))
             );
+            // The message cut short is itself `incomplete`, as OpenAI's is.
+            assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+            assert_eq!(last["response"]["output"][0]["content"][0]["text"], "cut");
             let terminal = kinds(&events)
                 .into_iter()
                 .filter(|k| k.starts_with("response.") && k.matches('.').count() == 1)
