@@ -161,4 +161,15 @@ fn check_names_the_file_line_and_key_and_what_was_expected() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // A port `http` cannot read would have been port 80: a typo sent the
+    // requests, and the upstream's key, elsewhere.
+    let typo = BROKEN.replace("8080", "8O80").replace(", nope]", "]");
+    let path = config_file("port-typo.yaml", &typo);
+    let (code, _, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("upstreams.local") && stderr.contains("invalid port `8O80`"),
+        "{stderr}"
+    );
 }

@@ -245,7 +245,22 @@ impl Endpoint {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let port = match explicit_port(authority) {
+            None => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+            // `http` reads a port it cannot parse as none at all: a typo
+            // (`:8O80`) would send the requests, and the key, to port 80.
+            Some(text) => text
+                .parse::<u16>()
+                .ok()
+                .filter(|&port| port != 0)
+                .ok_or_else(|| format!("URL `{url}` has an invalid port `{text}`"))?,
+        };
         if uri.query().is_some() {
             return Err(format!("URL `{url}` must not have a query"));
         }
@@ -662,6 +677,21 @@ pub fn ca_roots(
     Ok((store, certs))
 }
 
+/// The port as written in `authority`, if one is (after the userinfo, and
+/// after an IPv6 literal's brackets); an empty one is the scheme's
+/// (RFC 3986 §3.2.3).
+fn explicit_port(authority: &http::uri::Authority) -> Option<&str> {
+    let host_port = authority.as_str().rsplit('@').next().unwrap_or_default();
+    let after_host = match host_port.rfind(']') {
+        Some(end) => &host_port[end + 1..],
+        None => host_port,
+    };
+    after_host
+        .rsplit_once(':')
+        .map(|(_, port)| port)
+        .filter(|port| !port.is_empty())
+}
+
 fn load_ca_file(path: &str) -> std::result::Result<Arc<[WrappedX509]>, String> {
     let (_, certs) = ca_roots(path)?;
     Ok(certs
@@ -821,6 +851,27 @@ mod tests {
         (0..peers.count())
             .map(|i| peers.peer(i).address().to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_port_is_a_number_or_the_schemes_own() {
+        let options = || EndpointOptions {
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+            ca_file: None,
+        };
+        let port = |url: &str| Endpoint::parse(url, options()).map(|e| e.port);
+        assert_eq!(port("http://127.0.0.1:8080/v1"), Ok(8080));
+        assert_eq!(port("http://127.0.0.1/v1"), Ok(80));
+        assert_eq!(port("https://api.openai.com/v1"), Ok(443));
+        assert_eq!(port("http://[::1]:9000"), Ok(9000));
+        assert_eq!(port("http://[::1]"), Ok(80));
+        assert_eq!(port("http://user:pass@host/v1"), Ok(80));
+        assert_eq!(port("http://127.0.0.1:/v1"), Ok(80));
+        for typo in ["8O80", "99999", "notaport", "0"] {
+            let url = format!("http://127.0.0.1:{typo}/v1");
+            let refused = port(&url).expect_err(&url);
+            assert!(refused.contains("invalid port"), "{refused}");
+        }
     }
 
     #[test]
