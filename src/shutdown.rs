@@ -6,6 +6,7 @@
 //! much longer than the longest live stream.
 //! The grace period stays the upper bound: what is left then is cut.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -24,6 +25,22 @@ use crate::per_thread::Count;
 /// Every request counts itself here, on its thread's part: one count that
 /// all threads wrote was a line moved between the cores twice a request.
 static IN_FLIGHT: LazyLock<Count> = LazyLock::new(Count::new);
+
+/// Set as the server begins shutting down: a connection closes after the
+/// answer it is writing, so that answer says so (`Connection: close`), as
+/// nginx's and Envoy's do; a client would otherwise send its next request on
+/// it and lose it to the close.
+static DRAINING: AtomicBool = AtomicBool::new(false);
+
+/// The server began shutting down.
+pub fn begin_draining() {
+    DRAINING.store(true, Ordering::Relaxed);
+}
+
+/// Whether the server is shutting down.
+pub fn draining() -> bool {
+    DRAINING.load(Ordering::Relaxed)
+}
 
 /// Counts one request for as long as it lives.
 pub struct InFlight(());

@@ -308,6 +308,35 @@ async fn a_shutdown_closes_idle_keep_alive_connections_while_streams_drain() {
     assert!(proxy.wait_exit(Duration::from_secs(10)).await.is_some());
 }
 
+/// An answer written once the shutdown began says its connection closes
+/// after it (as nginx's does): a pooled client would send its next request
+/// on the connection and lose it to the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_written_during_a_drain_says_connection_close() {
+    let upstream = echo_prompt_upstream(10, Duration::from_millis(100)).await;
+    let mut proxy =
+        Proxy::start_with(&config(&upstream, 1), &[], &["--shutdown-grace", "60"]).await;
+    // Answered whole after about a second: the shutdown begins meanwhile.
+    let mut whole = ask();
+    whole["stream"] = json!(false);
+    let body = whole.to_string();
+    let headers = [("content-type", "application/json")];
+    let mut conn = Connection::open(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        body.as_bytes(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.signal("TERM");
+    let answer = conn.next_response().await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.header("connection"), Some("close"));
+    assert!(proxy.wait_exit(Duration::from_secs(10)).await.is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_exits_at_once_cutting_live_streams() {
     // Twenty seconds of stream and a minute of grace: neither is waited for.

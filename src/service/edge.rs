@@ -104,6 +104,7 @@ impl Edge {
     /// The server is shutting down: connections waiting for a request close
     /// now, the others once their request is answered.
     pub fn close_idle(&self) {
+        crate::shutdown::begin_draining();
         self.connections.close_idle();
     }
 

@@ -711,8 +711,9 @@ impl Session {
         if self.out != Out::NotStarted {
             return Error::e_explain(ErrorType::InternalError, "a response head was sent already");
         }
-        // A body left unread would be taken for the next request.
-        if !self.body_done() {
+        // A body left unread would be taken for the next request; a server
+        // shutting down closes the connection after this answer.
+        if !self.body_done() || crate::shutdown::draining() {
             self.keep_alive = false;
         }
         let said = Said::of(fields.clone());
