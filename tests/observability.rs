@@ -207,6 +207,37 @@ async fn json_logs_have_one_line_per_request_and_no_secrets() {
     assert!(!logs.contains("Sunny."), "message bodies are not logged");
 }
 
+/// At `RUST_LOG=trace` too: pingora's trace events print whole request
+/// heads, so its crates log at `debug` at most.
+#[tokio::test]
+async fn no_log_level_shows_a_key() {
+    let tool = FakeServer::start(|_, _| Reply::json(200, json!({"sky": "clear"}))).await;
+    let upstream = tool_then_answer().await;
+    let yaml = config(&upstream, &tool) + "auth: { api_keys: [sk-proxy-secret] }\n";
+    let proxy = Proxy::start_with_env(&yaml, &[("RUST_LOG", "trace")]).await;
+    // A chunked body to a route we pass on goes by pingora's proxy path.
+    let request =
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-proxy-secret\r\n\
+        Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
+        12\r\n{\"model\": \"gpt-x\"}\r\n\r\n0\r\n\r\n";
+    let res = raw_request(proxy.port, request).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask()).await;
+    assert_eq!(res.status, 401, "{}", res.text());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let logs = proxy.logs();
+    assert!(
+        logs.contains("DEBUG pingora"),
+        "pingora's debug lines are kept: {logs}"
+    );
+    for secret in ["sk-proxy-secret", "sk-upstream-secret"] {
+        assert!(
+            !logs.contains(secret),
+            "`{secret}` leaked into the logs:\n{logs}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn tool_names_a_model_makes_up_never_become_metric_labels() {
     let upstream = FakeServer::start(|req, _| {

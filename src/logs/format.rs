@@ -468,12 +468,12 @@ pub(super) mod tests {
     fn captured<T>(json: bool, filter: &str, f: impl FnOnce() -> T) -> (T, String) {
         let out = Arc::new(Mutex::new(Vec::new()));
         let sink = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_ansi(false)
-            .event_format(Lines { json })
-            .with_writer(move || Sink(sink.clone()))
-            .finish();
+        let subscriber = crate::logs::subscriber(
+            tracing_subscriber::EnvFilter::new(filter),
+            json,
+            false,
+            move || Sink(sink.clone()),
+        );
         let returned = tracing::subscriber::with_default(subscriber, f);
         let bytes = out.lock().map(|b| b.clone()).unwrap_or_default();
         (returned, String::from_utf8(bytes).expect("UTF-8"))
@@ -503,6 +503,21 @@ pub(super) mod tests {
             ok = true,
             "request"
         );
+    }
+
+    #[test]
+    fn pingoras_trace_events_are_never_written() {
+        for filter in ["trace", "pingora_proxy=trace,pingora_core=trace"] {
+            let ((), written) = filtered(filter, || {
+                tracing::trace!(target: "pingora_proxy", "Request header: Bearer sk-client");
+                tracing::trace!(target: "pingora_core::protocols", "header: Bearer sk-upstream");
+                tracing::debug!(target: "pingora_core::protocols", "connected");
+            });
+            assert!(!written.contains("sk-"), "{filter}: {written}");
+            assert!(written.contains("connected"), "{filter}: {written}");
+        }
+        let ((), written) = filtered("trace", || tracing::trace!("ours"));
+        assert!(written.contains("ours"), "{written}");
     }
 
     #[test]

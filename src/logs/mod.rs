@@ -17,6 +17,8 @@ mod request;
 
 use std::io::IsTerminal;
 
+use tracing_subscriber::util::SubscriberInitExt;
+
 pub use format::Lines;
 pub use request::RequestLine;
 
@@ -29,10 +31,31 @@ pub fn init(json: bool) {
     queue::start();
     let ansi = !json && std::io::stderr().is_terminal();
     let _ = request::STYLE.set(request::Style { json, ansi });
+    let _ = subscriber(filter, json, ansi, || queue::Line).try_init();
+}
+
+/// Lines as `filter` lets them through, written by [`Lines`] to `writer`,
+/// but for pingora's `trace` events: they print whole request heads, a
+/// client's key and the upstream's with them (`Authorization`,
+/// `x-api-key`), and no level of ours logs a key.
+fn subscriber<W>(
+    filter: tracing_subscriber::EnvFilter,
+    json: bool,
+    ansi: bool,
+    writer: W,
+) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::layer::SubscriberExt;
+    let no_pingora_trace = tracing_subscriber::filter::filter_fn(|meta| {
+        *meta.level() != tracing::Level::TRACE || !meta.target().starts_with("pingora")
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
         .event_format(Lines { json })
-        .with_writer(|| queue::Line)
-        .init();
+        .with_writer(writer)
+        .finish()
+        .with(no_pingora_trace)
 }

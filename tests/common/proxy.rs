@@ -118,8 +118,9 @@ impl Proxy {
             .arg("--config")
             .arg(config)
             .args(args)
-            .envs(env.iter().copied())
+            // A test's own `RUST_LOG` wins.
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
