@@ -15,6 +15,10 @@ pub struct ApiError {
     pub message: String,
     pub param: Option<Cow<'static, str>>,
     pub code: Option<Cow<'static, str>>,
+    /// What failed, for the request's log line (not sent): pingora's name
+    /// for a failure on the way to an upstream (`ConnectRefused`,
+    /// `ReadTimedout`), as its proxy path logs it.
+    pub cause: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -39,7 +43,13 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            cause: None,
         }
+    }
+
+    pub fn with_cause(mut self, cause: &'static str) -> Self {
+        self.cause = Some(cause);
+        self
     }
 
     pub fn with_param(mut self, param: impl Into<Cow<'static, str>>) -> Self {
@@ -151,7 +161,7 @@ pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
     let origin = AtEndpoint::origin_of(err);
     let at = origin.map(|o| format!(" at {o}")).unwrap_or_default();
     let reason = failure_reason(kind);
-    match kind {
+    let error = match kind {
         ConnectRefused => ApiError::bad_gateway(format!(
             "upstream `{upstream}` refused the connection{at}: is llama-server (or your model server) running {}?",
             if origin.is_some() { "there" } else { "and reachable" }
@@ -168,7 +178,8 @@ pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
             ))
         }
         _ => ApiError::bad_gateway(format!("upstream `{upstream}` failed{at}: {reason}")),
-    }
+    };
+    error.with_cause(kind.as_str())
 }
 
 /// What went wrong on the way to an upstream, in words, for error messages,

@@ -207,6 +207,65 @@ async fn json_logs_have_one_line_per_request_and_no_secrets() {
     assert!(!logs.contains("Sunny."), "message bodies are not logged");
 }
 
+/// The log line's `error` says what failed, on an agent's path and passed
+/// on alike, in pingora's words, as its proxy path logs them.
+#[tokio::test]
+async fn a_failed_requests_line_names_what_failed() {
+    let broken = FakeServer::start(|_, _| Reply::Sse {
+        steps: vec![Step::Bytes(
+            format!("data: {}\n\n", content("partial ")).into_bytes(),
+        )],
+        complete: false,
+    })
+    .await;
+    let refusing = format!("http://127.0.0.1:{}", free_port());
+    let yaml = format!(
+        r#"
+default_upstream: down
+upstreams:
+  down: {{ url: "{refusing}/v1" }}
+  broken: {{ url: "{}/v1" }}
+agents:
+  a: {{}}
+  b: {{ upstream: broken }}
+"#,
+        broken.url()
+    );
+    let proxy = Proxy::start_with_env(&yaml, &[("AGENT_PROXY_LOG_JSON", "1")]).await;
+    let cases = [
+        ("refused-agent", "a", false, "ConnectRefused"),
+        ("refused-passed-on", "gpt-x", false, "ConnectRefused"),
+        ("broken-agent", "b", true, "ConnectionClosed"),
+    ];
+    for (id, model, stream, _) in cases {
+        let body = json!({"model": model, "stream": stream,
+                          "messages": [{"role": "user", "content": "hi"}]})
+        .to_string();
+        let headers = [("content-type", "application/json"), ("x-request-id", id)];
+        request(
+            proxy.port,
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            body.as_bytes(),
+        )
+        .await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let logs = proxy.logs();
+    let lines: Vec<Value> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    for (id, _, _, error) in cases {
+        let line = lines
+            .iter()
+            .find(|l| l["fields"]["request_id"] == id)
+            .unwrap_or_else(|| panic!("{id}: no line in {logs}"));
+        assert_eq!(line["fields"]["error"], error, "{id}: {line}");
+    }
+}
+
 /// At `RUST_LOG=trace` too: pingora's trace events print whole request
 /// heads, so its crates log at `debug` at most.
 #[tokio::test]

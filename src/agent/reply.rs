@@ -59,6 +59,21 @@ pub enum Failure {
     },
 }
 
+impl Failure {
+    /// What failed, for the request's log line: pingora's name for a
+    /// failure on the way to the upstream (`ConnectRefused`,
+    /// `ReadTimedout`, `ConnectionClosed`), `ClientClosed` for a client
+    /// that left, `UpstreamStatus` for an upstream's error answer, or the
+    /// error's type.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            Failure::Gone => "ClientClosed",
+            Failure::Api(e) => e.cause.unwrap_or(e.kind),
+            Failure::Upstream { .. } => "UpstreamStatus",
+        }
+    }
+}
+
 impl From<Gone> for Failure {
     fn from(_: Gone) -> Self {
         Failure::Gone

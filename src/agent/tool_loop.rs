@@ -53,6 +53,8 @@ pub struct Summary {
     /// The response was cut mid-stream: the connection must be aborted so
     /// the client cannot take it for complete.
     pub cut: bool,
+    /// What failed, if anything ([`Failure::cause`]).
+    pub error: Option<&'static str>,
 }
 
 /// Runs `agent` on `conversation`, answering through `encoder`. The
@@ -81,19 +83,27 @@ pub async fn run(
     let drive = turn.drive(conversation, client, &mut reply, &mut summary);
     let outcome = match tokio::time::timeout(limit, drive).await {
         Ok(outcome) => outcome,
-        Err(_) => Err(Failure::Api(ApiError::gateway_timeout(format!(
-            "the request took longer than limits.request_timeout_ms ({} ms)",
-            limit.as_millis()
-        )))),
+        Err(_) => Err(Failure::Api(
+            ApiError::gateway_timeout(format!(
+                "the request took longer than limits.request_timeout_ms ({} ms)",
+                limit.as_millis()
+            ))
+            .with_cause("RequestTimedout"),
+        )),
     };
     summary.usage = reply.usage();
     summary.first_token = reply.first_token_at().map(|at| at.duration_since(started));
     summary.cut = match outcome {
-        Ok(finish) => reply.finish(client, finish).await.is_err(),
+        Ok(finish) => {
+            let cut = reply.finish(client, finish).await.is_err();
+            summary.error = cut.then_some(Failure::Gone.cause());
+            cut
+        }
         Err(failure) => {
             if !matches!(failure, Failure::Gone) {
                 warn!(agent = %agent.id, ?failure, "agent request failed");
             }
+            summary.error = Some(failure.cause());
             reply.fail(client, failure).await
         }
     };

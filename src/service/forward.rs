@@ -113,10 +113,21 @@ pub async fn other_route(session: &mut Session, ctx: &mut RequestCtx) -> Result<
         .filter(|_| config.default_upstream.pool.ranks_by_conversation())
         .map(crate::upstream::session_key);
     let mut client = Client::new(session, config.limits.heartbeat);
-    handled(forward(&mut client, &config, Dialect::Chat, body, affinity).await)
+    let forwarded = forward(&mut client, &config, Dialect::Chat, body, affinity).await;
+    ctx.failure = forwarded.failure;
+    handled(forwarded.cut)
 }
 
-/// Returns whether the response was cut mid-stream. What the proxy itself
+/// How a forwarded request ended.
+pub struct Forwarded {
+    /// The response was cut mid-stream.
+    pub cut: bool,
+    /// What failed on the way to the upstream (pingora's name for it), for
+    /// the log line.
+    pub failure: Option<&'static str>,
+}
+
+/// Forwards the request to the default upstream. What the proxy itself
 /// answers (the upstream could not be reached, its stream broke) is in
 /// `dialect`'s shape: the client's SDK reads it.
 pub async fn forward(
@@ -125,10 +136,12 @@ pub async fn forward(
     dialect: Dialect,
     body: Option<Bytes>,
     affinity: Option<u64>,
-) -> bool {
-    match relay(client, config, dialect, body, affinity).await {
-        Ok(()) => false,
-        Err(Gone) => true,
+) -> Forwarded {
+    let mut failure = None;
+    let relayed = relay(client, config, dialect, body, affinity, &mut failure).await;
+    Forwarded {
+        cut: relayed.is_err(),
+        failure,
     }
 }
 
@@ -138,6 +151,7 @@ async fn relay(
     dialect: Dialect,
     body: Option<Bytes>,
     affinity: Option<u64>,
+    failure: &mut Option<&'static str>,
 ) -> Result<(), Gone> {
     let upstream = &config.default_upstream;
     // The client's head goes out borrowed, not copied (a coding agent's
@@ -170,9 +184,9 @@ async fn relay(
     let mut exchange = match sent? {
         Ok(exchange) => exchange,
         Err(e) => {
-            return client
-                .respond_error_in(dialect, &from_upstream(&upstream.name, &e))
-                .await
+            let error = from_upstream(&upstream.name, &e);
+            *failure = error.cause;
+            return client.respond_error_in(dialect, &error).await;
         }
     };
     let Some(fields) = exchange.take_fields() else {
@@ -192,6 +206,7 @@ async fn relay(
                 Ok(body) => Some(upstream.masking_key(body)),
                 Err(e) => {
                     let error = from_upstream(&upstream.name, &e);
+                    *failure = error.cause;
                     return client.respond_error_in(dialect, &error).await;
                 }
             }
@@ -236,6 +251,7 @@ async fn relay(
             Ok(Some(piece)) => client.write(piece).await?,
             Ok(None) => return Ok(()),
             Err(e) => {
+                *failure = Some(e.etype().as_str());
                 // A body with a length is cut by the close alone: an event
                 // after it would be read as the next response, or land
                 // inside the length declared.

@@ -155,7 +155,7 @@ struct AgentRequest {
 /// is for the whole request.
 async fn read_agent_request(
     session: &mut Session,
-    ctx: &RequestCtx,
+    ctx: &mut RequestCtx,
     dialect: Dialect,
     config: &Config,
 ) -> std::result::Result<Box<AgentRequest>, Result<bool>> {
@@ -261,7 +261,7 @@ struct Other<'a> {
 /// `default_upstream` with `passthrough` on, else a 404.
 async fn pass_on(
     session: &mut Session,
-    ctx: &RequestCtx,
+    ctx: &mut RequestCtx,
     dialect: Dialect,
     other: Other<'_>,
     body: &Bytes,
@@ -303,8 +303,10 @@ async fn pass_on(
             }
         });
     let mut client = Client::new(session, config.limits.heartbeat);
-    let cut = forward::forward(&mut client, config, dialect, Some(body.clone()), affinity).await;
-    handled(cut)
+    let forwarded = forward::forward(&mut client, config, dialect, Some(body.clone()), affinity);
+    let forwarded = forwarded.await;
+    ctx.failure = forwarded.failure;
+    handled(forwarded.cut)
 }
 
 /// The request's list (`messages`, or Responses `input`) within bounds. A
@@ -454,7 +456,9 @@ pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result
     let Some(agent) = model.as_deref().and_then(|m| config.agent(m)).cloned() else {
         let mut client = Client::new(session, config.limits.heartbeat);
         let forwarded = forward::forward(&mut client, &config, dialect, Some(body), Some(0));
-        return handled(forwarded.await);
+        let forwarded = forwarded.await;
+        ctx.failure = forwarded.failure;
+        return handled(forwarded.cut);
     };
     let mut conversation = match front::messages::decode(&body) {
         Ok((conversation, _)) => conversation,

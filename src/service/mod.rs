@@ -78,6 +78,9 @@ pub struct RequestCtx {
     route: &'static str,
     agent: Option<String>,
     summary: Option<Summary>,
+    /// What failed on a passed-on request's way to its upstream, for the log
+    /// line (an agent's is in its summary).
+    pub failure: Option<&'static str>,
     /// Counts a passed-through event stream while it lasts.
     stream: Option<StreamGuard>,
     _in_flight: InFlight,
@@ -124,6 +127,7 @@ impl AgentProxy {
             route: PROXY,
             agent: None,
             summary: None,
+            failure: None,
             stream: None,
             _in_flight: InFlight::enter(),
             session: None,
@@ -279,7 +283,12 @@ impl AgentProxy {
             completion_tokens: summary.usage.completion_tokens,
             first_token_ms: summary.first_token.map(|d| d.as_millis() as u64),
             ms: elapsed.as_millis() as u64,
-            error: error.map_or("-", |e| e.etype().as_str()),
+            // What our own paths knew failed, else what ended the request.
+            error: summary
+                .error
+                .or(ctx.failure)
+                .or(error.map(|e| e.etype().as_str()))
+                .unwrap_or("-"),
         }
         .log();
     }
