@@ -110,15 +110,63 @@ pub struct Usage {
     pub completion_tokens: u64,
     #[serde(default)]
     pub total_tokens: u64,
+    /// Of the prompt's tokens, those the server had cached
+    /// (`prompt_tokens_details.cached_tokens`): llama.cpp's KV cache reused,
+    /// OpenAI's prompt cache. Clients bill and report by it.
+    #[serde(
+        default,
+        rename = "prompt_tokens_details",
+        deserialize_with = "cached_tokens"
+    )]
+    pub cached_tokens: u64,
+    /// Of the completion's tokens, the reasoning's
+    /// (`completion_tokens_details.reasoning_tokens`).
+    #[serde(
+        default,
+        rename = "completion_tokens_details",
+        deserialize_with = "reasoning_tokens"
+    )]
+    pub reasoning_tokens: u64,
+}
+
+fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    struct Details {
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+    }
+    let details = Option::<Details>::deserialize(d)?;
+    Ok(details.and_then(|d| d.cached_tokens).unwrap_or(0))
+}
+
+fn reasoning_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    struct Details {
+        #[serde(default)]
+        reasoning_tokens: Option<u64>,
+    }
+    let details = Option::<Details>::deserialize(d)?;
+    Ok(details.and_then(|d| d.reasoning_tokens).unwrap_or(0))
 }
 
 impl Usage {
-    /// As serde writes it, by hand (see [`ChoiceOut`]).
+    /// As OpenAI writes it, by hand (see [`ChoiceOut`]); the details only
+    /// where the upstream gave them.
     pub fn write(&self, out: &mut Vec<u8>) {
         let mut o = json::Object::new(out);
         o.u64("prompt_tokens", self.prompt_tokens);
         o.u64("completion_tokens", self.completion_tokens);
         o.u64("total_tokens", self.total_tokens);
+        if self.cached_tokens > 0 {
+            let mut details = json::Object::new(o.name("prompt_tokens_details"));
+            details.u64("cached_tokens", self.cached_tokens);
+            details.end();
+        }
+        if self.reasoning_tokens > 0 {
+            let mut details = json::Object::new(o.name("completion_tokens_details"));
+            details.u64("reasoning_tokens", self.reasoning_tokens);
+            details.end();
+        }
         o.end();
     }
 }
@@ -128,6 +176,8 @@ impl std::ops::AddAssign for Usage {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
         self.total_tokens += other.total_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
     }
 }
 

@@ -1213,3 +1213,79 @@ async fn events_read_together_leave_together_though_each_came_in_a_chunk_of_its_
     );
     assert!(writes <= 3, "22 events came in {writes} writes: {body}");
 }
+
+/// llama-server says how much of the prompt its cache held (the KV cache
+/// reused, turn after turn): each dialect reports it where its clients read
+/// it (Codex's and Claude Code's accounting, the SDKs' `cached_tokens`).
+#[tokio::test]
+async fn the_prompt_tokens_the_model_server_had_cached_reach_every_dialect() {
+    let upstream = FakeServer::start(|req, _| match req.json()["stream"] == true {
+        true => Reply::replay(&fixture("usage-stream.sse"), Duration::ZERO),
+        false => Reply::raw_json(200, &fixture("plain-nonstream.json")),
+    })
+    .await;
+    let yaml = format!(
+        "default_upstream: local\nupstreams: {{ local: {{ url: \"{}/v1\" }} }}\nagents:\n  a: {{}}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    for stream in [false, true] {
+        // 17 prompt tokens, 16 of them cached, in both captures.
+        let chat = json!({"model": "a", "messages": messages, "stream": stream,
+                          "stream_options": stream.then(|| json!({"include_usage": true}))});
+        let res = post_json(proxy.port, "/v1/chat/completions", &chat).await;
+        let usage = match stream {
+            false => res.json()["usage"].clone(),
+            true => {
+                let data = sse_data(&res.body);
+                let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+                last["usage"].clone()
+            }
+        };
+        assert_eq!(usage["prompt_tokens"], 17, "{usage}");
+        assert_eq!(
+            usage["prompt_tokens_details"]["cached_tokens"], 16,
+            "{usage}"
+        );
+
+        let responses = json!({"model": "a", "input": "hi", "stream": stream, "store": false});
+        let res = post_json(proxy.port, "/v1/responses", &responses).await;
+        let text = res.text();
+        let usage = match stream {
+            false => res.json()["usage"].clone(),
+            true => {
+                let last = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .next_back();
+                serde_json::from_str::<Value>(last.unwrap()).unwrap()["response"]["usage"].clone()
+            }
+        };
+        assert_eq!(usage["input_tokens"], 17, "{usage}");
+        assert_eq!(
+            usage["input_tokens_details"]["cached_tokens"], 16,
+            "{usage}"
+        );
+
+        let anthropic =
+            json!({"model": "a", "max_tokens": 64, "messages": messages, "stream": stream});
+        let res = post_json(proxy.port, "/v1/messages", &anthropic).await;
+        let text = res.text();
+        let usage = match stream {
+            false => res.json()["usage"].clone(),
+            true => {
+                let delta = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .map(|d| serde_json::from_str::<Value>(d).unwrap())
+                    .find(|e| e["type"] == "message_delta")
+                    .unwrap();
+                delta["usage"].clone()
+            }
+        };
+        // Anthropic counts the cached tokens apart from `input_tokens`.
+        assert_eq!(usage["input_tokens"], 1, "{usage}");
+        assert_eq!(usage["cache_read_input_tokens"], 16, "{usage}");
+    }
+}

@@ -1200,9 +1200,12 @@ impl MessageOut<'_> {
     }
 }
 
-/// Usage as Anthropic reports it; the proxy caches nothing itself.
+/// Usage as Anthropic reports it: `input_tokens` are the prompt's tokens
+/// the server's cache did not hold, `cache_read_input_tokens` those it did
+/// (their sum is the prompt). The proxy writes no cache itself.
 struct UsageOut {
     input_tokens: u64,
+    cache_read_input_tokens: u64,
     output_tokens: u64,
 }
 
@@ -1211,7 +1214,7 @@ impl UsageOut {
         let mut o = json::Object::new(out);
         o.u64("input_tokens", self.input_tokens);
         o.raw("cache_creation_input_tokens", "0");
-        o.raw("cache_read_input_tokens", "0");
+        o.u64("cache_read_input_tokens", self.cache_read_input_tokens);
         o.u64("output_tokens", self.output_tokens);
         o.end();
     }
@@ -1219,8 +1222,10 @@ impl UsageOut {
 
 impl From<Usage> for UsageOut {
     fn from(usage: Usage) -> Self {
+        let cached = usage.cached_tokens.min(usage.prompt_tokens);
         UsageOut {
-            input_tokens: usage.prompt_tokens,
+            input_tokens: usage.prompt_tokens - cached,
+            cache_read_input_tokens: cached,
             output_tokens: usage.completion_tokens,
         }
     }
@@ -1436,6 +1441,7 @@ mod tests {
             prompt_tokens: 10,
             completion_tokens: 5,
             total_tokens: 15,
+            ..Usage::default()
         }
     }
 

@@ -2038,21 +2038,24 @@ struct IncompleteOut {
 
 struct UsageOut {
     input_tokens: u64,
+    cached_tokens: u64,
     output_tokens: u64,
+    reasoning_tokens: u64,
     total_tokens: u64,
 }
 
 impl UsageOut {
     fn write(&self, mut o: json::Object<'_>) {
         o.u64("input_tokens", self.input_tokens);
-        // `cache_write_tokens` is required by the SDKs' usage type, though
-        // OpenAI's docs omit it.
-        o.raw(
-            "input_tokens_details",
-            r#"{"cached_tokens":0,"cache_write_tokens":0}"#,
-        );
+        let mut details = json::Object::new(o.name("input_tokens_details"));
+        details.u64("cached_tokens", self.cached_tokens);
+        // Required by the SDKs' usage type, though OpenAI's docs omit it.
+        details.raw("cache_write_tokens", "0");
+        details.end();
         o.u64("output_tokens", self.output_tokens);
-        o.raw("output_tokens_details", r#"{"reasoning_tokens":0}"#);
+        let mut details = json::Object::new(o.name("output_tokens_details"));
+        details.u64("reasoning_tokens", self.reasoning_tokens);
+        details.end();
         o.u64("total_tokens", self.total_tokens);
         o.end();
     }
@@ -2062,7 +2065,9 @@ impl From<Usage> for UsageOut {
     fn from(usage: Usage) -> Self {
         UsageOut {
             input_tokens: usage.prompt_tokens,
+            cached_tokens: usage.cached_tokens,
             output_tokens: usage.completion_tokens,
+            reasoning_tokens: usage.reasoning_tokens,
             total_tokens: usage
                 .total_tokens
                 .max(usage.prompt_tokens + usage.completion_tokens),
@@ -2243,6 +2248,7 @@ mod tests {
             prompt_tokens: 10,
             completion_tokens: 5,
             total_tokens: 15,
+            ..Usage::default()
         }
     }
 

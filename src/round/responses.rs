@@ -671,6 +671,14 @@ impl Decoder {
                 total_tokens: usage
                     .total_tokens
                     .unwrap_or(usage.input_tokens.saturating_add(usage.output_tokens)),
+                cached_tokens: usage
+                    .input_tokens_details
+                    .and_then(|d| d.cached_tokens)
+                    .unwrap_or(0),
+                reasoning_tokens: usage
+                    .output_tokens_details
+                    .and_then(|d| d.reasoning_tokens)
+                    .unwrap_or(0),
             };
         }
         for (index, item) in response.output.into_iter().flatten().enumerate() {
@@ -885,9 +893,25 @@ struct UsageIn {
     #[serde(default)]
     input_tokens: u64,
     #[serde(default)]
+    input_tokens_details: Option<InputDetailsIn>,
+    #[serde(default)]
     output_tokens: u64,
     #[serde(default)]
+    output_tokens_details: Option<OutputDetailsIn>,
+    #[serde(default)]
     total_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct InputDetailsIn {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct OutputDetailsIn {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -1376,7 +1400,9 @@ mod tests {
             Usage {
                 prompt_tokens: 96,
                 completion_tokens: 251,
-                total_tokens: 347
+                total_tokens: 347,
+                cached_tokens: 0,
+                reasoning_tokens: 192,
             }
         );
     }
@@ -1401,7 +1427,9 @@ mod tests {
             Usage {
                 prompt_tokens: 412,
                 completion_tokens: 97,
-                total_tokens: 509
+                total_tokens: 509,
+                cached_tokens: 256,
+                reasoning_tokens: 64,
             }
         );
 

@@ -38,7 +38,7 @@ def check_stream_through_agent():
                 finish.append(choice.finish_reason)
     text, thought = "".join(content), "".join(reasoning)
     assert text == "It is 21 °C in Paris.", text
-    assert thought == 'Let me check.Calling get_weather {"city":"Paris"}…\nWarm enough.', thought
+    assert thought == 'Let me check.\nCalling get_weather {"city":"Paris"}…\nWarm enough.', thought
     assert models == {"weather"}, models
     assert len(ids) == 1, ids
     assert finish == ["stop"], finish
