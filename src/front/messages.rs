@@ -333,6 +333,12 @@ fn decode_block(
             let is_error = take_bool(&mut block, "is_error")
                 .map_err(|_| param.field("is_error").invalid("must be a boolean."))?
                 .unwrap_or(false);
+            // A chat or Responses upstream has no field for it: the text
+            // says so, as the proxy's own failed tools' results do.
+            let output = match is_error {
+                true => format!("error: {output}"),
+                false => output,
+            };
             return Ok(Some(ToolResult {
                 call_id,
                 output,
@@ -1595,7 +1601,7 @@ mod tests {
             Item::ToolCall(call("call_2", "Read", "{}")),
             // Results before the text that came with them.
             result("toolu_1", "a\nb", false),
-            result("call_2", "one\ntwo", true),
+            result("call_2", "error: one\ntwo", true),
             result("toolu_3", "", false),
             text(Role::User, "and also"),
             // The empty thinking block carried nothing.
@@ -2323,7 +2329,7 @@ mod tests {
                 Item::ToolCall(calls[0].clone()),
                 Item::ToolCall(call("call_2", "Read", "{}")),
                 result("call_1", "a b", false),
-                result("call_2", "bad input", true),
+                result("call_2", "error: bad input", true),
             ]
         );
     }
