@@ -51,6 +51,23 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// The call id of the first tool result that answers no call before it
+    /// (OpenAI and Anthropic refuse such a request; a model's template
+    /// would fail on it, or the model read an answer to nothing). The call
+    /// is looked for back from the result: it is most often just before.
+    pub fn unanswered_result(&self) -> Option<&str> {
+        self.items.iter().enumerate().find_map(|(at, item)| match item {
+            Item::ToolResult(result) => {
+                let called = self.items[..at]
+                    .iter()
+                    .rev()
+                    .any(|earlier| matches!(earlier, Item::ToolCall(call) if call.id == result.call_id));
+                (!called).then_some(result.call_id.as_str())
+            }
+            _ => None,
+        })
+    }
+
     /// Lets go of what it holds (the prompt, the items, the tools, the
     /// fields passed on), in place: its model, options and session stay.
     /// Taking it whole (`mem::take`) copied all 520 bytes out and a default

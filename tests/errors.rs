@@ -229,6 +229,11 @@ async fn without_passthrough_unknown_paths_and_models_are_404() {
     let error = assert_error(&res, 404, "invalid_request_error");
     assert_eq!(error["code"], "model_not_found");
     assert_eq!(error["param"], "model");
+    // No model at all is the client's mistake, as OpenAI says it is.
+    let nameless = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let res = post_json(proxy.port, "/v1/chat/completions", &nameless).await;
+    let error = assert_error(&res, 400, "invalid_request_error");
+    assert_eq!(error["param"], "model");
     assert!(upstream.requests().is_empty());
 }
 
@@ -453,6 +458,65 @@ async fn a_broken_stream_ends_cleanly_after_a_terminal_error_event() {
         let last: Value = serde_json::from_str(data.next_back().unwrap()).unwrap();
         assert_eq!(last["type"], terminal, "{path}: {last}");
     }
+}
+
+/// A tool result for a call the conversation never made is refused, in
+/// each dialect's shape, as OpenAI and Anthropic refuse it: forwarded, it
+/// reached the model as an answer to nothing.
+#[tokio::test]
+async fn a_tool_result_for_no_call_is_a_400_in_the_clients_dialect() {
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("hi"), finish("stop")])).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let asks = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "helper", "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "tool", "tool_call_id": "nope", "content": "42"}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "helper", "store": false, "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call_output", "call_id": "nope", "output": "42"}]}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "helper", "max_tokens": 64, "messages": [
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "nope", "content": "42"}]}]}),
+        ),
+    ];
+    for (path, body) in asks {
+        let res = post_json(proxy.port, path, &body).await;
+        assert_eq!(res.status, 400, "{path}: {}", res.text());
+        let error = match path {
+            "/v1/messages" => {
+                assert_eq!(res.json()["type"], "error", "{path}");
+                res.json()["error"].clone()
+            }
+            _ => res.json()["error"].clone(),
+        };
+        assert_eq!(error["type"], "invalid_request_error", "{path}: {error}");
+        assert!(
+            error["message"].as_str().unwrap().contains("`nope`"),
+            "{error}"
+        );
+    }
+    // Answered calls are fine.
+    let answered = json!({"model": "helper", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]});
+    let res = post_json(proxy.port, "/v1/chat/completions", &answered).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    assert_eq!(
+        upstream.requests().len(),
+        1,
+        "only the answered one was forwarded"
+    );
 }
 
 #[tokio::test]

@@ -271,10 +271,13 @@ async fn pass_on(
         return reject(session, dialect, &error).await;
     }
     if !config.passthrough {
-        let model = other.model;
-        let error = ApiError::not_found(format!("The model `{model}` does not exist"))
-            .with_param("model")
-            .with_code("model_not_found");
+        let error = match other.model {
+            // As OpenAI answers a request that names none.
+            "" => ApiError::bad_request("You must provide a model parameter.").with_param("model"),
+            model => ApiError::not_found(format!("The model `{model}` does not exist"))
+                .with_param("model")
+                .with_code("model_not_found"),
+        };
         return reject(session, dialect, &error).await;
     }
     // Streams hold connections for long: each client gets a bounded share.
@@ -402,6 +405,28 @@ impl EncoderFor {
 /// front's goes through the store ([`stored::decode`]) for
 /// `previous_response_id` and for keeping the answer, as `tenant`'s.
 async fn decode(
+    config: &Config,
+    tenant: &str,
+    dialect: Dialect,
+    body: &[u8],
+    found: &Found<'_>,
+) -> Result<(Conversation, EncoderFor), ApiError> {
+    let (conversation, encoder) = decode_as(config, tenant, dialect, body, found).await?;
+    if let Some(id) = conversation.unanswered_result() {
+        let (what, param) = match dialect {
+            Dialect::Responses => ("function call output", "input"),
+            _ => ("tool result", "messages"),
+        };
+        return Err(ApiError::bad_request(format!(
+            "No tool call found for the {what} with call id `{id}`: each result must follow the call it answers."
+        ))
+        .with_param(param));
+    }
+    Ok((conversation, encoder))
+}
+
+/// [`decode`]'s decoding, by the dialect's front.
+async fn decode_as(
     config: &Config,
     tenant: &str,
     dialect: Dialect,
