@@ -27,11 +27,59 @@ pub struct Reloader {
     path: PathBuf,
     config: Arc<ArcSwap<Config>>,
     poll: Duration,
+    /// What the process started with and a reload cannot change (its
+    /// sockets, its threads): a reload that differs is told so.
+    started: StartOnly,
+}
+
+/// The settings that take effect at a start only.
+struct StartOnly {
+    listen: String,
+    admin_listen: Option<String>,
+    runtime: crate::config::Runtime,
+}
+
+impl StartOnly {
+    fn of(config: &Config) -> Self {
+        StartOnly {
+            listen: config.listen.clone(),
+            admin_listen: config.admin_listen.clone(),
+            runtime: config.runtime,
+        }
+    }
+
+    /// Which of `config`'s start-only settings differ from what runs.
+    fn differing(&self, config: &Config) -> Vec<&'static str> {
+        [
+            ("listen", config.listen != self.listen),
+            ("admin_listen", config.admin_listen != self.admin_listen),
+            ("runtime", config.runtime != self.runtime),
+        ]
+        .into_iter()
+        .filter_map(|(name, differs)| differs.then_some(name))
+        .collect()
+    }
+
+    /// Says so of each start-only setting `config` changes.
+    fn warn_of(&self, config: &Config) {
+        for setting in self.differing(config) {
+            warn!(
+                setting,
+                "a change to `{setting}` takes effect at the next restart"
+            );
+        }
+    }
 }
 
 impl Reloader {
     pub fn new(path: PathBuf, config: Arc<ArcSwap<Config>>, poll: Duration) -> Self {
-        Reloader { path, config, poll }
+        let started = StartOnly::of(&config.load());
+        Reloader {
+            path,
+            config,
+            poll,
+            started,
+        }
     }
 
     /// Loads the file again; an invalid config is rejected whole and the
@@ -50,12 +98,9 @@ impl Reloader {
         match loaded {
             Ok(new) => {
                 let old = self.config.load();
-                if new.listen != old.listen {
-                    warn!(old = %old.listen, new = %new.listen, "`listen` changes take effect at the next restart");
-                }
-                if new.runtime != old.runtime {
-                    warn!("`runtime` changes take effect at the next restart");
-                }
+                // Against what runs, not the last file: a change undone
+                // again is no change.
+                self.started.warn_of(&new);
                 info!(
                     reason,
                     agents = new.agents.len(),
@@ -141,6 +186,30 @@ mod tests {
             "default_upstream: up\nupstreams: {{ up: {{ url: \"http://127.0.0.1:9/v1\" }} }}\n\
              agents: {{ {agents} }}\nstore: {{ kind: none }}\n"
         )
+    }
+
+    #[test]
+    fn start_only_settings_are_told_against_what_runs() {
+        let dir = std::env::temp_dir().join(format!("agent-proxy-start-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.yaml");
+        let load = |extra: &str| {
+            std::fs::write(&path, config_text("bot: {}") + extra).unwrap();
+            Config::load(&path).unwrap()
+        };
+        let running = StartOnly::of(&load(""));
+        assert_eq!(running.differing(&load("")), Vec::<&str>::new());
+        assert_eq!(
+            running.differing(&load("listen: \"127.0.0.1:1\"\n")),
+            ["listen"]
+        );
+        assert_eq!(
+            running.differing(&load("admin_listen: \"127.0.0.1:2\"\n")),
+            ["admin_listen"]
+        );
+        // Changed, then changed back: what runs again, nothing to tell.
+        assert_eq!(running.differing(&load("")), Vec::<&str>::new());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The file changes after the config was loaded but before the
