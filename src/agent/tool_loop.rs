@@ -53,7 +53,7 @@ pub struct Summary {
     /// The response was cut mid-stream: the connection must be aborted so
     /// the client cannot take it for complete.
     pub cut: bool,
-    /// What failed, if anything ([`Failure::cause`]).
+    /// What failed, if anything (`Failure::cause`).
     pub error: Option<&'static str>,
 }
 
