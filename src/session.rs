@@ -32,8 +32,8 @@ const HEADER_NAMES: [&str; 6] = [
 /// The longest session id kept from a client.
 pub const MAX_LEN: usize = 128;
 
-/// The client's session id from `headers` (by [`HEADERS`]), cut to
-/// [`MAX_LEN`] characters.
+/// The client's session id from `headers` (by [`HEADERS`]), at most
+/// [`MAX_LEN`] characters ([`bounded`]).
 pub fn from_headers(headers: &http::HeaderMap) -> Option<String> {
     // One pass over the request's headers, not a lookup (a hash of the
     // name) for each of ours: the first of HEADERS present wins. A coding
@@ -45,8 +45,25 @@ pub fn from_headers(headers: &http::HeaderMap) -> Option<String> {
         .filter_map(|(name, value)| Some((HEADERS.iter().position(|h| name == h)?, value)))
         .min_by_key(|(rank, _)| *rank)?;
     let value = value.to_str().ok().filter(|v| !v.is_empty())?;
-    // Visible ASCII (`to_str`): a byte is a character.
-    Some(value[..value.len().min(MAX_LEN)].to_owned())
+    Some(bounded(value))
+}
+
+/// `id` as it is when it has at most [`MAX_LEN`] characters; a longer one as
+/// its beginning and a digest of the whole, so that two ids alike in their
+/// first [`MAX_LEN`] characters stay two (cut, they were one: one user's
+/// memory was another's).
+pub fn bounded(id: &str) -> String {
+    if id.chars().nth(MAX_LEN).is_none() {
+        return id.to_owned();
+    }
+    let digest = Sha256::digest(id.as_bytes());
+    let mut hex = [0u8; 32];
+    // 16 bytes fill 32 hex digits exactly: it cannot fail.
+    let _ = hex::encode_to_slice(&digest[..16], &mut hex);
+    let mut out: String = id.chars().take(MAX_LEN - hex.len() - 1).collect();
+    out.push('~');
+    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+    out
 }
 
 /// A bit for the length of each of [`HEADERS`].
@@ -71,10 +88,7 @@ pub fn identity(tenant: &str, user: Option<&str>, trust_user_field: bool) -> Str
         tenant
     };
     match user.filter(|u| trust_user_field && !u.is_empty()) {
-        Some(user) => {
-            let user: String = user.chars().take(MAX_LEN).collect();
-            format!("{tenant}/user:{user}")
-        }
+        Some(user) => format!("{tenant}/user:{}", bounded(user)),
         None => tenant.to_owned(),
     }
 }
@@ -134,6 +148,31 @@ mod tests {
         );
         assert_eq!(identity("", None, true), "anonymous");
         assert_eq!(identity("", Some(""), true), "anonymous");
+        // Two long users alike in their first 128 characters stay two.
+        let alice = format!("{}alice", "x".repeat(200));
+        let mallory = format!("{}mallory", "x".repeat(200));
+        let (a, m) = (
+            identity("t", Some(&alice), true),
+            identity("t", Some(&mallory), true),
+        );
+        assert_ne!(a, m);
+        assert_eq!(a, identity("t", Some(&alice), true), "and each is stable");
+        assert!(a.len() <= "t/user:".len() + MAX_LEN, "{a}");
+    }
+
+    #[test]
+    fn a_long_id_is_bounded_without_becoming_another() {
+        assert_eq!(bounded("short"), "short");
+        let exact = "é".repeat(MAX_LEN);
+        assert_eq!(
+            bounded(&exact),
+            exact,
+            "128 characters are kept as they are"
+        );
+        let one = bounded(&format!("{}1", "é".repeat(MAX_LEN)));
+        let two = bounded(&format!("{}2", "é".repeat(MAX_LEN)));
+        assert_ne!(one, two);
+        assert_eq!(one.chars().count(), MAX_LEN);
     }
 
     #[test]

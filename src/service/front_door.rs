@@ -92,8 +92,10 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
     // The session: the client's id for it, else one derived from how the
     // conversation begins (so every turn of it has the same).
     let sources = crate::metrics::metrics().sessions.local();
-    let (session_id, source) = match conversation.session.clone() {
-        Some(id) => (id, &sources.client),
+    let (session_id, source) = match conversation.session.as_deref() {
+        // The body's (`prompt_cache_key`, Messages' `metadata`) bounded as
+        // a header's is.
+        Some(id) => (crate::session::bounded(id), &sources.client),
         None => {
             let first_user = conversation.first_user_text().unwrap_or_default();
             let id = crate::session::derive(&agent.id, &identity, &first_user);
