@@ -189,6 +189,53 @@ async fn previous_response_id_continues_and_stored_responses_read_back() {
     );
 }
 
+/// The Vercel AI SDK, its responses stored, sends an earlier answer's items
+/// back as `item_reference`s: each is the kept item it names, as at
+/// OpenAI. Skipped, the model lost every turn of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_reference_is_the_kept_item_it_names() {
+    let upstream = echo_model().await;
+    let proxy = Proxy::start(&bot_config(&upstream.url(), "")).await;
+    for stream in [false, true] {
+        let first = turn(
+            proxy.port,
+            &[],
+            json!({"model": "bot", "input": "one", "stream": stream}),
+        )
+        .await;
+        let said = first["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|item| item["type"] == "message")
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let second = turn(
+            proxy.port,
+            &[],
+            json!({"model": "bot", "stream": stream, "input": [
+                {"role": "user", "content": "one"},
+                {"type": "item_reference", "id": said},
+                {"role": "user", "content": "two"}]}),
+        )
+        .await;
+        assert_eq!(
+            output_text(&second),
+            "seen: one|seen: one|two",
+            "the model saw its own answer between the two"
+        );
+    }
+    // A reference to nothing the store holds is the client's mistake.
+    for unknown in ["msg_nothing", "msg_0123456789abcdefghijklmnopqrstuv_0"] {
+        let body = json!({"model": "bot", "input": [{"type": "item_reference", "id": unknown}]});
+        let res = post_json(proxy.port, "/v1/responses", &body).await;
+        assert_eq!(res.status, 400, "{}", res.text());
+        assert_eq!(res.json()["error"]["param"], "input");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_response_is_seen_only_by_its_tenant() {
     let upstream = echo_model().await;

@@ -602,8 +602,26 @@ impl Serialize for KeptItem<'_> {
     }
 }
 
+/// The response that holds the output item `id` (made by
+/// [`ResponsesEncoder::item_id`]), by its id.
+pub fn response_of_item(id: &str) -> Option<String> {
+    let (_, rest) = id.split_once('_')?;
+    let (response, place) = rest.rsplit_once('_')?;
+    (!response.is_empty() && !place.is_empty() && place.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| format!("resp_{response}"))
+}
+
+/// The id an `item_reference` input item names.
+pub fn referenced(item: &Value) -> Option<&str> {
+    match item.get("type")?.as_str()? {
+        "item_reference" => item.get("id")?.as_str(),
+        _ => None,
+    }
+}
+
 /// One input item; `None` for item types the proxy does not model (such as
-/// `item_reference` or hosted tool calls), which are skipped.
+/// hosted tool calls, or an `item_reference` no store resolved), which are
+/// skipped.
 fn decode_item(item: Value, param: At<'_>, ctx: &mut Context) -> Result<Option<Item>, ApiError> {
     let Value::Object(mut item) = item else {
         return Err(param.invalid("must be an object."));
@@ -1098,7 +1116,7 @@ impl ResponsesEncoder {
         }
         self.close(None, out);
         let index = self.add(
-            new_id("msg_"),
+            self.item_id("msg_"),
             Body::Message {
                 text: String::new(),
             },
@@ -1127,7 +1145,7 @@ impl ResponsesEncoder {
             }
         }
         self.close(None, out);
-        let id = id.map_or_else(|| new_id("rs_"), str::to_owned);
+        let id = id.map_or_else(|| self.item_id("rs_"), str::to_owned);
         let index = self.add(
             id,
             Body::Reasoning {
@@ -1144,6 +1162,21 @@ impl ResponsesEncoder {
     }
 
     /// Appends an item and announces it.
+    /// The id of the next output item: `prefix`, this response's id without
+    /// its own prefix, and the item's place. Which response holds an item is
+    /// then read off its id ([`response_of_item`]), for an `item_reference`.
+    fn item_id(&self, prefix: &str) -> String {
+        let response = self.id.strip_prefix("resp_").unwrap_or(&self.id);
+        let mut place = itoa::Buffer::new();
+        let place = place.format(self.output.len());
+        let mut id = String::with_capacity(prefix.len() + response.len() + 1 + place.len());
+        id.push_str(prefix);
+        id.push_str(response);
+        id.push('_');
+        id.push_str(place);
+        id
+    }
+
     fn add(&mut self, id: String, body: Body, out: &mut Vec<u8>) -> usize {
         let index = self.output.len();
         self.output.push(OutputItem { id, body });
@@ -1469,7 +1502,7 @@ impl Encoder for ResponsesEncoder {
             };
             let (id, body) = match call.kind {
                 CallKind::Function => (
-                    new_id("fc_"),
+                    self.item_id("fc_"),
                     Body::FunctionCall {
                         call_id: call.id.clone(),
                         name,
@@ -1478,7 +1511,7 @@ impl Encoder for ResponsesEncoder {
                     },
                 ),
                 CallKind::Custom => (
-                    new_id("ctc_"),
+                    self.item_id("ctc_"),
                     Body::CustomCall {
                         call_id: call.id.clone(),
                         name,

@@ -77,6 +77,10 @@ pub async fn decode(
         }
         None => responses::Input::new(read.take("input"))?,
     };
+    let mut input = input;
+    if let responses::Input::Items(items) = &mut input {
+        resolve_references(store, tenant, items).await?;
+    }
     let history = match &previous {
         Some(id) => history(store, tenant, id, config.limits.max_body_bytes).await?,
         None => Vec::new(),
@@ -167,6 +171,43 @@ async fn history(
         items.extend(answer.output);
     }
     Ok(items)
+}
+
+/// Puts in place of each `item_reference` of `items` the kept item it
+/// names, as OpenAI does: the Vercel AI SDK sends an earlier answer's items
+/// so when its responses are stored, and skipped, the model lost every turn
+/// of its own. An item's id names the response holding it
+/// ([`responses::response_of_item`]); each is loaded once.
+async fn resolve_references(
+    store: &Store,
+    tenant: &str,
+    items: &mut [Value],
+) -> Result<(), ApiError> {
+    let mut loaded: Vec<(String, Vec<Value>)> = Vec::new();
+    for item in items.iter_mut() {
+        let Some(id) = responses::referenced(item).map(str::to_owned) else {
+            continue;
+        };
+        let not_found =
+            || ApiError::bad_request(format!("Item with id '{id}' not found.")).with_param("input");
+        let response = responses::response_of_item(&id).ok_or_else(not_found)?;
+        let at = match loaded.iter().position(|(held, _)| *held == response) {
+            Some(at) => at,
+            None => {
+                let record = store
+                    .load(tenant, &response)
+                    .await
+                    .map_err(|_| unavailable())?
+                    .ok_or_else(not_found)?;
+                let answer: Answer = serde_json::from_str(&record.response).unwrap_or_default();
+                loaded.push((response, answer.output));
+                loaded.len() - 1
+            }
+        };
+        let found = loaded[at].1.iter().find(|kept| kept["id"] == id.as_str());
+        *item = found.cloned().ok_or_else(not_found)?;
+    }
+    Ok(())
 }
 
 /// What a kept Response object adds to the conversation: its output items.
