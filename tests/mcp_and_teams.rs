@@ -604,6 +604,12 @@ async fn team_upstream() -> FakeServer {
             .to_owned();
         let results = req.tool_results();
         match system.as_str() {
+            // Asks for a tool no one gave it.
+            "DREAMER" => Reply::events(vec![
+                content("Let me search."),
+                tool_call(0, "d1", "web_search", r#"{"q": "X"}"#),
+                finish("tool_calls"),
+            ]),
             "RESEARCH" => Reply::events(vec![
                 reasoning("looking it up. "),
                 content("X is 42"),
@@ -697,6 +703,31 @@ agents:
     assert!(
         answer.starts_with("gave up: error: agent `loop` is already working"),
         "cycles are refused: {answer}"
+    );
+}
+
+/// A called agent whose model asks for a tool it does not have has no
+/// client to hand the call to: its caller is told, not given the text
+/// before the call as the whole answer.
+#[tokio::test]
+async fn a_called_agents_call_for_a_tool_it_lacks_is_its_callers_error() {
+    let upstream = team_upstream().await;
+    let yaml = format!(
+        "default_upstream: up\nupstreams: {{ up: {{ url: \"{}/v1\" }} }}\nagents:\n  boss: {{ system_prompt: BOSS, tools: [\"agent:dreamer\"] }}\n  dreamer: {{ system_prompt: DREAMER }}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(
+        proxy.port,
+        "/v1/chat/completions",
+        &ask("boss", "what is X?"),
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let answer = res.json()["choices"][0]["message"]["content"].clone();
+    assert_eq!(
+        answer,
+        "Boss says: error: agent `dreamer` stopped to call a tool it does not have; what it said before: Let me search."
     );
 }
 

@@ -164,6 +164,13 @@ pub fn run_nested(
             let _ = progress.send(Progress::Usage(reply.usage()));
         }
         match result {
+            // Calls for a client, where there is none: the caller is told,
+            // not given what came before them as the whole answer.
+            Ok(Finish::ToolCalls) => Outcome::error(format!(
+                "agent `{}` stopped to call a tool it does not have; what it said before: {}",
+                agent.id,
+                reply.into_content()
+            )),
             Ok(_) => Outcome::success(reply.into_content()),
             Err(Failure::Api(e)) => {
                 Outcome::error(format!("agent `{}` failed: {}", agent.id, e.message))
