@@ -130,7 +130,14 @@ pub struct Store {
     /// Handed over, not yet written: served from here meanwhile.
     pending: Mutex<HashMap<String, Arc<Record>>>,
     ttl: Duration,
+    /// An owner's note writes, one at a time (by a stripe of the owner's
+    /// hash): a write reads the owner's notes to keep within the caps, and
+    /// parallel `remember`s each read the same list and all wrote.
+    note_writes: Box<[tokio::sync::Mutex<()>; NOTE_STRIPES]>,
 }
+
+/// Stripes of [`Store::note_writes`]: owners writing at once rarely share one.
+const NOTE_STRIPES: usize = 64;
 
 impl Store {
     /// The store `spec` describes; a relative SQLite path is taken from
@@ -152,6 +159,7 @@ impl Store {
             backend,
             pending: Mutex::new(HashMap::new()),
             ttl: Duration::from_secs(spec.ttl_seconds),
+            note_writes: Box::new(std::array::from_fn(|_| tokio::sync::Mutex::new(()))),
         }))
     }
 
@@ -262,6 +270,12 @@ impl Store {
     /// session, the oldest go.
     pub async fn add_note(&self, note: Note, keep: usize) -> Result<(), StoreError> {
         let owner = note.owner.clone();
+        let stripe = {
+            use std::hash::{BuildHasher, BuildHasherDefault};
+            let hasher = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+            hasher.hash_one(&owner) as usize % NOTE_STRIPES
+        };
+        let _one_at_a_time = self.note_writes[stripe].lock().await;
         let started = Instant::now();
         let result = async {
             let same = |n: &Note| {
@@ -484,6 +498,27 @@ mod tests {
 
     /// Notes of many sessions do not pile up: an owner keeps the newest
     /// `MAX_NOTES_PER_OWNER`.
+    /// Notes written at once (a model's parallel `remember`s) keep the cap:
+    /// each write reads the list after the one before it wrote.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn notes_written_at_once_keep_the_cap() {
+        let dir = std::env::temp_dir().join(format!("agent-proxy-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::from_file(&spec(StoreKind::Sqlite), &dir).unwrap();
+        let writes = (0..6).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let n = note(&format!("n{i}"), "name:alice", "user", i);
+                store.add_note(n, 3).await
+            })
+        });
+        for written in futures::future::join_all(writes).await {
+            written.unwrap().unwrap();
+        }
+        assert_eq!(store.notes("name:alice").await.unwrap().len(), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[tokio::test]
     async fn an_owner_keeps_a_bounded_number_of_notes() {
         let store = Store::from_file(&spec(StoreKind::Memory), Path::new(".")).unwrap();
