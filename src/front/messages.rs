@@ -294,6 +294,11 @@ fn decode_block(
     };
     match kind.as_str() {
         "text" => match block.remove("text") {
+            // An empty text says nothing, and before a thinking block it
+            // made an assistant turn of its own (LangChain sends back one
+            // it merged from a stream that began with thinking): two
+            // assistant messages in a row, which templates refuse.
+            Some(Value::String(text)) if text.is_empty() && turn.role == Role::Assistant => {}
             Some(Value::String(text)) => turn.parts.push(Part::Text(text)),
             _ => return Err(param.field("text").invalid("must be a string.")),
         },
@@ -1411,6 +1416,28 @@ mod tests {
 
     fn decode_json(body: Value) -> Result<(Conversation, Context), ApiError> {
         decode(&serde_json::to_vec(&body).unwrap())
+    }
+
+    #[test]
+    fn an_empty_text_before_thinking_makes_no_assistant_turn_of_its_own() {
+        let (conv, _) = decode_json(json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": ""},
+                {"type": "thinking", "thinking": "T", "signature": ""},
+                {"type": "text", "text": "Hello"}]},
+            {"role": "user", "content": "again"}
+        ]}))
+        .unwrap();
+        assert_eq!(
+            conv.items,
+            [
+                text(Role::User, "hi"),
+                Item::Reasoning(reasoning("T", None)),
+                text(Role::Assistant, "Hello"),
+                text(Role::User, "again"),
+            ]
+        );
     }
 
     fn text(role: Role, text: &str) -> Item {
