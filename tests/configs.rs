@@ -162,6 +162,30 @@ fn check_names_the_file_line_and_key_and_what_was_expected() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 
+    // A tool named as one of the proxy's functions would hide it, or be
+    // hidden: memory's `remember`, an agent's `agent__<id>`.
+    let reserved = [
+        (
+            "tools:\n  remember: { http: { url: \"http://127.0.0.1:9\" } }\n",
+            "`remember`",
+        ),
+        (
+            "tools:\n  agent__x: { http: { url: \"http://127.0.0.1:9\" } }\n",
+            "`agent__x`",
+        ),
+        (
+            "mcp_servers:\n  agent: { url: \"http://127.0.0.1:9/mcp\" }\n",
+            "`agent` is taken",
+        ),
+    ];
+    for (i, (extra, said)) in reserved.into_iter().enumerate() {
+        let text = BROKEN.replace(", nope]", "]") + extra;
+        let path = config_file(&format!("reserved-{i}.yaml"), &text);
+        let (code, _, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
+        assert_eq!(code, Some(2), "{extra}");
+        assert!(stderr.contains(said), "{stderr}");
+    }
+
     // A port `http` cannot read would have been port 80: a typo sent the
     // requests, and the upstream's key, elsewhere.
     let typo = BROKEN.replace("8080", "8O80").replace(", nope]", "]");

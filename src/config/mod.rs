@@ -407,6 +407,12 @@ fn expand_strings(
     Ok(())
 }
 
+/// The functions memory and knowledge give an agent.
+const BUILT_IN_TOOLS: [&str; 4] = ["remember", "recall", "forget", "search_knowledge"];
+
+/// The prefix of the functions agents are called by (`agent__<id>`).
+const AGENTS: &str = "agent";
+
 /// Fields of a chat request the proxy manages itself: not settable as `params`.
 const MANAGED_FIELDS: &[&str] = &["model", "messages", "tools", "stream", "stream_options"];
 
@@ -440,6 +446,21 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
                 "a tool name must be 1-64 letters, digits, `_` or `-`",
             ));
         }
+        // The proxy's own functions' names, and those of MCP servers' and
+        // agents' tools: a tool by one of them would hide it, or be hidden.
+        let reserved = BUILT_IN_TOOLS.contains(&name.as_str())
+            || name.split_once(mcp::SEPARATOR).is_some_and(|(prefix, _)| {
+                prefix == AGENTS || file.mcp_servers.contains_key(prefix)
+            });
+        if reserved {
+            return Err(error(
+                key,
+                format!(
+                    "`{name}` is the name of a function the proxy makes ({}, `agent__<id>`, `<mcp server>__<tool>`)",
+                    BUILT_IN_TOOLS.join(", ")
+                ),
+            ));
+        }
         let resolved = Tool::from_file(&name, tool).map_err(|m| error(key, m))?;
         tools.insert(name, Arc::new(resolved));
     }
@@ -450,6 +471,12 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             return Err(error(
                 key,
                 "a server name must be 1-64 letters, digits, `_` or `-`, without `__`",
+            ));
+        }
+        if name == AGENTS {
+            return Err(error(
+                key,
+                "`agent` is taken: agents called as tools are the functions `agent__<id>`",
             ));
         }
         let server = match previous.mcp_server(name, spec) {
