@@ -240,14 +240,37 @@ async fn read_agent_request(
     // KiB, and the conversation holds all of it that a stream needs.
     let decoded = decode(config, &ctx.tenant, dialect, &body, &found).await;
     drop(body);
-    match decoded {
-        Ok((conversation, encoder)) => Ok(Box::new(AgentRequest {
+    let request = decoded.map(|(conversation, encoder)| {
+        Box::new(AgentRequest {
             asked,
             conversation,
             encoder,
-        })),
+        })
+    });
+    match request.and_then(|request| answered_results(request, dialect)) {
+        Ok(request) => Ok(request),
         Err(error) => Err(reject(session, dialect, &error).await),
     }
+}
+
+/// `request`, unless a tool result in it answers no call before it
+/// ([`Conversation::unanswered_result`]): refused, as OpenAI and Anthropic
+/// refuse it.
+fn answered_results(
+    request: Box<AgentRequest>,
+    dialect: Dialect,
+) -> Result<Box<AgentRequest>, ApiError> {
+    let Some(id) = request.conversation.unanswered_result() else {
+        return Ok(request);
+    };
+    let (what, param) = match dialect {
+        Dialect::Responses => ("function call output", "input"),
+        _ => ("tool result", "messages"),
+    };
+    Err(ApiError::bad_request(format!(
+        "No tool call found for the {what} with call id `{id}`: each result must follow the call it answers."
+    ))
+    .with_param(param))
 }
 
 /// A request for a model that is no agent, as its body was read.
@@ -407,28 +430,6 @@ impl EncoderFor {
 /// front's goes through the store ([`stored::decode`]) for
 /// `previous_response_id` and for keeping the answer, as `tenant`'s.
 async fn decode(
-    config: &Config,
-    tenant: &str,
-    dialect: Dialect,
-    body: &[u8],
-    found: &Found<'_>,
-) -> Result<(Conversation, EncoderFor), ApiError> {
-    let (conversation, encoder) = decode_as(config, tenant, dialect, body, found).await?;
-    if let Some(id) = conversation.unanswered_result() {
-        let (what, param) = match dialect {
-            Dialect::Responses => ("function call output", "input"),
-            _ => ("tool result", "messages"),
-        };
-        return Err(ApiError::bad_request(format!(
-            "No tool call found for the {what} with call id `{id}`: each result must follow the call it answers."
-        ))
-        .with_param(param));
-    }
-    Ok((conversation, encoder))
-}
-
-/// [`decode`]'s decoding, by the dialect's front.
-async fn decode_as(
     config: &Config,
     tenant: &str,
     dialect: Dialect,
