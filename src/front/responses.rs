@@ -603,7 +603,7 @@ impl Serialize for KeptItem<'_> {
 }
 
 /// The response that holds the output item `id` (made by
-/// [`ResponsesEncoder::item_id`]), by its id.
+/// `ResponsesEncoder::item_id`), by its id.
 pub fn response_of_item(id: &str) -> Option<String> {
     let (_, rest) = id.split_once('_')?;
     let (response, place) = rest.rsplit_once('_')?;
