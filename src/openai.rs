@@ -129,24 +129,26 @@ pub struct Usage {
     pub reasoning_tokens: u64,
 }
 
+/// A usage's `prompt_tokens_details` or `completion_tokens_details`: each
+/// reads its one count (none, or `null`, is 0).
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
 fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    struct Details {
-        #[serde(default)]
-        cached_tokens: Option<u64>,
-    }
-    let details = Option::<Details>::deserialize(d)?;
-    Ok(details.and_then(|d| d.cached_tokens).unwrap_or(0))
+    Ok(Option::<Details>::deserialize(d)?
+        .and_then(|d| d.cached_tokens)
+        .unwrap_or(0))
 }
 
 fn reasoning_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    struct Details {
-        #[serde(default)]
-        reasoning_tokens: Option<u64>,
-    }
-    let details = Option::<Details>::deserialize(d)?;
-    Ok(details.and_then(|d| d.reasoning_tokens).unwrap_or(0))
+    Ok(Option::<Details>::deserialize(d)?
+        .and_then(|d| d.reasoning_tokens)
+        .unwrap_or(0))
 }
 
 impl Usage {
