@@ -38,11 +38,13 @@ pub fn masked_all(mut text: Vec<u8>, secrets: &[Box<[u8]>]) -> Vec<u8> {
 /// secret), and the credential after its scheme (`Bearer sk-…`), which a
 /// server may echo alone. Values shorter than 8 bytes are left: masking
 /// them would garble ordinary text.
-pub fn credentials<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Vec<Box<[u8]>> {
+pub fn credentials<N: AsRef<str>, V: AsRef<[u8]>>(
+    fields: impl IntoIterator<Item = (N, V)>,
+) -> Vec<Box<[u8]>> {
     const NAMES: [&str; 6] = ["auth", "key", "token", "secret", "cookie", "password"];
     let mut secrets: Vec<Box<[u8]>> = Vec::new();
     for (name, value) in fields {
-        let name = name.to_ascii_lowercase();
+        let (name, value) = (name.as_ref().to_ascii_lowercase(), value.as_ref());
         if !NAMES.iter().any(|part| name.contains(part)) {
             continue;
         }

@@ -75,15 +75,10 @@ impl Transport {
     /// its headers.
     fn secrets(&self) -> Vec<Box<[u8]>> {
         match self {
-            Transport::Stdio { env, .. } => crate::mask::credentials(
-                env.iter()
-                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
-            ),
-            Transport::Http { headers, .. } => crate::mask::credentials(
-                headers
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
-            ),
+            Transport::Stdio { env, .. } => {
+                crate::mask::credentials(env.iter().map(|(n, v)| (n, v)))
+            }
+            Transport::Http { headers, .. } => crate::mask::credentials(headers),
         }
     }
 }

@@ -331,8 +331,8 @@ async fn pass_on(
             }
         });
     let mut client = Client::new(session, config.limits.heartbeat);
-    let forwarded = forward::forward(&mut client, config, dialect, Some(body.clone()), affinity);
-    let forwarded = forwarded.await;
+    let body = Some(body.clone());
+    let forwarded = forward::forward(&mut client, config, dialect, body, affinity).await;
     ctx.failure = forwarded.failure;
     handled(forwarded.cut)
 }

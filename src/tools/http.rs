@@ -57,11 +57,7 @@ impl HttpTool {
                 Ok((name, value))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let secrets = crate::mask::credentials(
-            headers
-                .iter()
-                .map(|(name, value)| (name.as_str(), value.as_bytes())),
-        );
+        let secrets = crate::mask::credentials(headers.iter().map(|(n, v)| (n, v)));
         Ok(HttpTool {
             endpoint,
             path,
