@@ -15,6 +15,9 @@ use crate::json::scan::{BadJson, ScanError, Scanner};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct ToolCall {
+    /// Empty when missing: an upstream's call is given one (as a stream's
+    /// is), a client's is refused.
+    #[serde(default)]
     pub id: String,
     #[serde(rename = "type", default = "function_type")]
     pub kind: String,
@@ -622,7 +625,7 @@ fn scan_tool_call(s: &mut Scanner<'_>) -> Result<ToolCall, Refused> {
         _ => skip(s),
     })?;
     Ok(ToolCall {
-        id: id.ok_or(Refused)?,
+        id: id.unwrap_or_default(),
         kind: kind.unwrap_or_else(function_type),
         function: function.ok_or(Refused)?,
     })
@@ -1057,6 +1060,8 @@ mod tests {
             r#"{"choices":[{"message":{}},{"message":{"content":"second"},"finish_reason":"stop"}],"usage":null}"#,
             r#"{"choices":[]}"#,
             r#"{}"#,
+            // No id: the round's end gives the call one.
+            r#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"f"}}]}}]}"#,
         ] {
             reads_as_serde(data, CompletionIn::read, scan_completion, true);
         }
@@ -1066,7 +1071,6 @@ mod tests {
             r#"{"choices":[{"message":null}]}"#,
             r#"{"choices":[{"message":{"content":"a","content":"b"}}]}"#,
             r#"{"choices":[{"message":{"tool_calls":null}}]}"#,
-            r#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"f"}}]}}]}"#,
             r#"{"choices":[{"message":{"tool_calls":[{"id":"c","type":null,"function":{"name":"f"}}]}}]}"#,
             r#"{"choices":[{"message":{"tool_calls":[{"id":"c","function":{"arguments":"{}"}}]}}]}"#,
             r#"{"choices":[{"message":{"tool_calls":[{"id":"c","function":{"name":"f","arguments":null}}]}}]}"#,

@@ -82,7 +82,8 @@ impl Assembler {
         self.calls
             .into_iter()
             .map(|c| ToolCall {
-                id: if c.id.is_empty() { new_call_id() } else { c.id },
+                // Empty if the stream named none: the round's end names it.
+                id: c.id,
                 kind: "function".into(),
                 function: FunctionCall {
                     name: c.name,
@@ -199,6 +200,6 @@ mod tests {
         let calls = assemble(&[
             r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]}"#,
         ]);
-        assert!(calls[0].id.starts_with("call_"));
+        assert_eq!(calls[0].id, "");
     }
 }

@@ -250,6 +250,11 @@ fn tool_calls(calls: Option<Value>, at: At<'_>) -> Result<Vec<Item>, ApiError> {
         Some(_) => return Err(at.invalid("must be an array.")),
     };
     let call = |(j, call)| match openai::ToolCall::deserialize(call) {
+        // Its result names it by id.
+        Ok(call) if call.id.is_empty() => Err(at
+            .index(j)
+            .field("id")
+            .invalid("must be a non-empty string.")),
         Ok(call) => Ok(Item::ToolCall(ToolCall {
             id: call.id,
             name: call.function.name,
@@ -971,7 +976,7 @@ mod tests {
         let error = decode(broken.to_string().as_bytes()).unwrap_err();
         assert_eq!(error.param.as_deref(), Some("messages[8].tool_calls[0]"));
         assert!(
-            error.message.contains("missing field `id`"),
+            error.message.contains("missing field `function`"),
             "{}",
             error.message
         );
@@ -987,7 +992,7 @@ mod tests {
             (json!({"messages": [{"role": "robot"}]}), "messages[0].role"),
             (
                 json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "w"}}]}]}),
-                "messages[0].tool_calls[0]",
+                "messages[0].tool_calls[0].id",
             ),
             (
                 json!({"messages": [user], "tools": [{"type": "function", "function": 3}]}),

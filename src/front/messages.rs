@@ -36,6 +36,13 @@ use crate::json::scan::Built;
 /// comment (see [`Encoder::heartbeat`]).
 pub const PING: &[u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
 
+/// How the signature of a thinking block the proxy wrote begins, when the
+/// upstream gave its reasoning none. Clients keep a thinking block for the
+/// history they send back only if it is signed (the AI SDK's and litellm's
+/// Anthropic providers drop it otherwise), and the model's prompt then lacks
+/// its reasoning: a changed prompt, and the server's cache of it lost.
+const OWN_SIGNATURE: &str = "agent-proxy:";
+
 /// What decoding a request learned that the caller needs.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
@@ -355,7 +362,8 @@ fn decode_block(
             let signature = take_str_at(&mut block, "signature", param.field("signature"))?;
             let reasoning = Reasoning {
                 text: text.unwrap_or_default(),
-                encrypted: signature.filter(|s| !s.is_empty()),
+                // Our own mark carries nothing for an upstream.
+                encrypted: signature.filter(|s| !s.is_empty() && !s.starts_with(OWN_SIGNATURE)),
                 ..Reasoning::default()
             };
             // An empty block without a signature carries nothing.
@@ -752,28 +760,35 @@ impl MessagesEncoder {
         }
     }
 
-    /// Ends the open block, if any; a thinking block first takes `signature`.
+    /// Ends the open block, if any; a thinking block first takes `signature`,
+    /// the upstream's or, if it gave none, the proxy's own.
     fn close(&mut self, signature: Option<&str>, out: &mut Vec<u8>) {
         let Some((kind, index)) = self.open.take() else {
             return;
         };
-        let signature = signature.filter(|s| kind == Open::Thinking && !s.is_empty());
-        if self.stream {
-            if let Some(signature) = signature {
-                let delta = DeltaOut::Signature { signature };
-                emit(out, "content_block_delta", BlockDelta { index, delta });
+        if kind != Open::Thinking {
+            if self.stream {
+                emit(out, "content_block_stop", BlockStop { index });
             }
+            return;
+        }
+        let signature = match signature.filter(|s| !s.is_empty()) {
+            Some(signature) => Cow::Borrowed(signature),
+            None => Cow::Owned(format!("{OWN_SIGNATURE}{}:{index}", self.id)),
+        };
+        if self.stream {
+            let delta = DeltaOut::Signature {
+                signature: &signature,
+            };
+            emit(out, "content_block_delta", BlockDelta { index, delta });
             emit(out, "content_block_stop", BlockStop { index });
             return;
         }
-        if let (
-            Some(signature),
-            Some(Block::Thinking {
-                signature: slot, ..
-            }),
-        ) = (signature, self.content.get_mut(index))
+        if let Some(Block::Thinking {
+            signature: slot, ..
+        }) = self.content.get_mut(index)
         {
-            signature.clone_into(slot);
+            *slot = signature.into_owned();
         }
     }
 
@@ -2071,6 +2086,7 @@ mod tests {
                 "start:thinking",
                 "delta:thinking_delta",
                 "delta:thinking_delta",
+                "delta:signature_delta",
                 "content_block_stop",
                 "start:text",
                 "delta:text_delta",
@@ -2102,23 +2118,28 @@ mod tests {
                    "delta": {"type": "thinking_delta", "thinking": "Let me "}})
         );
         assert_eq!(
-            events[5],
+            events[4],
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta",
+                   "signature": format!("agent-proxy:{}:0", message["id"].as_str().unwrap())}})
+        );
+        assert_eq!(
+            events[6],
             json!({"type": "content_block_start", "index": 1,
                    "content_block": {"type": "text", "text": ""}})
         );
         assert_eq!(
-            events[7],
+            events[8],
             json!({"type": "content_block_delta", "index": 1,
                    "delta": {"type": "text_delta", "text": ", world."}})
         );
         assert_eq!(
-            events[9],
+            events[10],
             json!({"type": "message_delta",
                    "delta": {"stop_reason": "end_turn", "stop_sequence": null},
                    "usage": {"input_tokens": 10, "cache_creation_input_tokens": 0,
                              "cache_read_input_tokens": 0, "output_tokens": 5}})
         );
-        assert_eq!(events[10], json!({"type": "message_stop"}));
+        assert_eq!(events[11], json!({"type": "message_stop"}));
     }
 
     #[test]
@@ -2141,6 +2162,7 @@ mod tests {
                 "message_start",
                 "start:thinking",
                 "delta:thinking_delta",
+                "delta:signature_delta",
                 "content_block_stop",
                 "start:tool_use",
                 "delta:input_json_delta",
@@ -2156,19 +2178,19 @@ mod tests {
             ]
         );
         assert_eq!(
-            events[4],
+            events[5],
             json!({"type": "content_block_start", "index": 1,
                    "content_block": {"type": "tool_use", "id": "call_1", "name": "Bash", "input": {}}})
         );
         assert_eq!(
-            events[5],
+            events[6],
             json!({"type": "content_block_delta", "index": 1,
                    "delta": {"type": "input_json_delta", "partial_json": "{\"command\": \"ls\"}"}})
         );
         // Broken or missing arguments go out as an empty object.
-        assert_eq!(events[8]["delta"]["partial_json"], "{}");
-        assert_eq!(events[11]["delta"]["partial_json"], "{}");
-        assert_eq!(events[13]["delta"]["stop_reason"], "tool_use");
+        assert_eq!(events[9]["delta"]["partial_json"], "{}");
+        assert_eq!(events[12]["delta"]["partial_json"], "{}");
+        assert_eq!(events[14]["delta"]["stop_reason"], "tool_use");
     }
 
     #[test]
@@ -2254,7 +2276,7 @@ mod tests {
             },
             &mut out,
         );
-        // Without encrypted content: no signature.
+        // Without encrypted content: the proxy's own signature.
         enc.reasoning("Plain.", &mut out);
         enc.reasoning_item(&reasoning("Plain.", None), &mut out);
         // Nothing to show: nothing.
@@ -2276,6 +2298,7 @@ mod tests {
                 "content_block_stop",
                 "start:thinking",
                 "delta:thinking_delta",
+                "delta:signature_delta",
                 "content_block_stop",
                 "start:text",
                 "delta:text_delta",
@@ -2283,6 +2306,11 @@ mod tests {
                 "message_delta",
                 "message_stop",
             ]
+        );
+        let id = events[0]["message"]["id"].as_str().unwrap();
+        assert_eq!(
+            events[11]["delta"]["signature"],
+            format!("agent-proxy:{id}:2")
         );
         assert_eq!(
             events[3],
@@ -2324,7 +2352,8 @@ mod tests {
                 "id": message["id"], "type": "message", "role": "assistant", "model": "coder",
                 "content": [
                     {"type": "thinking", "thinking": "Let me look.", "signature": "ENC"},
-                    {"type": "thinking", "thinking": "Unsigned.", "signature": ""},
+                    {"type": "thinking", "thinking": "Unsigned.",
+                     "signature": format!("agent-proxy:{}:1", message["id"].as_str().unwrap())},
                     {"type": "text", "text": "Running it."},
                     {"type": "tool_use", "id": "call_1", "name": "Bash",
                      "input": {"description": "List", "command": "ls"}},

@@ -453,10 +453,10 @@ impl RoundDecoder for Decoder {
                 .map(core_call)
                 .collect();
         }
-        // A tool result names its call by id: two calls sharing one (a
-        // malformed answer) would be indistinguishable.
-        for i in 1..calls.len() {
-            if calls[..i].iter().any(|c| c.id == calls[i].id) {
+        // A tool result names its call by id: a call without one, or two
+        // calls sharing one (a malformed answer), would be indistinguishable.
+        for i in 0..calls.len() {
+            if calls[i].id.is_empty() || calls[..i].iter().any(|c| c.id == calls[i].id) {
                 calls[i].id = new_call_id();
             }
         }
@@ -478,5 +478,44 @@ impl RoundDecoder for Decoder {
             finish: Some(self.finish.unwrap_or(Finish::Stop)),
             usage: self.usage,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call the upstream sent without an id gets one, streamed or not: the
+    /// loop's result, or the client's, names the call by it.
+    #[test]
+    fn a_call_without_an_id_is_given_one() {
+        let whole = br#"{"choices":[{"message":{"role":"assistant","content":null,
+            "tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}},
+                          {"id":"","function":{"name":"g","arguments":"{}"}}]},
+            "finish_reason":"tool_calls"}]}"#;
+        let mut decoder = Decoder::new(Vec::new());
+        decoder.body(whole).unwrap();
+        let non_streamed = decoder.end().unwrap().calls;
+
+        let mut decoder = Decoder::new(Vec::new());
+        for data in [
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"name":"g","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ] {
+            let event = sse::Event {
+                name: None,
+                data: bytes::Bytes::from_static(data.as_bytes()),
+            };
+            decoder.event(&event).unwrap();
+        }
+        let streamed = decoder.end().unwrap().calls;
+
+        for calls in [non_streamed, streamed] {
+            let names: Vec<_> = calls.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(names, ["f", "g"]);
+            assert!(calls.iter().all(|c| c.id.starts_with("call_")), "{calls:?}");
+            assert_ne!(calls[0].id, calls[1].id);
+        }
     }
 }

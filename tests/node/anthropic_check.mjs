@@ -32,6 +32,10 @@ const thinking = (message) =>
     .filter((block) => block.type === "thinking")
     .map((block) => block.thinking)
     .join("");
+// Clients keep a thinking block for the history they send back only if it is
+// signed (the AI SDK's and litellm's Anthropic providers).
+const signed = (message) =>
+  message.content.filter((block) => block.type === "thinking").every((block) => block.signature);
 
 async function nonStreamingWithALocalTool() {
   const message = await client.messages.create({ model: "weather", max_tokens: 256, messages: WEATHER });
@@ -41,6 +45,7 @@ async function nonStreamingWithALocalTool() {
   assert.equal(kinds(message).at(-1), "text");
   assert.equal(message.content.at(-1).text, ANSWER);
   assert.match(thinking(message), /Let me check\.[^]*Warm enough\./);
+  assert.ok(signed(message), JSON.stringify(message.content));
   assert.equal(message.stop_reason, "end_turn");
   assert.equal(message.usage.input_tokens, 38);
   assert.equal(message.usage.output_tokens, 4);
@@ -85,6 +90,7 @@ async function streamHelper() {
   assert.ok(pieces.length > 1, "the text arrives in pieces, as the upstream streamed it");
   assert.equal(final.content.at(-1).text, ANSWER);
   assert.ok(kinds(final).includes("thinking") && !kinds(final).includes("tool_use"), kinds(final));
+  assert.ok(signed(final), JSON.stringify(final.content));
   assert.equal(final.stop_reason, "end_turn");
   assert.equal(final.usage.input_tokens, 38);
   assert.equal(final.usage.output_tokens, 4);

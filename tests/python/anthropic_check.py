@@ -37,6 +37,12 @@ def thinking(message):
     return "".join(block.thinking for block in message.content if block.type == "thinking")
 
 
+def signed(message):
+    # Clients keep a thinking block for the history they send back only if it
+    # is signed (the AI SDK's and litellm's Anthropic providers).
+    return all(block.signature for block in message.content if block.type == "thinking")
+
+
 def check_non_streaming_with_a_local_tool():
     raw = client.messages.with_raw_response.create(model="weather", max_tokens=256, messages=WEATHER)
     # How this SDK sends `api_key=`: as a bearer token.
@@ -51,6 +57,7 @@ def check_non_streaming_with_a_local_tool():
     assert message.content[-1].text == ANSWER, message.content
     assert "thinking" in kinds(message), kinds(message)
     assert "Let me check." in thinking(message) and "Warm enough." in thinking(message), message.content
+    assert signed(message), message.content
     assert message.stop_reason == "end_turn", message.stop_reason
     # Summed over both rounds: 8 + 30 in, 2 + 2 out.
     assert message.usage.input_tokens == 38, message.usage
@@ -82,6 +89,7 @@ def check_stream_helper():
     assert final.content[-1].text == ANSWER, final.content
     assert "thinking" in kinds(final) and "tool_use" not in kinds(final), kinds(final)
     assert "Warm enough." in thinking(final), final.content
+    assert signed(final), final.content
     assert final.stop_reason == "end_turn", final.stop_reason
     assert final.usage.output_tokens == 4, final.usage
     assert final.usage.input_tokens == 38, final.usage
