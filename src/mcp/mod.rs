@@ -14,7 +14,7 @@
 
 mod supervisor;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -434,13 +434,14 @@ impl Link {
             }
         };
         let listed = client.list_all_tools().await.map_err(|e| e.to_string())?;
+        let mut taken = HashSet::new();
         let tools = listed
             .into_iter()
             .map(|tool| {
                 let mut schema = Value::Object((*tool.input_schema).clone());
                 let injection = self.injection.declared_in(&schema);
                 self.injection.hide(&mut schema);
-                let function = function_name(&self.name, &tool.name);
+                let function = unique_function_name(&mut taken, &self.name, &tool.name);
                 let description = tool.description.as_deref().unwrap_or_default();
                 McpTool {
                     offered: Arc::new(FunctionTool::function(&function, description, &schema)),
@@ -486,10 +487,9 @@ fn describe(block: &ContentBlock) -> String {
 
 /// `<server>__<tool>` within OpenAI's function-name rule
 /// (`^[a-zA-Z0-9_-]{1,64}$`): other characters become `_`, and a name that
-/// is too long keeps its start and ends in a hash of the whole.
+/// is too long keeps its start and ends in a digest of the whole.
 pub fn function_name(server: &str, tool: &str) -> String {
-    let raw = format!("{server}{SEPARATOR}{tool}");
-    let mut name: String = raw
+    let name: String = format!("{server}{SEPARATOR}{tool}")
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
@@ -499,12 +499,30 @@ pub fn function_name(server: &str, tool: &str) -> String {
             }
         })
         .collect();
-    if name.len() > 64 {
-        let mut hasher = DefaultHasher::new();
-        raw.hash(&mut hasher);
-        name.truncate(55);
-        name.push_str(&format!("_{:08x}", hasher.finish() as u32));
+    match name.len() > 64 {
+        true => digested(name, server, tool),
+        false => name,
     }
+}
+
+/// [`function_name`], unless an earlier tool of the server's took it (`a.b`
+/// and `a_b` make one): then the later one's is told apart by a digest.
+fn unique_function_name(taken: &mut HashSet<String>, server: &str, tool: &str) -> String {
+    let mut function = function_name(server, tool);
+    if taken.contains(&function) {
+        function = digested(function, server, tool);
+    }
+    taken.insert(function.clone());
+    function
+}
+
+/// `name` cut to 55 bytes (ASCII) and ended in a digest of the server's and
+/// the tool's own names. The same every run: the prompt stays the same.
+fn digested(mut name: String, server: &str, tool: &str) -> String {
+    let mut hasher = DefaultHasher::new();
+    format!("{server}{SEPARATOR}{tool}").hash(&mut hasher);
+    name.truncate(55);
+    name.push_str(&format!("_{:08x}", hasher.finish() as u32));
     name
 }
 
@@ -519,6 +537,15 @@ mod tests {
             function_name("my.server", "get/thing"),
             "my_server__get_thing"
         );
+        let mut taken = HashSet::new();
+        let names: Vec<_> = ["a.b", "a_b", "a/b", "c"]
+            .iter()
+            .map(|tool| unique_function_name(&mut taken, "s", tool))
+            .collect();
+        assert_eq!(names[0], "s__a_b");
+        assert!(names[1].starts_with("s__a_b_") && names[1] != names[2], "{names:?}");
+        assert_eq!(names[3], "s__c");
+        assert_eq!(taken.len(), 4, "one function name a tool");
         let long = function_name("server", &"x".repeat(100));
         assert_eq!(long.len(), 64);
         assert_ne!(
