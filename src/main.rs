@@ -185,7 +185,8 @@ fn main() -> ExitCode {
         "config reload",
         Reloader::new(config_path, config.clone(), poll),
     ));
-    server.add_service(background_service("drain", Drain::new(config)));
+    let grace = Duration::from_secs(args.shutdown_grace);
+    server.add_service(background_service("drain", Drain::new(config, grace)));
     server.add_service(background_service("reaper", Reaper));
     server.run_forever()
 }

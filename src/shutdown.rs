@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::Config;
 #[cfg(doc)]
@@ -63,13 +63,19 @@ impl Drop for InFlight {
 /// step ([`McpServer::close`]); what is left, the exit ends.
 const MCP_CLOSE_LIMIT: Duration = Duration::from_millis(3500);
 
+/// How long before the grace period's end the cut is announced: pingora
+/// ends the runtimes (and their logging) then.
+const CUT_NOTICE: Duration = Duration::from_millis(100);
+
 pub struct Drain {
     config: Arc<ArcSwap<Config>>,
+    /// Pingora's grace period: at its end, what is in flight is cut.
+    grace: Duration,
 }
 
 impl Drain {
-    pub fn new(config: Arc<ArcSwap<Config>>) -> Self {
-        Drain { config }
+    pub fn new(config: Arc<ArcSwap<Config>>, grace: Duration) -> Self {
+        Drain { config, grace }
     }
 }
 
@@ -83,6 +89,10 @@ impl BackgroundService for Drain {
             }
         }
         info!(in_flight = IN_FLIGHT.get(), "shutting down: draining");
+        // Pingora's runtime drops the requests it cuts: none writes its
+        // request line, so the operator hears of them here.
+        let cut_at = tokio::time::Instant::now() + self.grace.saturating_sub(CUT_NOTICE);
+        let mut told = false;
         loop {
             if IN_FLIGHT.get() == 0 {
                 let config = self.config.load_full();
@@ -93,6 +103,14 @@ impl BackgroundService for Drain {
                 }
                 info!("drained; exiting");
                 std::process::exit(0);
+            }
+            if !told && tokio::time::Instant::now() >= cut_at {
+                told = true;
+                warn!(
+                    in_flight = IN_FLIGHT.get(),
+                    grace_s = self.grace.as_secs(),
+                    "grace period over: the requests still in flight are cut"
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -543,7 +543,10 @@ mod tests {
             .map(|tool| unique_function_name(&mut taken, "s", tool))
             .collect();
         assert_eq!(names[0], "s__a_b");
-        assert!(names[1].starts_with("s__a_b_") && names[1] != names[2], "{names:?}");
+        assert!(
+            names[1].starts_with("s__a_b_") && names[1] != names[2],
+            "{names:?}"
+        );
         assert_eq!(names[3], "s__c");
         assert_eq!(taken.len(), 4, "one function name a tool");
         let long = function_name("server", &"x".repeat(100));

@@ -119,6 +119,7 @@ impl Edge {
         &'a self,
         mut session: h1::Session,
         config: Held,
+        arriving: Option<InFlight>,
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Served> + 'a {
         async move {
@@ -129,6 +130,8 @@ impl Edge {
             }
             let app = &self.app;
             let mut ctx = app.ctx_with(config);
+            // The request counts itself now, not twice.
+            drop(arriving);
             // Our routes' future is part of this one, which is boxed.
             match app.route(&mut session, &mut ctx).await {
                 Ok(true) => {
@@ -260,9 +263,9 @@ impl ServerApp for Edge {
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
                 Arrived::Ours(session, proxy_path) => {
-                    match boxed::pinned(|| self.serve(session, config, shutdown)).await {
+                    let arriving = arriving.take();
+                    match boxed::pinned(|| self.serve(session, config, arriving, shutdown)).await {
                         Served::Answered(h1::Finished::Reusable(reusable, read)) => {
-                            arriving = None;
                             (stream, next) = (reusable, read);
                             continue;
                         }
