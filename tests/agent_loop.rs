@@ -413,6 +413,54 @@ async fn max_tool_rounds_ends_with_a_note_and_finish_reason_length() {
     assert!(res.ends_with_done());
 }
 
+/// A forced tool choice asks for one call: once the agent's tool ran, the
+/// model may answer. Forced on every round, a server that enforces it (as
+/// llama.cpp's grammar does) called a tool each round until the cap.
+#[tokio::test]
+async fn a_forced_tool_choice_holds_for_the_first_round_only() {
+    let tool = weather_tool(200).await;
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for (choice, params) in [
+        (Some(json!("required")), ""),
+        (Some(named.clone()), ""),
+        (
+            None,
+            "    params: { temperature: 0.2, tool_choice: required }\n",
+        ),
+    ] {
+        let upstream = tool_round_then(
+            vec![
+                tool_call(0, "c1", "get_weather", "{\"city\":\"Paris\"}"),
+                finish("tool_calls"),
+            ],
+            "Sunny.",
+        )
+        .await;
+        // The config's own `params` line, replaced when the case has one.
+        let config = config(
+            &upstream,
+            &format!("{}/weather", tool.url()),
+            "    tools: [get_weather]",
+        );
+        let config = match params {
+            "" => config,
+            params => config.replace("    params: { temperature: 0.2 }\n", params),
+        };
+        let proxy = Proxy::start(&config).await;
+        let mut body = ask(true);
+        if let Some(choice) = &choice {
+            body["tool_choice"] = choice.clone();
+        }
+        let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+        assert_eq!(res.delta_text("content"), "Sunny.");
+        let sent: Vec<Value> = upstream.requests().iter().map(|r| r.json()).collect();
+        assert_eq!(sent.len(), 2);
+        let first = choice.unwrap_or(json!("required"));
+        assert_eq!(sent[0]["tool_choice"], first);
+        assert_eq!(sent[1]["tool_choice"], "auto", "{params}");
+    }
+}
+
 #[tokio::test]
 async fn failing_tools_and_bad_arguments_become_results_not_failures() {
     let tool = weather_tool(500).await;

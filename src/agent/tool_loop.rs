@@ -31,7 +31,8 @@ use super::Agent;
 use crate::boxed;
 use crate::config::file::{ReasoningMode, ToolEvents, UpstreamApi};
 use crate::conversation::{
-    Conversation, Finish, Item, Message, Prompt, Role, RoundEnd, ToolCall, ToolResult, Usage,
+    Conversation, Finish, Item, Message, Prompt, Role, RoundEnd, ToolCall, ToolChoice, ToolResult,
+    Usage,
 };
 use crate::downstream::{Downstream, Gone, Headless};
 use crate::error::{from_upstream, ApiError};
@@ -272,6 +273,7 @@ impl Turn<'_> {
             }
             items.extend(round_end.calls.into_iter().map(Item::ToolCall));
             items.extend(results.into_iter().map(Item::ToolResult));
+            release_forced_choice(conversation);
         }
     }
 
@@ -412,6 +414,24 @@ impl Turn<'_> {
             (false, false) => reply.proxy_note(client, note).await?,
         }
         Ok(())
+    }
+}
+
+/// A forced tool choice (`required`, a named function; the client's or the
+/// agent's `params`) asks the model's answer for a call, and it made one: the
+/// rounds after it may answer. Forced still, a model whose server enforces
+/// the choice (llama.cpp's grammar) must call a tool every round, until
+/// `max_tool_rounds` cuts the turn. OpenAI's Agents SDK resets it the same way.
+fn release_forced_choice(conversation: &mut Conversation) {
+    let forced = match &conversation.options.tool_choice {
+        Some(choice) => !matches!(choice, ToolChoice::Auto | ToolChoice::None),
+        None => conversation
+            .params
+            .get("tool_choice")
+            .is_some_and(|choice| !matches!(choice.as_str(), Some("auto" | "none"))),
+    };
+    if forced {
+        conversation.options.tool_choice = Some(ToolChoice::Auto);
     }
 }
 

@@ -40,6 +40,27 @@ struct Body<'a> {
 }
 
 impl Body<'_> {
+    /// Whether the typed fields put `key` in the body (keep in step with
+    /// the struct: `params` and `extra` only fill keys left absent).
+    fn has(&self, key: &str) -> bool {
+        match key {
+            "messages" | "stream" => true,
+            "stream_options" => self.stream,
+            "model" => self.model.is_some(),
+            "tools" => !self.tools.is_empty(),
+            "tool_choice" => self.tool_choice.is_some(),
+            "max_tokens" => self.max_tokens.is_some(),
+            "temperature" => self.temperature.is_some(),
+            "top_p" => self.top_p.is_some(),
+            "stop" => !self.stop.is_empty(),
+            "parallel_tool_calls" => self.parallel_tool_calls.is_some(),
+            "reasoning_effort" => self.reasoning_effort.is_some(),
+            "response_format" => self.response_format.is_some(),
+            "user" => self.user.is_some(),
+            _ => false,
+        }
+    }
+
     /// The members that are set, in this order (a prompt cache needs the
     /// same bytes for the same conversation).
     fn write(&self, out: &mut Vec<u8>) {
@@ -183,18 +204,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
         },
         _ => None,
     };
-    let mut rest = sources()
-        .flatten()
-        .map(|(key, value)| match &kwargs {
-            Some(kwargs) if key == TEMPLATE_KWARGS => (key.as_str(), kwargs),
-            _ => (key.as_str(), value),
-        })
-        .fold(Vec::new(), first_of_each);
-    if let Some(kwargs) = &kwargs {
-        rest = first_of_each(rest, (TEMPLATE_KWARGS, kwargs));
-    }
-    let has = |key: &str| rest.iter().any(|(k, _)| *k == key);
-    let body = Body {
+    let mut body = Body {
         model: conversation.model.as_deref(),
         messages: messages(conversation, same_dialect),
         tools: conversation
@@ -216,8 +226,10 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             }
         }),
         stream,
-        // A client's `max_completion_tokens` is in `rest`, as it sent it.
-        max_tokens: options.max_tokens.filter(|_| !has("max_completion_tokens")),
+        // A client's `max_completion_tokens` goes on in `rest`, as it sent it.
+        max_tokens: options
+            .max_tokens
+            .filter(|_| !sources().any(|fields| fields.contains_key("max_completion_tokens"))),
         temperature: options.temperature,
         top_p: options.top_p,
         stop: &options.stop,
@@ -230,8 +242,20 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             }
         }),
         user: options.user.as_deref(),
-        rest,
+        rest: Vec::new(),
     };
+    let mut rest = sources()
+        .flatten()
+        .map(|(key, value)| match &kwargs {
+            Some(kwargs) if key == TEMPLATE_KWARGS => (key.as_str(), kwargs),
+            _ => (key.as_str(), value),
+        })
+        .filter(|(key, _)| !body.has(key))
+        .fold(Vec::new(), first_of_each);
+    if let Some(kwargs) = &kwargs {
+        rest = first_of_each(rest, (TEMPLATE_KWARGS, kwargs));
+    }
+    body.rest = rest;
     let mut out = super::body_buffer(conversation);
     body.write(&mut out);
     out
@@ -484,6 +508,7 @@ impl RoundDecoder for Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// A call the upstream sent without an id gets one, streamed or not: the
     /// loop's result, or the client's, names the call by it.
@@ -517,5 +542,42 @@ mod tests {
             assert!(calls.iter().all(|c| c.id.starts_with("call_")), "{calls:?}");
             assert_ne!(calls[0].id, calls[1].id);
         }
+    }
+
+    /// An agent's `params` fill what the client left unset, and never write
+    /// a member twice: the client's `tool_choice`, `stop`, format or `user`
+    /// win over the agent's.
+    #[test]
+    fn a_member_is_written_once() {
+        let mut conversation = Conversation::default();
+        for (key, value) in [
+            ("tool_choice", json!("required")),
+            ("stop", json!(["END"])),
+            ("response_format", json!({"type": "text"})),
+            ("user", json!("agent")),
+            ("top_k", json!(5)),
+        ] {
+            conversation.params.insert(key.into(), value);
+        }
+        let body = |conversation: &Conversation| {
+            let body = encode(conversation, false);
+            let text = String::from_utf8(body.clone()).unwrap();
+            for key in ["tool_choice", "stop", "response_format", "user", "top_k"] {
+                assert_eq!(text.matches(&format!("\"{key}\"")).count(), 1, "{text}");
+            }
+            serde_json::from_slice::<Value>(&body).unwrap()
+        };
+        assert_eq!(body(&conversation)["tool_choice"], "required");
+        let options = &mut conversation.options;
+        options.tool_choice = Some(ToolChoice::Auto);
+        options.stop = vec!["STOP".into()];
+        options.format = Some(Format::JsonObject);
+        options.user = Some("client".into());
+        let sent = body(&conversation);
+        assert_eq!(sent["tool_choice"], "auto");
+        assert_eq!(sent["stop"], json!(["STOP"]));
+        assert_eq!(sent["response_format"], json!({"type": "json_object"}));
+        assert_eq!(sent["user"], "client");
+        assert_eq!(sent["top_k"], 5);
     }
 }
