@@ -512,6 +512,9 @@ pub struct Options {
     pub max_tokens: Option<u64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// Anthropic's, and llama.cpp's and vLLM's chat extension: a chat
+    /// upstream's (OpenAI's Responses API has none, and refuses it).
+    pub top_k: Option<u64>,
     pub stop: Vec<String>,
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
@@ -524,6 +527,17 @@ pub struct Options {
     /// Structured output: a JSON schema (`{name, schema, strict}`) or `json_object`.
     pub format: Option<Format>,
     pub user: Option<String>,
+}
+
+impl Options {
+    /// The reasoning effort `none` (OpenAI's) is thinking off for a server
+    /// that switches it (llama.cpp's `enable_thinking`), unless the client
+    /// switched it itself.
+    pub fn no_effort_is_no_thinking(&mut self) {
+        if self.reasoning_effort.as_deref() == Some("none") {
+            self.thinking.get_or_insert(false);
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -120,7 +120,7 @@ pub fn decode_with(body: &[u8], found: &Found) -> Result<(Conversation, Context)
     let declared = tools.declared(Dialect::Messages, decode_tools)?;
     conv.tools.clone_from(&declared.tools);
     ctx.dropped_tools.clone_from(&declared.dropped);
-    conv.options = decode_options(&mut read, &mut top, &mut conv.params)?;
+    conv.options = decode_options(&mut read, &mut top)?;
     // Claude Code's carries its session id; an app's, its user.
     conv.session.clone_from(&conv.options.user);
     conv.extra = top;
@@ -441,14 +441,9 @@ fn decode_tools(tools: Tools) -> Result<Declared, ApiError> {
     })
 }
 
-/// The sampling and output options, out of the members `read`; `top_k`
-/// goes to `params`, for any upstream, and what the core does not map of
-/// `output_config` back to `top`.
-fn decode_options(
-    read: &mut Read,
-    top: &mut Map<String, Value>,
-    params: &mut Map<String, Value>,
-) -> Result<Options, ApiError> {
+/// The sampling and output options, out of the members `read`; what the
+/// core does not map of `output_config` back to `top`.
+fn decode_options(read: &mut Read, top: &mut Map<String, Value>) -> Result<Options, ApiError> {
     let mut options = Options {
         stream: take_bool(read, "stream")?.unwrap_or(false),
         // `message_delta` reports usage: ask upstreams for it.
@@ -458,9 +453,7 @@ fn decode_options(
         top_p: take_f64(read, "top_p")?,
         ..Options::default()
     };
-    if let Some(top_k) = take_u64(read, "top_k")? {
-        params.insert("top_k".into(), top_k.into());
-    }
+    options.top_k = take_u64(read, "top_k")?;
     options.stop = match read.take("stop_sequences") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(all)) => all
@@ -1841,7 +1834,9 @@ mod tests {
             o.user.as_deref(),
             Some("{\"device_id\":\"d\",\"session_id\":\"s\"}")
         );
-        assert_eq!(conv.params["top_k"], 40);
+        // For a chat upstream only: OpenAI's Responses API refuses it.
+        assert_eq!(o.top_k, Some(40));
+        assert!(conv.params.is_empty());
         // Anthropic's service settings are gone; unknown fields stay.
         assert_eq!(
             Value::Object(conv.extra),

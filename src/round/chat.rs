@@ -29,6 +29,7 @@ struct Body<'a> {
     max_tokens: Option<u64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
+    top_k: Option<u64>,
     stop: &'a [String],
     parallel_tool_calls: Option<bool>,
     reasoning_effort: Option<&'a str>,
@@ -52,6 +53,7 @@ impl Body<'_> {
             "max_tokens" => self.max_tokens.is_some(),
             "temperature" => self.temperature.is_some(),
             "top_p" => self.top_p.is_some(),
+            "top_k" => self.top_k.is_some(),
             "stop" => !self.stop.is_empty(),
             "parallel_tool_calls" => self.parallel_tool_calls.is_some(),
             "reasoning_effort" => self.reasoning_effort.is_some(),
@@ -80,6 +82,9 @@ impl Body<'_> {
         }
         o.optional("temperature", self.temperature.as_ref());
         o.optional("top_p", self.top_p.as_ref());
+        if let Some(k) = self.top_k {
+            o.u64("top_k", k);
+        }
         if !self.stop.is_empty() {
             o.value("stop", self.stop);
         }
@@ -190,19 +195,19 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
     // Borrowed, not merged into a copy: the client's fields come first.
     let client = same_dialect.then_some(&conversation.extra);
     let sources = || client.into_iter().chain([&conversation.params]);
-    // Thinking off is llama.cpp's template switch, added to any kwargs given
-    // (kwargs that are no object are left as they are).
+    // Thinking on or off is llama.cpp's template switch, added to any kwargs
+    // given (kwargs that are no object are left as they are).
     let kwargs = match options.thinking {
-        Some(false) => match sources().find_map(|fields| fields.get(TEMPLATE_KWARGS)) {
+        Some(on) => match sources().find_map(|fields| fields.get(TEMPLATE_KWARGS)) {
             Some(Value::Object(given)) => {
                 let mut kwargs = given.clone();
-                kwargs.insert("enable_thinking".into(), Value::Bool(false));
+                kwargs.insert("enable_thinking".into(), Value::Bool(on));
                 Some(Value::Object(kwargs))
             }
             Some(_) => None,
-            None => Some(serde_json::json!({ "enable_thinking": false })),
+            None => Some(serde_json::json!({ "enable_thinking": on })),
         },
-        _ => None,
+        None => None,
     };
     let mut body = Body {
         model: conversation.model.as_deref(),
@@ -232,6 +237,7 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
             .filter(|_| !sources().any(|fields| fields.contains_key("max_completion_tokens"))),
         temperature: options.temperature,
         top_p: options.top_p,
+        top_k: options.top_k,
         stop: &options.stop,
         parallel_tool_calls: options.parallel_tool_calls,
         reasoning_effort: options.reasoning_effort.as_deref(),
@@ -573,11 +579,51 @@ mod tests {
         options.stop = vec!["STOP".into()];
         options.format = Some(Format::JsonObject);
         options.user = Some("client".into());
+        options.top_k = Some(7);
         let sent = body(&conversation);
         assert_eq!(sent["tool_choice"], "auto");
         assert_eq!(sent["stop"], json!(["STOP"]));
         assert_eq!(sent["response_format"], json!({"type": "json_object"}));
         assert_eq!(sent["user"], "client");
-        assert_eq!(sent["top_k"], 5);
+        assert_eq!(sent["top_k"], 7);
+    }
+
+    /// Thinking switched on or off by the client is the template's switch,
+    /// beside any kwargs given; `reasoning_effort: none` switches it off.
+    #[test]
+    fn thinking_on_or_off_is_the_templates_switch() {
+        let mut conversation = Conversation::default();
+        let kwargs = json!({"reasoning_budget": 64});
+        conversation
+            .params
+            .insert(TEMPLATE_KWARGS.into(), kwargs.clone());
+        let sent = |conversation: &Conversation| -> Value {
+            serde_json::from_slice::<Value>(&encode(conversation, false)).unwrap()[TEMPLATE_KWARGS]
+                .clone()
+        };
+        assert_eq!(sent(&conversation), kwargs);
+        for on in [true, false] {
+            conversation.options.thinking = Some(on);
+            assert_eq!(
+                sent(&conversation),
+                json!({"reasoning_budget": 64, "enable_thinking": on})
+            );
+        }
+        for (body, thinking) in [
+            (json!({"reasoning_effort": "none"}), Some(false)),
+            (
+                json!({"reasoning_effort": "none", "enable_thinking": true}),
+                Some(true),
+            ),
+            (json!({"reasoning_effort": "low"}), None),
+        ] {
+            let mut body = body;
+            body["messages"] = json!([{"role": "user", "content": "hi"}]);
+            let decoded = crate::front::chat::decode(body.to_string().as_bytes()).unwrap();
+            assert_eq!(decoded.options.thinking, thinking, "{body}");
+        }
+        let body = json!({"input": "hi", "reasoning": {"effort": "none"}});
+        let (decoded, _) = crate::front::responses::decode(body.to_string().as_bytes()).unwrap();
+        assert_eq!(decoded.options.thinking, Some(false));
     }
 }

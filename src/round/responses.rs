@@ -1045,6 +1045,8 @@ mod tests {
                 max_tokens: Some(300),
                 temperature: Some(0.5),
                 top_p: Some(0.9),
+                // Not OpenAI's: not sent.
+                top_k: Some(40),
                 stop: vec!["END".into()],
                 tool_choice: Some(ToolChoice::Required),
                 parallel_tool_calls: Some(false),
