@@ -376,7 +376,7 @@ fn input_items_page(input: &str, query: &str) -> Result<Value, ApiError> {
     let start = after.as_deref().and_then(position).map_or(0, |i| i + 1);
     let end = before.as_deref().and_then(position).unwrap_or(items.len());
     let window = items.get(start..end.max(start)).unwrap_or_default();
-    let data: Vec<Value> = window.iter().take(limit).cloned().collect();
+    let data: Vec<Value> = window.iter().take(limit).cloned().map(listed).collect();
     let id_at = |item: Option<&Value>| item.and_then(|i| i.get("id")).cloned();
     let mut page = Map::new();
     page.insert("object".into(), json!("list"));
@@ -388,6 +388,31 @@ fn input_items_page(input: &str, query: &str) -> Result<Value, ApiError> {
     page.insert("has_more".into(), json!(window.len() > data.len()));
     page.insert("data".into(), Value::Array(data));
     Ok(Value::Object(page))
+}
+
+/// An input item as OpenAI lists it: a message in the short form a client
+/// may send (`{"role", "content": "text"}`) with its `type` and its text as
+/// a part, as the SDKs' types read it.
+fn listed(mut item: Value) -> Value {
+    let Value::Object(fields) = &mut item else {
+        return item;
+    };
+    let Some(role) = fields.get("role").and_then(Value::as_str) else {
+        return item;
+    };
+    let part = match role {
+        "assistant" => "output_text",
+        _ => "input_text",
+    };
+    if let Some(content) = fields.get_mut("content") {
+        if let Value::String(text) = content {
+            *content = json!([{"type": part, "text": std::mem::take(text)}]);
+        }
+    }
+    fields
+        .entry("type")
+        .or_insert_with(|| Value::from("message"));
+    item
 }
 
 #[cfg(test)]
@@ -424,6 +449,23 @@ mod tests {
         assert_eq!(ids(&page), ["msg_2", "msg_3"]);
         let page = input_items_page(&input, "limit=10&after=msg_3&before=msg_0").unwrap();
         assert_eq!(ids(&page), ["msg_2", "msg_1"]);
+        // Messages in short form are listed in full.
+        let short = json!([
+            {"role": "user", "content": "hi", "id": "msg_a"},
+            {"type": "message", "role": "assistant", "content": "hello", "id": "msg_b"},
+            {"type": "function_call_output", "call_id": "c", "output": "x", "id": "fc_c"}
+        ]);
+        let page = input_items_page(&short.to_string(), "order=asc").unwrap();
+        assert_eq!(
+            page["data"],
+            json!([
+                {"type": "message", "role": "user", "id": "msg_a",
+                 "content": [{"type": "input_text", "text": "hi"}]},
+                {"type": "message", "role": "assistant", "id": "msg_b",
+                 "content": [{"type": "output_text", "text": "hello"}]},
+                {"type": "function_call_output", "call_id": "c", "output": "x", "id": "fc_c"}
+            ])
+        );
         let page = input_items_page("[]", "").unwrap();
         assert_eq!(
             (page["first_id"].clone(), page["has_more"].clone()),
