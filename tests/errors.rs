@@ -587,6 +587,17 @@ async fn malformed_requests_get_an_error_body_that_does_not_name_the_software() 
             "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n".into(),
             400,
         ),
+        // A TRACE would echo the request as sent upstream, with its key.
+        (
+            "a TRACE",
+            "TRACE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+            405,
+        ),
+        (
+            "a CONNECT",
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n".into(),
+            405,
+        ),
     ] {
         let res = raw_request(proxy.port, bytes.as_bytes()).await;
         assert_error(&res, status, "invalid_request_error");

@@ -191,6 +191,11 @@ impl AgentProxy {
         if ctx.route == "root" {
             return health::live(session).await;
         }
+        if ctx.route == NOT_ALLOWED {
+            let method = &session.req_header().method;
+            let error = ApiError::method_not_allowed(format!("{method} is not allowed"));
+            return reject(session, dialect, &error).await;
+        }
         // Behind an admin key, not a client's.
         if ctx.route == "admin" {
             return memories::handle(session, &ctx.config).await;
@@ -550,6 +555,9 @@ fn route_of(method: &str, path: &str, config: &Config) -> &'static str {
         (_, p) if memories::is_route(p) => "admin",
         // Claude Code probes the base URL before it starts.
         ("GET" | "HEAD", "/") => "root",
+        // A TRACE would echo the request as sent upstream, its key with it
+        // (nginx refuses it too); a CONNECT asks for a tunnel.
+        ("TRACE" | "TRACK" | "CONNECT", _) => NOT_ALLOWED,
         _ => PROXY,
     }
 }
@@ -575,6 +583,9 @@ async fn other_route(
 
 /// The route of a request our handlers do not answer.
 const PROXY: &str = "proxy";
+
+/// The route of a method no route takes.
+const NOT_ALLOWED: &str = "not_allowed";
 
 /// Sent by every Anthropic client: `/v1/models` answers it in its shape.
 const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
