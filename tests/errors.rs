@@ -398,6 +398,9 @@ async fn upstream_breaking_mid_stream_ends_with_an_error_event_not_a_clean_end()
             Step::Bytes(format!("data: {}\n\n", content("partial ")).into_bytes()),
             Step::Sleep(Duration::from_millis(50)),
             Step::Bytes(format!("data: {}\n\n", content("answer")).into_bytes()),
+            // Broken off inside an event: the error event starts after it
+            // ends, not on its line.
+            Step::Bytes(b"data: {\"choices\": [nu".to_vec()),
         ];
         let _ = req;
         Reply::Sse {

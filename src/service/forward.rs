@@ -242,13 +242,21 @@ async fn relay(
     }
     // Counted, but no heartbeats: a passed-through stream stays byte for byte.
     let _stream = event_stream.then(StreamGuard::open);
+    // What ends the event the upstream was sending, should it stop inside
+    // it: an error event of ours must not run into its last line.
+    let mut unended: &'static [u8] = b"";
     loop {
         // A statement of its own: pinned in the match's scrutinee, the read
         // would live on through the arms' writes, and the relay's future
         // would make room for both at once.
         let read = client.wait(pin!(exchange.read())).await?;
         match read {
-            Ok(Some(piece)) => client.write(piece).await?,
+            Ok(Some(piece)) => {
+                if event_stream && !piece.is_empty() {
+                    unended = unended_event(&piece);
+                }
+                client.write(piece).await?
+            }
             Ok(None) => return Ok(()),
             Err(e) => {
                 *failure = Some(e.etype().as_str());
@@ -257,9 +265,8 @@ async fn relay(
                 // inside the length declared.
                 if event_stream && !length {
                     let error = from_upstream(&upstream.name, &e);
-                    let _ = client
-                        .write(crate::front::error_event(dialect, &error))
-                        .await;
+                    let event = crate::front::error_event(dialect, &error);
+                    let _ = client.write([unended, &event].concat().into()).await;
                 }
                 return Err(Gone);
             }
@@ -267,9 +274,31 @@ async fn relay(
     }
 }
 
+/// The line breaks that end an SSE event whose bytes so far end `piece`:
+/// none after a blank line, one after a whole line, two inside a line.
+fn unended_event(piece: &[u8]) -> &'static [u8] {
+    match piece {
+        [.., b'\n', b'\n'] | [.., b'\n', b'\r', b'\n'] => b"",
+        [.., b'\n'] => b"\n",
+        _ => b"\n\n",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_cut_short_is_ended_before_the_next() {
+        for (piece, unended) in [
+            (&b"data: {}\n\n"[..], &b""[..]),
+            (b"data: {}\r\n\r\n", b""),
+            (b"event: x\n", b"\n"),
+            (b"data: {\"choices\": [nu", b"\n\n"),
+        ] {
+            assert_eq!(unended_event(piece), unended);
+        }
+    }
 
     use crate::service::h1;
 
