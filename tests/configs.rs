@@ -196,4 +196,17 @@ fn check_names_the_file_line_and_key_and_what_was_expected() {
         stderr.contains("upstreams.local") && stderr.contains("invalid port `8O80`"),
         "{stderr}"
     );
+
+    // Credentials in a URL were sent nowhere: refused, and never shown.
+    let userinfo = BROKEN
+        .replace("127.0.0.1", "alice:hunter2@127.0.0.1")
+        .replace(", nope]", "]");
+    let path = config_file("userinfo.yaml", &userinfo);
+    let (code, _, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("carries credentials") && stderr.contains("alice:***@127.0.0.1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
 }

@@ -273,7 +273,7 @@ async fn a_refused_connection_says_which_url_and_what_to_start() {
         r#"
 default_upstream: local
 upstreams:
-  local: {{ url: "http://user:url-secret@127.0.0.1:{port}/v1", api_key: key-secret }}
+  local: {{ url: "http://127.0.0.1:{port}/v1", api_key: key-secret }}
 agents:
   helper: {{ system_prompt: "Be brief." }}
 "#

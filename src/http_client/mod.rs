@@ -221,6 +221,25 @@ impl Timeouts {
     }
 }
 
+/// `url` with the password of its userinfo (`user:password@`), or the
+/// whole userinfo when it has no `:`, replaced by `***`: for messages.
+pub fn redacted(url: &str) -> std::borrow::Cow<'_, str> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
+        return url.into();
+    };
+    let hidden = url[start..at].find(':').map_or(start, |i| start + i + 1);
+    format!("{}***{}", &url[..hidden], &url[at..]).into()
+}
+
+/// The message of a URL that does not parse, without its credentials.
+pub fn invalid_url(url: &str, error: impl std::fmt::Display) -> String {
+    format!("invalid URL `{}`: {error}", redacted(url))
+}
+
 pub struct EndpointOptions {
     pub timeouts: Timeouts,
     /// PEM CA bundle replacing the system roots (for private CAs and tests).
@@ -229,9 +248,9 @@ pub struct EndpointOptions {
 
 impl Endpoint {
     pub fn parse(url: &str, options: EndpointOptions) -> std::result::Result<Self, String> {
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|e| format!("invalid URL `{url}`: {e}"))?;
+        let uri: http::Uri = url.parse().map_err(|e| invalid_url(url, e))?;
+        // Messages show it without its credentials, if any.
+        let url = &*redacted(url);
         let tls = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
@@ -240,6 +259,14 @@ impl Endpoint {
         let authority = uri
             .authority()
             .ok_or_else(|| format!("URL `{url}` has no host"))?;
+        // Sent nowhere (not in `Host`, not as Basic auth): refused rather
+        // than dropped unsaid.
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "URL `{url}` carries credentials (`user:password@`): give an upstream's key as \
+                 `api_key`, a tool's or an MCP server's as one of its `headers`"
+            ));
+        }
         let host = authority
             .host()
             .trim_start_matches('[')
@@ -266,12 +293,7 @@ impl Endpoint {
         }
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let ca = options.ca_file.as_deref().map(load_ca_file).transpose()?;
-        // Userinfo (`user:pass@`) is a credential: never in `Host` or a message.
-        let authority = authority
-            .as_str()
-            .rsplit_once('@')
-            .map_or(authority.as_str(), |(_, host_port)| host_port)
-            .to_owned();
+        let authority = authority.as_str().to_owned();
         Ok(Endpoint {
             tls,
             origin: format!("{}://{authority}", if tls { "https" } else { "http" }),
@@ -865,13 +887,37 @@ mod tests {
         assert_eq!(port("https://api.openai.com/v1"), Ok(443));
         assert_eq!(port("http://[::1]:9000"), Ok(9000));
         assert_eq!(port("http://[::1]"), Ok(80));
-        assert_eq!(port("http://user:pass@host/v1"), Ok(80));
         assert_eq!(port("http://127.0.0.1:/v1"), Ok(80));
         for typo in ["8O80", "99999", "notaport", "0"] {
             let url = format!("http://127.0.0.1:{typo}/v1");
             let refused = port(&url).expect_err(&url);
             assert!(refused.contains("invalid port"), "{refused}");
         }
+    }
+
+    /// Credentials in a URL are refused, and no message shows the password.
+    #[test]
+    fn a_url_with_credentials_is_refused_without_showing_them() {
+        let options = || EndpointOptions {
+            timeouts: Timeouts::all(Duration::from_secs(5)),
+            ca_file: None,
+        };
+        for url in [
+            "http://alice:hunter2@host/v1",
+            "http://alice:hunter2@host:8O80/v1",
+            "http://alice:hunter2@host/v1?x=1",
+            "ftp://alice:hunter2@host/v1",
+        ] {
+            let Err(refused) = Endpoint::parse(url, options()) else {
+                panic!("{url} was taken");
+            };
+            assert!(!refused.contains("hunter2"), "{refused}");
+            assert!(refused.contains("alice:***@host"), "{refused}");
+        }
+        assert!(!invalid_url("http://a:hunter2@ho st/", "bad").contains("hunter2"));
+        assert_eq!(redacted("http://host/a@b"), "http://host/a@b");
+        assert_eq!(redacted("http://token@host/"), "http://***@host/");
+        assert_eq!(redacted("http://u:p:q@h@host/"), "http://u:***@host/");
     }
 
     #[test]

@@ -149,7 +149,7 @@ impl McpServer {
             (None, Some(url)) => {
                 let _: http::Uri = url
                     .parse()
-                    .map_err(|e| format!("invalid URL `{url}`: {e}"))?;
+                    .map_err(|e| crate::http_client::invalid_url(url, e))?;
                 let headers = file
                     .headers
                     .iter()

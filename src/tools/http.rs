@@ -32,7 +32,7 @@ impl HttpTool {
         let uri: ::http::Uri = file
             .url
             .parse()
-            .map_err(|e| format!("invalid URL `{}`: {e}", file.url))?;
+            .map_err(|e| crate::http_client::invalid_url(&file.url, e))?;
         let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
         let origin = format!(
             "{}://{}",
