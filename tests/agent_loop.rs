@@ -861,6 +861,40 @@ async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
             );
         }
     }
+    // One log line for the calls not run, however many: a model's output
+    // must not flood the log.
+    let logs = proxy.logs();
+    let said: Vec<_> = logs
+        .lines()
+        .filter(|l| l.contains("over limits.max_tool_calls_per_turn"))
+        .collect();
+    assert!(said.len() == 1 && said[0].contains("calls=4"), "{logs}");
+
+    // More calls in one round than a client may send items: the model has
+    // gone wrong, and the turn fails rather than grow its next request.
+    let many: Vec<Value> = (0..30)
+        .map(|i| tool_call(i, &format!("c{i}"), "get_weather", "{}"))
+        .chain([finish("tool_calls")])
+        .collect();
+    let upstream = tool_round_then(many, "done").await;
+    let yaml = config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    )
+    .replace(
+        "limits: { heartbeat_ms: 100 }",
+        "limits: { max_messages: 20 }",
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(res.status, 502, "{}", res.text());
+    assert!(
+        res.text().contains("30 tool calls in one round"),
+        "{}",
+        res.text()
+    );
+    assert_eq!(upstream.requests().len(), 1);
 }
 
 #[tokio::test]

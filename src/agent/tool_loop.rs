@@ -243,6 +243,17 @@ impl Turn<'_> {
                 warn!(agent = %agent.id, calls = round_end.calls.len(), "tool calls in a turn cut by the token limit: not run");
                 return Ok(Finish::Length);
             }
+            // Each call is one more item of the conversation, and a result:
+            // past what a client may send, the model has gone wrong.
+            let most = self.ctx.config.limits.max_messages;
+            if round_end.calls.len() > most {
+                let calls = round_end.calls.len();
+                warn!(agent = %agent.id, calls, "a round with more tool calls than limits.max_messages");
+                return Err(Failure::Api(ApiError::bad_gateway(format!(
+                    "upstream `{}`: the model made {calls} tool calls in one round; at most {most} are taken",
+                    agent.upstream.name
+                ))));
+            }
             let local = round_end
                 .calls
                 .iter()
@@ -303,6 +314,16 @@ impl Turn<'_> {
                 }
             })
             .collect();
+        // One line a turn, however many calls: a model's output must not
+        // flood the log.
+        let not_run = |kind| plans.iter().filter(|p| **p == kind).count();
+        let (deferred, over_cap) = (not_run(Plan::Defer), not_run(Plan::OverCap));
+        if deferred > 0 {
+            warn!(agent = %agent.id, calls = deferred, "client tool calls deferred: mixed with local calls");
+        }
+        if over_cap > 0 {
+            warn!(agent = %agent.id, calls = over_cap, cap, "tool calls over limits.max_tool_calls_per_turn: not run");
+        }
         for (call, _) in calls.iter().zip(&plans).filter(|(_, p)| **p == Plan::Run) {
             self.show(client, reply, &progress_note(call), true).await?;
         }
@@ -319,7 +340,6 @@ impl Turn<'_> {
                 let outcome = match plan {
                     Plan::Run => self.toolset.call(&call.name, &call.arguments, ctx).await,
                     Plan::Defer => {
-                        warn!(agent = %agent.id, tool = %call.name, "client tool call deferred: mixed with local calls");
                         return Outcome::error(format!(
                             "`{}` was not run: it is a client tool and was requested together with agent tools. \
                              Request it again on its own, in a turn without agent tool calls.",
@@ -327,7 +347,6 @@ impl Turn<'_> {
                         ));
                     }
                     Plan::OverCap => {
-                        warn!(agent = %agent.id, tool = %call.name, cap, "tool call over limits.max_tool_calls_per_turn");
                         return Outcome::error(format!(
                             "`{}` was not run: at most {cap} tool calls run per turn. \
                              Request it again in a later turn.",
