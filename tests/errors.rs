@@ -632,3 +632,40 @@ async fn the_bearer_scheme_is_case_insensitive() {
         assert_eq!(res.status, 200, "{authorization}: {}", res.text());
     }
 }
+
+/// A client that sends its whole upload before it reads (Python's
+/// `http.client`, the SDKs' file uploads) gets the answer given before the
+/// upload was read: a refused key's 401, an unreachable upstream's 502.
+/// Closed with the upload unread, the connection was reset, and the answer
+/// lost with it.
+#[tokio::test]
+async fn an_answer_given_before_an_upload_was_read_reaches_its_client() {
+    use tokio::io::AsyncWriteExt;
+    let port = free_port();
+    let yaml = config(
+        &format!("http://127.0.0.1:{port}"),
+        "auth: { api_keys: [sk-1] }",
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let upload = vec![b'x'; 8 << 20];
+    for (key, status) in [("sk-wrong", 401), ("sk-1", 502)] {
+        let head = format!(
+            "POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+            upload.len()
+        );
+        // All of it sent before anything is read, as Python's client does:
+        // a write that fails there raises, and the answer is never read.
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+            .await
+            .unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        for piece in upload.chunks(64 << 10) {
+            let sent = stream.write_all(piece).await;
+            sent.unwrap_or_else(|e| panic!("{key}: the upload was cut: {e}"));
+        }
+        let mut conn = Connection::on(stream);
+        let res = conn.head().await;
+        assert_eq!(res.status, status, "{key}");
+    }
+}

@@ -435,11 +435,14 @@ async fn close_draining(mut stream: Stream) {
     linger(stream).await;
 }
 
+/// How long a connection closing with its client's bytes unread reads them
+/// first (nginx: `lingering_time`, 30 s, of 5 s silences at most).
+pub const LINGER: Duration = Duration::from_secs(2);
+
 /// Reads what the client still sends, for a bounded time, before the
 /// connection closes: closing with unread bytes resets it, and the client
 /// could lose the answer.
 async fn linger(mut stream: Stream) {
-    const LINGER: Duration = Duration::from_secs(2);
     let mut sink = vec![0; READ_CHUNK];
     let drain = async { while matches!(stream.read(&mut sink).await, Ok(1..)) {} };
     let _ = tokio::time::timeout(LINGER, drain).await;

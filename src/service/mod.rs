@@ -483,6 +483,14 @@ impl ProxyHttp for AgentProxy {
             event_stream: is_event_stream(h),
         });
         self.log(session.req_header(), response, error, ctx);
+        // Answered before the client's body was read whole (a refused key,
+        // an upstream that failed): the connection closes next, and closed
+        // with bytes unread it is reset, the answer lost with it, or the
+        // client's send fails before it reads. What it still sends is read
+        // first, for a bounded time, as our own routes do (`edge::linger`).
+        if !session.is_body_done() {
+            let _ = tokio::time::timeout(edge::LINGER, session.drain_request_body()).await;
+        }
     }
 }
 
