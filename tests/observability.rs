@@ -266,6 +266,42 @@ agents:
     }
 }
 
+/// A client leaving a passed-through stream is named so: the line said
+/// `ConnectionClosed`, an upstream's close.
+#[tokio::test]
+async fn a_client_leaving_a_passed_through_stream_is_logged_as_such() {
+    use std::time::Duration;
+    let upstream =
+        FakeServer::start(|_, _| Reply::slow_stream(50, Duration::from_millis(20))).await;
+    let yaml = format!(
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"{}/v1\" }}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start_with_env(&yaml, &[("AGENT_PROXY_LOG_JSON", "1")]).await;
+    let body = json!({"model": "gpt-x", "stream": true,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let mut conn = Connection::chat(proxy.port, &body).await;
+    let mut res = conn.head().await;
+    conn.next_chunk(&mut res).await.expect("the stream started");
+    drop(conn);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let logs = proxy.logs();
+        let line = logs
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["fields"]["path"] == "/v1/chat/completions");
+        match line {
+            Some(line) => break line,
+            None if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            None => panic!("no request line in {logs}"),
+        }
+    };
+    assert_eq!(line["fields"]["error"], "ClientClosed", "{line}");
+}
+
 /// At `RUST_LOG=trace` too: pingora's trace events print whole request
 /// heads, so its crates log at `debug` at most.
 #[tokio::test]

@@ -141,7 +141,8 @@ pub async fn forward(
     let relayed = relay(client, config, dialect, body, affinity, &mut failure).await;
     Forwarded {
         cut: relayed.is_err(),
-        failure,
+        // Cut with no failure of the upstream's: the client left.
+        failure: failure.or(relayed.err().map(|Gone| "ClientClosed")),
     }
 }
 
