@@ -83,6 +83,11 @@ impl ApiError {
         Self::new(405, "invalid_request_error", message)
     }
 
+    /// The client stopped sending its request (nginx: 408 too).
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(408, "invalid_request_error", message).with_code("request_timeout")
+    }
+
     pub fn body_too_large(limit: usize) -> Self {
         Self::new(
             413,

@@ -569,12 +569,7 @@ pub(super) async fn read_body(session: &mut Session, limit: usize) -> Result<Byt
             .await
             .map_err(|_| ApiError::bad_request("client went away"))?;
     }
-    let failed = |e: pingora::BError| {
-        ApiError::bad_request(format!(
-            "cannot read the request body: {}",
-            e.etype().as_str()
-        ))
-    };
+    let failed = |e: pingora::BError| body_unread(e.etype());
     // A body of declared length comes in one piece, kept as it is.
     let Some(first) = session
         .read_request_body_whole(limit)
@@ -598,4 +593,29 @@ pub(super) async fn read_body(session: &mut Session, limit: usize) -> Result<Byt
         body.extend_from_slice(&piece);
     }
     Ok(body.freeze())
+}
+
+/// Why a request body could not be read, for its client.
+fn body_unread(kind: &pingora::ErrorType) -> ApiError {
+    match kind {
+        pingora::ErrorType::ReadTimedout => ApiError::request_timeout(format!(
+            "the request body stopped arriving: nothing came for {} s",
+            super::h1::BODY_READ_TIMEOUT.as_secs()
+        )),
+        kind => ApiError::bad_request(format!("cannot read the request body: {}", kind.as_str())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that stops arriving is a 408, as nginx answers it; one that
+    /// breaks is a 400.
+    #[test]
+    fn a_body_that_stops_arriving_is_a_408() {
+        assert_eq!(body_unread(&pingora::ErrorType::ReadTimedout).status, 408);
+        let broken = body_unread(&pingora::ErrorType::InvalidHTTPHeader);
+        assert_eq!(broken.status, 400);
+    }
 }

@@ -48,8 +48,9 @@ const BODY_READ: usize = 16 * 1024;
 /// still, so the next request's read would start with a `recvfrom` that
 /// finds nothing: one syscall more for each coding agent's request.
 const PAST_BODY: usize = 64;
-/// How long each read of a request body may take (pingora's default).
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long each read of a request body may take (pingora's default, and
+/// nginx's `client_body_timeout`).
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a request head cannot be served: it is answered with `status` and
 /// the connection closed.
