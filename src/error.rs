@@ -187,6 +187,9 @@ pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
     error.with_cause(kind.as_str())
 }
 
+/// An upstream's answer past the size a whole one is read to.
+pub const ANSWER_TOO_LARGE: pingora::ErrorType = pingora::ErrorType::Custom("AnswerTooLarge");
+
 /// What went wrong on the way to an upstream, in words, for error messages,
 /// logs and `/readyz`.
 pub fn failure_reason(kind: &pingora::ErrorType) -> &'static str {
@@ -204,6 +207,7 @@ pub fn failure_reason(kind: &pingora::ErrorType) -> &'static str {
         ConnectionClosed => "connection closed",
         ReadError => "read failed",
         WriteError => "write failed",
+        Custom("AnswerTooLarge") => "its answer is too large",
         other => other.as_str(),
     }
 }

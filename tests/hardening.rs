@@ -793,3 +793,29 @@ async fn at_max_connections_the_oldest_idle_connection_makes_room() {
     );
     assert_eq!(healthz_on(&mut third).await.status, 200, "third is kept");
 }
+
+/// A whole (not streamed) answer past the 16 MiB a round reads is a 502
+/// that says so, as a streamed one's is; it said "read failed".
+#[tokio::test]
+async fn a_whole_answer_too_large_says_so() {
+    let text = "x".repeat(17 << 20);
+    let upstream = FakeServer::start(move |_, _| {
+        Reply::json(
+            200,
+            json!({"choices": [{"message": {"role": "assistant", "content": text},
+                                "finish_reason": "stop"}]}),
+        )
+    })
+    .await;
+    let extra = "agents: { a: {} }";
+    let proxy = Proxy::start(&one_upstream(&upstream.url(), extra)).await;
+    let body = json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]});
+    let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(res.status, 502, "{}", res.text());
+    assert!(
+        res.text()
+            .contains("its answer is larger than 16777216 bytes"),
+        "{}",
+        res.text()
+    );
+}

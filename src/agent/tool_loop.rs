@@ -602,7 +602,10 @@ async fn read_round<D: Downstream>(
                 boxed::pinned(|| exchange.read_to_end(limits.max_upstream_body_bytes)).as_mut(),
             )
             .await?
-            .map_err(|e| from_upstream(&upstream.name, &e))?;
+            .map_err(|e| match e.etype() == &crate::error::ANSWER_TOO_LARGE {
+                true => too_large(&upstream.name, limits.max_upstream_body_bytes),
+                false => from_upstream(&upstream.name, &e),
+            })?;
         let whole = decoder.body(&body).map_err(failed)?;
         for item in &whole.reasoning_items {
             reader.reply.reasoning_item(client, item).await?;
@@ -639,11 +642,7 @@ async fn read_round<D: Downstream>(
         };
         streamed += piece.len();
         if streamed > limits.max_upstream_body_bytes {
-            return Err(ApiError::bad_gateway(format!(
-                "upstream `{}`: its answer is larger than {} bytes",
-                upstream.name, limits.max_upstream_body_bytes
-            ))
-            .into());
+            return Err(too_large(&upstream.name, limits.max_upstream_body_bytes).into());
         }
         parser.feed(&piece);
         // The events of one read leave in one write: under load a read
@@ -669,6 +668,13 @@ async fn read_round<D: Downstream>(
     reader.reply.release(client).await?;
     let end = decoder.end().map_err(failed)?;
     reader.finish(client, end).await
+}
+
+/// An upstream's answer, streamed or whole, past what a round reads.
+fn too_large(upstream: &str, limit: usize) -> ApiError {
+    ApiError::bad_gateway(format!(
+        "upstream `{upstream}`: its answer is larger than {limit} bytes"
+    ))
 }
 
 /// The most a write gathers of the events already read: past it, they go

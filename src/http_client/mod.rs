@@ -829,9 +829,11 @@ impl Exchange {
         let mut body = BytesMut::new();
         while let Some(piece) = self.read().await? {
             if body.len() + piece.len() > limit {
-                return Err(
-                    Error::explain(ErrorType::ReadError, "response body too large").into_up(),
-                );
+                return Err(Error::explain(
+                    crate::error::ANSWER_TOO_LARGE,
+                    "response body too large",
+                )
+                .into_up());
             }
             body.extend_from_slice(&piece);
         }
