@@ -68,6 +68,9 @@ pub struct Config {
     pub limits: Limits,
     /// Threads and scheduler: read at start, a reload leaves them.
     pub runtime: Runtime,
+    /// When it was loaded (seconds since the epoch): its agents' `created`
+    /// in the model list, the same from one listing to the next.
+    pub loaded_at: u64,
     /// [`fingerprint`] of the file's text this config was loaded from
     /// (`None` when parsed from a string): the reloader's baseline, so a
     /// change written between loading and watching is not taken as seen.
@@ -792,6 +795,7 @@ fn resolve(file: ConfigFile, previous: &Previous, base: &Path) -> Result<Config,
             .collect(),
         trust_user_field: file.auth.trust_user_field,
         runtime: file.runtime,
+        loaded_at: crate::store::unix_now(),
         source: None,
         superseded: Superseded::default(),
         listen: file.listen,

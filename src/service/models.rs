@@ -1,6 +1,6 @@
 //! `GET /v1/models`: the agents, then the default upstream's own models.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use pingora::Result;
@@ -13,6 +13,7 @@ use crate::agent::router::AUTO;
 use crate::config::Config;
 use crate::conversation::Dialect;
 use crate::downstream::Client;
+use crate::error::ApiError;
 use crate::openai::ModelCard;
 use crate::upstream::Upstream;
 
@@ -35,9 +36,7 @@ const UPSTREAM_WAIT: Duration = Duration::from_secs(3);
 /// The listing, in Anthropic's shape when the client is an Anthropic one
 /// (`dialect` is `Messages` when the request carries `anthropic-version`).
 pub async fn list(session: &mut Session, config: &Config, dialect: Dialect) -> Result<bool> {
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let created = config.loaded_at;
     let mut data: Vec<Value> = config
         .agents
         .values()
@@ -64,7 +63,13 @@ pub async fn list(session: &mut Session, config: &Config, dialect: Dialect) -> R
         }
     }
     let body = match dialect {
-        Dialect::Messages => anthropic_listing(&data, created),
+        Dialect::Messages => {
+            let query = session.req_header().uri.query().unwrap_or_default();
+            match anthropic_page(anthropic_listing(&data, created), query) {
+                Ok(page) => page,
+                Err(error) => return super::reject(session, dialect, &error).await,
+            }
+        }
         _ => serde_json::json!({ "object": "list", "data": data }),
     };
     let mut client = Client::new(session, config.limits.heartbeat);
@@ -80,9 +85,7 @@ pub async fn one(
     id: &str,
     dialect: Dialect,
 ) -> Result<bool> {
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let created = config.loaded_at;
     let card = config
         .agent(id)
         .map(|agent| card(id, &agent.name, &agent.description, created));
@@ -96,20 +99,64 @@ pub async fn one(
 }
 
 /// `{data: [{type: "model", id, display_name, created_at}], has_more,
-/// first_id, last_id}`, as Anthropic's `GET /v1/models` answers.
+/// first_id, last_id}`, as Anthropic's `GET /v1/models` answers; a model
+/// without its own `created` takes `created`.
 fn anthropic_listing(models: &[Value], created: u64) -> Value {
-    let created_at = rfc3339(created);
     let data: Vec<Value> = models
         .iter()
         .filter_map(|m| {
             let id = m.get("id")?.as_str()?;
             let name = m.get("name").and_then(Value::as_str).unwrap_or(id);
+            let created_at = rfc3339(m.get("created").and_then(Value::as_u64).unwrap_or(created));
             Some(serde_json::json!({"type": "model", "id": id, "display_name": name, "created_at": created_at}))
         })
         .collect();
     let first = data.first().map(|m| m["id"].clone());
     let last = data.last().map(|m| m["id"].clone());
     serde_json::json!({"data": data, "has_more": false, "first_id": first, "last_id": last})
+}
+
+/// One page of an Anthropic listing, as its `GET /v1/models` pages: `limit`
+/// (1-1000, 20), `after_id` or `before_id`.
+fn anthropic_page(mut listing: Value, query: &str) -> Result<Value, ApiError> {
+    let Some(Value::Array(models)) = listing.get_mut("data").map(Value::take) else {
+        return Ok(listing);
+    };
+    let mut limit = 20;
+    let (mut after, mut before) = (None, None);
+    for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
+        match key {
+            "limit" => {
+                limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request("limit must be an integer from 1 to 1000.")
+                            .with_param("limit")
+                    })?
+            }
+            "after_id" => after = Some(value),
+            "before_id" => before = Some(value),
+            _ => {}
+        }
+    }
+    let position = |id: &str| models.iter().position(|m| m["id"] == id);
+    let (start, end) = match (after.and_then(position), before.and_then(position)) {
+        (Some(i), _) => (i + 1, models.len()),
+        // Backwards from `before_id`: the `limit` models just before it.
+        (None, Some(i)) => (i.saturating_sub(limit), i),
+        (None, None) => (0, models.len()),
+    };
+    let window = &models[start..end.max(start)];
+    let page: Vec<Value> = window.iter().take(limit).cloned().collect();
+    let first = page.first().map(|m| m["id"].clone());
+    let last = page.last().map(|m| m["id"].clone());
+    let has_more = match before.is_some() && after.is_none() {
+        true => start > 0,
+        false => window.len() > page.len(),
+    };
+    Ok(serde_json::json!({"data": page, "has_more": has_more, "first_id": first, "last_id": last}))
 }
 
 /// Seconds since the epoch as an RFC 3339 UTC timestamp.
@@ -132,5 +179,42 @@ async fn upstream_models(upstream: &Upstream) -> std::result::Result<Vec<Value>,
     match list.get_mut("data").map(Value::take) {
         Some(Value::Array(models)) => Ok(models),
         _ => Err("no `data` array".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Pages as Anthropic's `GET /v1/models` pages them.
+    #[test]
+    fn an_anthropic_listing_pages() {
+        let models: Vec<Value> = (0..5).map(|i| json!({"id": format!("m{i}")})).collect();
+        let ids = |query: &str| {
+            let page = anthropic_page(anthropic_listing(&models, 0), query).unwrap();
+            let ids: Vec<String> = page["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["id"].as_str().unwrap().to_owned())
+                .collect();
+            (ids.join(","), page["has_more"].as_bool().unwrap())
+        };
+        assert_eq!(ids(""), ("m0,m1,m2,m3,m4".into(), false));
+        assert_eq!(ids("limit=2"), ("m0,m1".into(), true));
+        assert_eq!(ids("limit=2&after_id=m1"), ("m2,m3".into(), true));
+        assert_eq!(ids("limit=2&after_id=m3"), ("m4".into(), false));
+        assert_eq!(ids("limit=2&before_id=m3"), ("m1,m2".into(), true));
+        assert_eq!(ids("limit=2&before_id=m2"), ("m0,m1".into(), false));
+        let listing = anthropic_listing(&models, 0);
+        assert_eq!(anthropic_page(listing, "limit=0").unwrap_err().status, 400);
+        // A model's own time, else the given one.
+        let dated = anthropic_listing(
+            &[json!({"id": "a", "created": 86400}), json!({"id": "b"})],
+            0,
+        );
+        assert_eq!(dated["data"][0]["created_at"], "1970-01-02T00:00:00Z");
+        assert_eq!(dated["data"][1]["created_at"], "1970-01-01T00:00:00Z");
     }
 }
