@@ -251,12 +251,35 @@ agents:
         )
         .await;
     }
+    // A request for an agent that is refused still names the agent.
+    let bad = json!({"model": "a", "messages": "hi"}).to_string();
+    let headers = [
+        ("content-type", "application/json"),
+        ("x-request-id", "bad-agent"),
+    ];
+    request(
+        proxy.port,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        bad.as_bytes(),
+    )
+    .await;
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let logs = proxy.logs();
     let lines: Vec<Value> = logs
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
+    let refused = lines
+        .iter()
+        .find(|l| l["fields"]["request_id"] == "bad-agent")
+        .unwrap_or_else(|| panic!("no line in {logs}"));
+    assert_eq!(
+        (&refused["fields"]["status"], &refused["fields"]["agent"]),
+        (&json!(400), &json!("a")),
+        "{refused}"
+    );
     for (id, _, _, error) in cases {
         let line = lines
             .iter()

@@ -87,7 +87,9 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
             }
         }
     };
-    ctx.agent = Some(agent.id.clone());
+    if ctx.agent.as_deref() != Some(agent.id.as_str()) {
+        ctx.agent = Some(agent.id.clone());
+    }
     ctx.route = "agent";
     // The session: the client's id for it, else one derived from how the
     // conversation begins (so every turn of it has the same).
@@ -233,6 +235,10 @@ async fn read_agent_request(
             }
         }
     };
+    // Named on the request's line from here, refused or not.
+    if config.agent(&asked).is_some() {
+        ctx.agent = Some(asked.clone());
+    }
     if let Err(error) = listed(dialect, entries, config.limits.max_messages) {
         return Err(reject(session, dialect, &error).await);
     }
