@@ -92,6 +92,7 @@ impl Conversation {
                 Item::Message(m) => m.content.iter().for_each(|part| match part {
                     Part::Text(text) => add(text.len()),
                     Part::Image { url, .. } => add(url.len()),
+                    Part::File(file) => add(file.data.as_ref().map_or(64, String::len)),
                     Part::Other(_) => {}
                 }),
                 Item::Reasoning(r) => add(r.text.len()),
@@ -334,8 +335,21 @@ pub enum Part {
         url: String,
         detail: Option<String>,
     },
+    /// A file (a PDF, …): its data, by id or by URL. Chat's `file` part,
+    /// Responses' `input_file`, Messages' `document` (but for a text one,
+    /// which is text).
+    File(FilePart),
     /// A part of a kind the core does not model, in the origin dialect's shape.
     Other(Value),
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FilePart {
+    /// Its bytes as a `data:` URL (`data:application/pdf;base64,…`).
+    pub data: Option<String>,
+    pub id: Option<String>,
+    pub url: Option<String>,
+    pub name: Option<String>,
 }
 
 /// A reasoning item. `encrypted` is opaque and goes back unchanged to the

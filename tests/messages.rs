@@ -421,3 +421,39 @@ async fn model_aliases_map_hard_coded_names_to_agents() {
     let sent = upstream.requests()[0].json();
     assert_eq!(sent["model"], "up-model");
 }
+
+/// A text document reaches a chat upstream as text, which llama-server
+/// reads; a PDF as chat's `file` part. Sent as Anthropic's `document`
+/// block, llama-server refused the request (`unsupported content[].type`).
+#[tokio::test]
+async fn documents_reach_a_chat_upstream_as_text_or_files() {
+    let tool = weather_tool().await;
+    let upstream = tool_then_answer().await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let body = json!({"model": "weather", "max_tokens": 512,
+    "messages": [{"role": "user", "content": [
+        {"type": "document", "title": "Trip", "source": {"type": "text", "media_type": "text/plain",
+         "data": "Paris on Monday."}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+         "data": "JVBERi0="}},
+        {"type": "text", "text": "Weather there?"}
+    ]}]});
+    let response = post_messages(proxy.port, "/v1/messages", &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let sent = upstream.requests()[0].json();
+    let user = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        user["content"],
+        json!([
+            {"type": "text", "text": "Trip\n\nParis on Monday."},
+            {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0="}},
+            {"type": "text", "text": "Weather there?"}
+        ])
+    );
+}

@@ -936,8 +936,9 @@ agents:
                 !shown.contains("KEY-456") && !shown.contains("SECRET-789"),
                 "{shown}"
             );
+            // A URL's password is not shown at all.
             assert!(
-                shown.contains("${CK}") || shown.contains("${PASS}"),
+                shown.contains("${CK}") || shown.contains("u:***@"),
                 "{shown}"
             );
         }

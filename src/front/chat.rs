@@ -17,8 +17,9 @@ use super::{
 use crate::config::file::ReasoningField;
 use crate::config::KeyPath;
 use crate::conversation::{
-    CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
+    CallKind, Conversation, Dialect, FilePart, Finish, Format, FunctionTool, Item, Message,
+    Options, Part, Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult,
+    Usage,
 };
 use crate::error::ApiError;
 use crate::json;
@@ -342,6 +343,24 @@ fn decode_part(part: Value) -> Part {
                         .map(str::to_owned),
                 },
                 None => Part::Other(part),
+            }
+        }
+        Some("file") => {
+            let field = |key| {
+                part.get("file")
+                    .and_then(|f| f.get(key))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            let file = FilePart {
+                data: field("file_data"),
+                id: field("file_id"),
+                url: None,
+                name: field("filename"),
+            };
+            match file.data.is_some() || file.id.is_some() {
+                true => Part::File(file),
+                false => Part::Other(part),
             }
         }
         _ => Part::Other(part),

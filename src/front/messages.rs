@@ -24,8 +24,9 @@ use super::{
     At, Encoder, Entry, ErrorEnvelope, ErrorIn, Found, Picked, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
-    CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
+    CallKind, Conversation, Dialect, FilePart, Finish, Format, FunctionTool, Item, Message,
+    Options, Part, Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult,
+    Usage,
 };
 use crate::error::ApiError;
 use crate::json;
@@ -310,6 +311,7 @@ fn decode_block(
             _ => return Err(param.field("text").invalid("must be a string.")),
         },
         "image" => turn.parts.push(decode_image(block)),
+        "document" => decode_document(block, &mut turn.parts),
         "tool_use" => {
             let id = required_str(&mut block, "id", param)?;
             let name = required_str(&mut block, "name", param)?;
@@ -335,7 +337,9 @@ fn decode_block(
                 Some(Value::String(text)) => text,
                 // Text blocks; images in a result have no place in a tool
                 // message.
-                Some(Value::Array(blocks)) => block_texts(blocks).collect::<Vec<_>>().join("\n"),
+                Some(Value::Array(blocks)) => {
+                    block_texts(blocks.clone()).collect::<Vec<_>>().join("\n")
+                }
                 Some(_) => {
                     return Err(param
                         .field("content")
@@ -401,6 +405,59 @@ fn decode_image(block: Map<String, Value>) -> Part {
         Some(url) => Part::Image { url, detail: None },
         None => Part::Other(Value::Object(block)),
     }
+}
+
+/// A document: a text one (or one of content blocks) as its text, titled;
+/// a PDF (base64), or one by URL or file id, as a file.
+fn decode_document(block: Map<String, Value>, parts: &mut Vec<Part>) {
+    let source = block.get("source");
+    let field = |key| source.and_then(|s| s.get(key)).and_then(Value::as_str);
+    let title = block.get("title").and_then(Value::as_str);
+    let titled = |text: &str| match title {
+        Some(title) => format!("{title}\n\n{text}"),
+        None => text.to_owned(),
+    };
+    let file = |data, id, url| {
+        Part::File(FilePart {
+            data,
+            id,
+            url,
+            name: title.map(str::to_owned),
+        })
+    };
+    let part = match field("type") {
+        Some("text") => match field("data") {
+            Some(text) => Part::Text(titled(text)),
+            None => Part::Other(Value::Object(block)),
+        },
+        Some("content") => {
+            let blocks = source.and_then(|s| s.get("content"));
+            let text = match blocks {
+                Some(Value::String(text)) => text.clone(),
+                Some(Value::Array(blocks)) => {
+                    block_texts(blocks.clone()).collect::<Vec<_>>().join("\n")
+                }
+                _ => return parts.push(Part::Other(Value::Object(block))),
+            };
+            Part::Text(titled(&text))
+        }
+        Some("base64") => match (field("media_type"), field("data")) {
+            (Some(media_type), Some(data)) => {
+                file(Some(format!("data:{media_type};base64,{data}")), None, None)
+            }
+            _ => Part::Other(Value::Object(block)),
+        },
+        Some("url") => match field("url") {
+            Some(url) => file(None, None, Some(url.to_owned())),
+            None => Part::Other(Value::Object(block)),
+        },
+        Some("file") => match field("file_id") {
+            Some(id) => file(None, Some(id.to_owned()), None),
+            None => Part::Other(Value::Object(block)),
+        },
+        _ => Part::Other(Value::Object(block)),
+    };
+    parts.push(part);
 }
 
 /// Custom tools become functions; server tools (any other `type`) are dropped.
@@ -1573,6 +1630,11 @@ mod tests {
                     {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
                     {"type": "image", "source": {"type": "file", "file_id": "file_1"}},
                     {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "doc"}},
+                    {"type": "document", "title": "Notes", "source": {"type": "content", "content": [
+                        {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}},
+                    {"type": "document", "title": "a.pdf", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}},
+                    {"type": "document", "source": {"type": "url", "url": "https://example.com/b.pdf"}},
+                    {"type": "document", "source": {"type": "file", "file_id": "file_2"}},
                     {"type": "search_result", "source": "s", "title": "t", "content": []},
                     {"type": "mystery"}
                 ]},
@@ -1617,9 +1679,22 @@ mod tests {
                 Part::Other(
                     json!({"type": "image", "source": {"type": "file", "file_id": "file_1"}}),
                 ),
-                Part::Other(
-                    json!({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "doc"}}),
-                ),
+                // Text documents are text; others files, for the upstream.
+                Part::Text("doc".into()),
+                Part::Text("Notes\n\none\ntwo".into()),
+                Part::File(FilePart {
+                    data: Some("data:application/pdf;base64,JVBE".into()),
+                    name: Some("a.pdf".into()),
+                    ..FilePart::default()
+                }),
+                Part::File(FilePart {
+                    url: Some("https://example.com/b.pdf".into()),
+                    ..FilePart::default()
+                }),
+                Part::File(FilePart {
+                    id: Some("file_2".into()),
+                    ..FilePart::default()
+                }),
                 Part::Other(
                     json!({"type": "search_result", "source": "s", "title": "t", "content": []}),
                 ),

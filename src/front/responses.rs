@@ -24,8 +24,9 @@ use super::{
     ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
-    CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, Message, Options, Part,
-    Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult, Usage,
+    CallKind, Conversation, Dialect, FilePart, Finish, Format, FunctionTool, Item, Message,
+    Options, Part, Prompt, Reasoning, Role, Schema, TextSize, ToolCall, ToolChoice, ToolResult,
+    Usage,
 };
 use crate::error::ApiError;
 use crate::front::Encoder;
@@ -718,7 +719,20 @@ fn decode_part(part: Value, param: At<'_>) -> Result<Part, ApiError> {
             let detail = take_str_at(&mut part, "detail", param)?;
             return Ok(Part::Image { url, detail });
         }
-        // Images by file id, files, audio: passed on as they are.
+        Some("input_file") => {
+            let mut field = |key| take_str_at(&mut part, key, param.field(key));
+            let file = FilePart {
+                data: field("file_data")?,
+                id: field("file_id")?,
+                url: field("file_url")?,
+                name: field("filename")?,
+            };
+            if file.data.is_some() || file.id.is_some() || file.url.is_some() {
+                return Ok(Part::File(file));
+            }
+            return Ok(Part::Other(Value::Object(part)));
+        }
+        // Images by file id, audio: passed on as they are.
         _ => return Ok(Part::Other(Value::Object(part))),
     };
     match part.remove(text_field) {
@@ -2357,7 +2371,10 @@ mod tests {
                         detail: Some("low".into()),
                     },
                     Part::Other(json!({"type": "input_image", "file_id": "file-1"})),
-                    Part::Other(json!({"type": "input_file", "file_id": "file-2"})),
+                    Part::File(FilePart {
+                        id: Some("file-2".into()),
+                        ..FilePart::default()
+                    }),
                 ],
                 extra: Map::new(),
             }),

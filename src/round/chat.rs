@@ -347,6 +347,19 @@ fn write_part(out: &mut Vec<u8>, part: &Part) {
             image.end();
             o.end();
         }
+        // Chat's file part has no URL: a file by URL goes as Responses
+        // names it, for the upstream to take or refuse.
+        Part::File(file) => {
+            let mut o = json::Object::new(out);
+            o.plain("type", "file");
+            let mut inner = o.object("file");
+            inner.optional("file_data", file.data.as_ref());
+            inner.optional("file_id", file.id.as_ref());
+            inner.optional("file_url", file.url.as_ref());
+            inner.optional("filename", file.name.as_ref());
+            inner.end();
+            o.end();
+        }
         Part::Other(other) => json::write(out, other),
     }
 }
@@ -514,6 +527,7 @@ impl RoundDecoder for Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::{FilePart, Message};
     use serde_json::json;
 
     /// A call the upstream sent without an id gets one, streamed or not: the
@@ -625,5 +639,42 @@ mod tests {
         let body = json!({"input": "hi", "reasoning": {"effort": "none"}});
         let (decoded, _) = crate::front::responses::decode(body.to_string().as_bytes()).unwrap();
         assert_eq!(decoded.options.thinking, Some(false));
+    }
+
+    /// A file goes as chat's `file` part, one by URL with Responses' name
+    /// for it; a lone text part as a plain string.
+    #[test]
+    fn files_are_file_parts() {
+        let conversation = Conversation {
+            items: vec![Item::Message(Message {
+                role: Role::User,
+                content: vec![
+                    Part::Text("Read these.".into()),
+                    Part::File(FilePart {
+                        data: Some("data:application/pdf;base64,JVBE".into()),
+                        name: Some("a.pdf".into()),
+                        ..FilePart::default()
+                    }),
+                    Part::File(FilePart {
+                        id: Some("file-1".into()),
+                        url: Some("https://example.com/b.pdf".into()),
+                        ..FilePart::default()
+                    }),
+                ],
+                extra: Map::new(),
+            })],
+            ..Conversation::default()
+        };
+        let sent: Value = serde_json::from_slice(&encode(&conversation, false)).unwrap();
+        assert_eq!(
+            sent["messages"][0]["content"],
+            json!([
+                {"type": "text", "text": "Read these."},
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBE",
+                                          "filename": "a.pdf"}},
+                {"type": "file", "file": {"file_id": "file-1",
+                                          "file_url": "https://example.com/b.pdf"}}
+            ])
+        );
     }
 }

@@ -318,11 +318,33 @@ impl Serialize for Parts<'_> {
                     // OpenAI's image input requires `detail`; `auto` is its default.
                     detail: detail.as_deref().unwrap_or("auto"),
                 })?,
+                Part::File(file) => seq.serialize_element(&FileOut {
+                    kind: "input_file",
+                    file_data: file.data.as_deref(),
+                    file_id: file.id.as_deref(),
+                    file_url: file.url.as_deref(),
+                    filename: file.name.as_deref(),
+                })?,
                 Part::Other(value) => seq.serialize_element(value)?,
             }
         }
         seq.end()
     }
+}
+
+/// Responses' `input_file`.
+#[derive(Serialize)]
+struct FileOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file_data: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file_url: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    filename: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -943,7 +965,7 @@ mod tests {
 
     use super::*;
     use crate::conversation::Prompt;
-    use crate::conversation::{Description, Options, Schema, ToolResult};
+    use crate::conversation::{Description, FilePart, Options, Schema, ToolResult};
 
     const TOOL_STREAM: &[u8] =
         include_bytes!("../../tests/fixtures/openai/responses-tool-stream.sse");
@@ -984,6 +1006,15 @@ mod tests {
                             detail: None,
                         },
                         Part::Other(json!({"type": "input_file", "file_id": "file-1"})),
+                        Part::File(FilePart {
+                            data: Some("data:application/pdf;base64,JVBE".into()),
+                            name: Some("a.pdf".into()),
+                            ..FilePart::default()
+                        }),
+                        Part::File(FilePart {
+                            url: Some("https://example.com/b.pdf".into()),
+                            ..FilePart::default()
+                        }),
                     ],
                     extra: Map::new(),
                 }),
@@ -1070,7 +1101,10 @@ mod tests {
                         {"type": "input_text", "text": "What is this?"},
                         {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "low"},
                         {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"},
-                        {"type": "input_file", "file_id": "file-1"}
+                        {"type": "input_file", "file_id": "file-1"},
+                        {"type": "input_file", "file_data": "data:application/pdf;base64,JVBE",
+                         "filename": "a.pdf"},
+                        {"type": "input_file", "file_url": "https://example.com/b.pdf"}
                     ]},
                     {"type": "message", "role": "developer", "content": [
                         {"type": "input_text", "text": "Answer in French."}
