@@ -171,6 +171,9 @@ agents:
     let messages = second["messages"].as_array().unwrap();
     let call = messages.iter().find(|m| m["role"] == "assistant").unwrap();
     assert_eq!(call["tool_calls"][0]["id"], "call_codex_1", "{second}");
+    // Codex sends the reasoning item back: the model's prompt is the one it
+    // had, reasoning and all (a model server's cache of it holds).
+    assert_eq!(call["reasoning_content"], "Let me run it.", "{second}");
     assert_eq!(call["tool_calls"][0]["function"]["name"], "exec_command");
     let result = messages.iter().find(|m| m["role"] == "tool").unwrap();
     assert_eq!(

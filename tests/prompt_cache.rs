@@ -68,14 +68,21 @@ async fn send(front: &str, port: u16, history: &mut Vec<Value>) -> Vec<Value> {
             calls.iter().map(|c| c["id"].clone()).collect()
         }
         // Statelessly, as Codex CLI does: every output item (reasoning with
-        // its encrypted content, calls, messages) goes back as input.
+        // its encrypted content, calls, messages) goes back as input; a
+        // reasoning item by its summary and encrypted content alone, as
+        // OpenAI's stateless use has it (the AI SDK sends no `content`).
         "responses" => {
             let tools = json!([{"type": "function", "name": "Bash", "parameters": schema}]);
             let body = json!({"model": "weather", "input": history, "tools": tools,
                 "store": false, "include": ["reasoning.encrypted_content"]});
             let output = answer(port, "/v1/responses", &[], &body).await["output"].clone();
             let output = output.as_array().cloned().unwrap_or_default();
-            history.extend(output.iter().cloned());
+            history.extend(output.iter().cloned().map(|mut item| {
+                if item["type"] == "reasoning" {
+                    item["content"] = Value::Null;
+                }
+                item
+            }));
             output
                 .iter()
                 .filter(|item| item["type"] == "function_call")

@@ -48,7 +48,18 @@ pub struct Context {
     pub namespaced: Namespaced,
     /// Request fields the Response object repeats.
     pub echo: Echo,
+    /// The client asked for reasoning's encrypted content (`include`), to
+    /// send the reasoning back by it (Codex, with `store: false`).
+    pub carries_reasoning: bool,
 }
+
+/// How the encrypted content the proxy gives reasoning of its own begins:
+/// the reasoning text follows. A stateless client (`store: false`) sends a
+/// reasoning item back by what OpenAI's use of it keeps, its summary and
+/// encrypted content (the AI SDK sends no `content`): without the text, the
+/// model's earlier reasoning was gone from the next round's prompt, and a
+/// model server's cache of that prompt with it.
+const OWN_REASONING: &str = "agent-proxy:reasoning:";
 
 /// The request fields a Response object echoes back. A member the request
 /// left out is `None` and echoed as OpenAI's default, written from a
@@ -187,6 +198,10 @@ pub fn decode_object(
     decode_input(input, &mut conv.items, &mut system, &mut ctx)?;
     conv.system = system.some();
 
+    ctx.carries_reasoning = top
+        .get("include")
+        .and_then(Value::as_array)
+        .is_some_and(|all| all.iter().any(|i| i == "reasoning.encrypted_content"));
     // Echoed as sent; also forwarded (in `extra`) to a Responses upstream.
     let echo = &mut ctx.echo;
     echo.instructions = instructions;
@@ -784,7 +799,18 @@ fn decode_reasoning(mut item: Map<String, Value>, param: At<'_>) -> Result<Reaso
         }
     };
     let summary = texts(item.remove("summary"), "summary")?;
-    let text = texts(item.remove("content"), "content")?.join("\n");
+    let mut text = texts(item.remove("content"), "content")?.join("\n");
+    // The proxy's own: the text it carries, for the model, never for an
+    // upstream.
+    let encrypted = match encrypted {
+        Some(own) if own.starts_with(OWN_REASONING) => {
+            if text.is_empty() {
+                text = own[OWN_REASONING.len()..].to_owned();
+            }
+            None
+        }
+        encrypted => encrypted,
+    };
     Ok(Reasoning {
         id,
         text,
@@ -1315,6 +1341,10 @@ impl ResponsesEncoder {
                     if !contains_in_order(text, summary) {
                         emit_summary(&mut self.sink, item_id, index, summary, out);
                     }
+                }
+                let shown = upstream_text.as_deref().unwrap_or(text);
+                if encrypted.is_none() && self.context.carries_reasoning && !shown.is_empty() {
+                    *encrypted = Some(format!("{OWN_REASONING}{shown}"));
                 }
             }
             // Calls are finished as they are added.
@@ -3270,6 +3300,43 @@ mod tests {
         assert_eq!(
             code(b"<html>"),
             json!({"code": "server_error", "message": "upstream error 500"})
+        );
+    }
+
+    /// Asked for (`include`), reasoning of the proxy's own gets encrypted
+    /// content that carries its text; sent back by it alone, without its
+    /// text, the item is that text again, and nothing for an upstream.
+    #[test]
+    fn own_reasoning_comes_back_by_its_encrypted_content() {
+        let answer = |include: Value| -> Value {
+            let (_, context) = decode_json(json!({"input": "hi", "include": include})).unwrap();
+            let mut enc = ResponsesEncoder::new("coder", false, *context);
+            let mut out = Vec::new();
+            enc.open(&mut out);
+            enc.reasoning("Let me ", &mut out);
+            enc.reasoning("think.", &mut out);
+            enc.content("Hi.", &mut out);
+            enc.finish(Finish::Stop, usage(), &mut out);
+            serde_json::from_slice::<Value>(&out).unwrap()["output"][0].clone()
+        };
+        assert!(answer(json!([])).get("encrypted_content").is_none());
+        let mut item = answer(json!(["reasoning.encrypted_content"]));
+        assert_eq!(
+            item["encrypted_content"],
+            "agent-proxy:reasoning:Let me think."
+        );
+        item["content"] = Value::Null;
+        let (conversation, _) = decode_json(json!({"input": [
+            {"role": "user", "content": "hi"}, item,
+            {"role": "user", "content": "and?"}
+        ]}))
+        .unwrap();
+        let Item::Reasoning(reasoning) = &conversation.items[1] else {
+            panic!("{:?}", conversation.items);
+        };
+        assert_eq!(
+            (reasoning.text.as_str(), reasoning.encrypted.as_deref()),
+            ("Let me think.", None)
         );
     }
 
