@@ -472,6 +472,15 @@ pub fn decode_tool_choice(choice: &Value) -> Option<ToolChoice> {
             "required" => Some(ToolChoice::Required),
             _ => None,
         },
+        // Its mode; the tools it allows are all offered (as a Responses
+        // `allowed_tools` is read).
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("allowed_tools") => {
+            match o.get("allowed_tools").and_then(|a| a.get("mode")) {
+                Some(mode) if mode == "required" => Some(ToolChoice::Required),
+                Some(mode) if mode == "auto" => Some(ToolChoice::Auto),
+                _ => None,
+            }
+        }
         Value::Object(o) => o
             .get("function")
             .and_then(|f| f.get("name"))
@@ -776,8 +785,8 @@ impl From<WireCall<'_>> for openai::ToolCall {
 mod tests {
     use serde_json::{json, Value};
 
-    use super::decode;
-    use crate::conversation::{Description, Dialect, Item, Role, Schema};
+    use super::{decode, decode_tool_choice};
+    use crate::conversation::{Description, Dialect, Item, Role, Schema, ToolChoice};
 
     /// The chat body a chat upstream gets for `body`, no agent rewrite.
     fn forwarded(body: &str) -> Value {
@@ -1000,6 +1009,31 @@ mod tests {
             "{}",
             error.message
         );
+    }
+
+    #[test]
+    fn tool_choices_as_openai_writes_them() {
+        for (choice, read) in [
+            (json!("auto"), Some(ToolChoice::Auto)),
+            (json!("required"), Some(ToolChoice::Required)),
+            (
+                json!({"type": "function", "function": {"name": "f"}}),
+                Some(ToolChoice::Function("f".into())),
+            ),
+            (
+                json!({"type": "allowed_tools", "allowed_tools": {"mode": "required",
+                       "tools": [{"type": "function", "function": {"name": "f"}}]}}),
+                Some(ToolChoice::Required),
+            ),
+            (
+                json!({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}),
+                Some(ToolChoice::Auto),
+            ),
+            (json!({"type": "allowed_tools"}), None),
+            (json!("sometimes"), None),
+        ] {
+            assert_eq!(decode_tool_choice(&choice), read, "{choice}");
+        }
     }
 
     #[test]
