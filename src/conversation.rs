@@ -543,17 +543,6 @@ pub struct Options {
     pub user: Option<String>,
 }
 
-impl Options {
-    /// The reasoning effort `none` (OpenAI's) is thinking off for a server
-    /// that switches it (llama.cpp's `enable_thinking`), unless the client
-    /// switched it itself.
-    pub fn no_effort_is_no_thinking(&mut self) {
-        if self.reasoning_effort.as_deref() == Some("none") {
-            self.thinking.get_or_insert(false);
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolChoice {
     Auto,

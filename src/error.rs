@@ -83,6 +83,10 @@ impl ApiError {
         Self::new(405, "invalid_request_error", message)
     }
 
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(415, "invalid_request_error", message)
+    }
+
     /// The client stopped sending its request (nginx: 408 too).
     pub fn request_timeout(message: impl Into<String>) -> Self {
         Self::new(408, "invalid_request_error", message).with_code("request_timeout")
@@ -207,7 +211,7 @@ pub fn failure_reason(kind: &pingora::ErrorType) -> &'static str {
         ConnectionClosed => "connection closed",
         ReadError => "read failed",
         WriteError => "write failed",
-        Custom("AnswerTooLarge") => "its answer is too large",
+        kind if *kind == ANSWER_TOO_LARGE => "its answer is too large",
         other => other.as_str(),
     }
 }

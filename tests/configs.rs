@@ -201,12 +201,16 @@ fn check_names_the_file_line_and_key_and_what_was_expected() {
     let userinfo = BROKEN
         .replace("127.0.0.1", "alice:hunter2@127.0.0.1")
         .replace(", nope]", "]");
-    let path = config_file("userinfo.yaml", &userinfo);
-    let (code, _, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
-    assert_eq!(code, Some(2));
-    assert!(
-        stderr.contains("carries credentials") && stderr.contains("alice:***@127.0.0.1"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("hunter2"), "{stderr}");
+    let mcp = BROKEN.replace(", nope]", "]")
+        + "mcp_servers:\n  m: { url: \"http://alice:hunter2@127.0.0.1:9/mcp\" }\n";
+    for (name, text) in [("userinfo.yaml", userinfo), ("mcp-userinfo.yaml", mcp)] {
+        let path = config_file(name, &text);
+        let (code, _, stderr) = run(&["--check".as_ref(), path.as_os_str()]);
+        assert_eq!(code, Some(2), "{name}");
+        assert!(
+            stderr.contains("carries credentials") && stderr.contains("alice:***@127.0.0.1"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
 }

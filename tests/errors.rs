@@ -669,3 +669,35 @@ async fn an_answer_given_before_an_upload_was_read_reaches_its_client() {
         assert_eq!(res.status, status, "{key}");
     }
 }
+
+/// A compressed body to a front door is a 415 that says so, in the
+/// client's dialect: it was a 400 calling the body no JSON.
+#[tokio::test]
+async fn a_compressed_body_is_a_415() {
+    let upstream = FakeServer::start(|_, _| Reply::json(200, json!({}))).await;
+    let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    let body = b"\x1f\x8b\x08\x00\x00\x00\x00\x00";
+    for (path, kind) in [
+        ("/v1/chat/completions", None),
+        ("/v1/messages", Some("invalid_request_error")),
+    ] {
+        let headers = [
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+            ("anthropic-version", "2023-06-01"),
+        ];
+        let res = request(proxy.port, "POST", path, &headers, body).await;
+        match kind {
+            None => {
+                let error = assert_error(&res, 415, "invalid_request_error");
+                assert!(error["message"].as_str().unwrap().contains("`gzip`"));
+            }
+            Some(kind) => {
+                assert_eq!(res.status, 415, "{}", res.text());
+                assert_eq!(res.json()["type"], "error");
+                assert_eq!(res.json()["error"]["type"], kind);
+            }
+        }
+    }
+    assert!(upstream.requests().is_empty());
+}

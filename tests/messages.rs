@@ -452,7 +452,8 @@ async fn documents_reach_a_chat_upstream_as_text_or_files() {
         user["content"],
         json!([
             {"type": "text", "text": "Trip\n\nParis on Monday."},
-            {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0="}},
+            {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=",
+                                      "filename": "document.pdf"}},
             {"type": "text", "text": "Weather there?"}
         ])
     );

@@ -228,6 +228,7 @@ upstreams:
 agents:
   a: {{}}
   b: {{ upstream: broken }}
+model_aliases: {{ "claude-haiku-*": a }}
 "#,
         broken.url()
     );
@@ -251,8 +252,9 @@ agents:
         )
         .await;
     }
-    // A request for an agent that is refused still names the agent.
-    let bad = json!({"model": "a", "messages": "hi"}).to_string();
+    // A request for an agent that is refused still names the agent, by
+    // its id: the name the client sent is any name an alias matches.
+    let bad = json!({"model": "claude-haiku-x7", "messages": "hi"}).to_string();
     let headers = [
         ("content-type", "application/json"),
         ("x-request-id", "bad-agent"),

@@ -103,7 +103,6 @@ pub fn decode_with(body: &[u8], found: &Found) -> Result<Conversation, ApiError>
         rest.insert("enable_thinking".into(), Value::Bool(thinking));
     }
     decode_options(&mut rest, &mut read, &mut options)?;
-    options.no_effort_is_no_thinking();
     conversation.options = options;
     conversation.extra = rest;
     Ok(conversation)

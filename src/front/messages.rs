@@ -337,9 +337,7 @@ fn decode_block(
                 Some(Value::String(text)) => text,
                 // Text blocks; images in a result have no place in a tool
                 // message.
-                Some(Value::Array(blocks)) => {
-                    block_texts(blocks.clone()).collect::<Vec<_>>().join("\n")
-                }
+                Some(Value::Array(blocks)) => block_texts(blocks).collect::<Vec<_>>().join("\n"),
                 Some(_) => {
                     return Err(param
                         .field("content")
@@ -417,12 +415,12 @@ fn decode_document(block: Map<String, Value>, parts: &mut Vec<Part>) {
         Some(title) => format!("{title}\n\n{text}"),
         None => text.to_owned(),
     };
-    let file = |data, id, url| {
+    let file = |data, id, url, name: Option<&str>| {
         Part::File(FilePart {
             data,
             id,
             url,
-            name: title.map(str::to_owned),
+            name: title.or(name).map(str::to_owned),
         })
     };
     let part = match field("type") {
@@ -434,25 +432,34 @@ fn decode_document(block: Map<String, Value>, parts: &mut Vec<Part>) {
             let blocks = source.and_then(|s| s.get("content"));
             let text = match blocks {
                 Some(Value::String(text)) => text.clone(),
-                Some(Value::Array(blocks)) => {
-                    block_texts(blocks.clone()).collect::<Vec<_>>().join("\n")
-                }
+                Some(Value::Array(blocks)) => blocks
+                    .iter()
+                    .filter_map(|b| b.get("text").and_then(Value::as_str))
+                    .filter(|text| !text.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
                 _ => return parts.push(Part::Other(Value::Object(block))),
             };
             Part::Text(titled(&text))
         }
         Some("base64") => match (field("media_type"), field("data")) {
+            // OpenAI's file part wants a name with its data.
             (Some(media_type), Some(data)) => {
-                file(Some(format!("data:{media_type};base64,{data}")), None, None)
+                let name = match media_type {
+                    "application/pdf" => "document.pdf",
+                    _ => "document",
+                };
+                let data = format!("data:{media_type};base64,{data}");
+                file(Some(data), None, None, Some(name))
             }
             _ => Part::Other(Value::Object(block)),
         },
         Some("url") => match field("url") {
-            Some(url) => file(None, None, Some(url.to_owned())),
+            Some(url) => file(None, None, Some(url.to_owned()), None),
             None => Part::Other(Value::Object(block)),
         },
         Some("file") => match field("file_id") {
-            Some(id) => file(None, Some(id.to_owned()), None),
+            Some(id) => file(None, Some(id.to_owned()), None, None),
             None => Part::Other(Value::Object(block)),
         },
         _ => Part::Other(Value::Object(block)),

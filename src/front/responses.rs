@@ -314,7 +314,6 @@ fn decode_options(
             top.insert("reasoning".into(), Value::Object(fields));
         }
     }
-    options.no_effort_is_no_thinking();
     Ok(options)
 }
 

@@ -222,17 +222,33 @@ impl Timeouts {
 }
 
 /// `url` with the password of its userinfo (`user:password@`), or the
-/// whole userinfo when it has no `:`, replaced by `***`: for messages.
+/// whole userinfo when it has no `:`, replaced by `***`: for messages. The
+/// userinfo ends at the last `@` before any query: a password pasted as it
+/// is may hold a `/` (base64), and an `@` in a path is rarer.
 pub fn redacted(url: &str) -> std::borrow::Cow<'_, str> {
     let start = url.find("://").map_or(0, |i| i + 3);
     let end = url[start..]
-        .find(['/', '?', '#'])
+        .find(['?', '#'])
         .map_or(url.len(), |i| start + i);
     let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
         return url.into();
     };
     let hidden = url[start..at].find(':').map_or(start, |i| start + i + 1);
     format!("{}***{}", &url[..hidden], &url[at..]).into()
+}
+
+/// Refuses a URL whose `authority` carries credentials (`user:password@`):
+/// taken, they were sent nowhere or, by an MCP client, as Basic auth the
+/// operator never asked for. `url` is shown redacted.
+pub fn without_credentials(url: &str, authority: &http::uri::Authority) -> Result<(), String> {
+    match authority.as_str().contains('@') {
+        true => Err(format!(
+            "URL `{}` carries credentials (`user:password@`): give an upstream's key as \
+             `api_key`, a tool's or an MCP server's as one of its `headers`",
+            redacted(url)
+        )),
+        false => Ok(()),
+    }
 }
 
 /// The message of a URL that does not parse, without its credentials.
@@ -259,14 +275,7 @@ impl Endpoint {
         let authority = uri
             .authority()
             .ok_or_else(|| format!("URL `{url}` has no host"))?;
-        // Sent nowhere (not in `Host`, not as Basic auth): refused rather
-        // than dropped unsaid.
-        if authority.as_str().contains('@') {
-            return Err(format!(
-                "URL `{url}` carries credentials (`user:password@`): give an upstream's key as \
-                 `api_key`, a tool's or an MCP server's as one of its `headers`"
-            ));
-        }
+        without_credentials(url, authority)?;
         let host = authority
             .host()
             .trim_start_matches('[')
@@ -917,7 +926,15 @@ mod tests {
             assert!(refused.contains("alice:***@host"), "{refused}");
         }
         assert!(!invalid_url("http://a:hunter2@ho st/", "bad").contains("hunter2"));
-        assert_eq!(redacted("http://host/a@b"), "http://host/a@b");
+        assert_eq!(redacted("http://host/v1"), "http://host/v1");
+        assert_eq!(
+            redacted("http://alice:Ab/cD+e==@h:1/v1"),
+            "http://alice:***@h:1/v1"
+        );
+        let Err(refused) = Endpoint::parse("http://alice:Ab/cD+e==@h:1/v1", options()) else {
+            panic!("taken");
+        };
+        assert!(!refused.contains("cD+e"), "{refused}");
         assert_eq!(redacted("http://token@host/"), "http://***@host/");
         assert_eq!(redacted("http://u:p:q@h@host/"), "http://u:***@host/");
     }

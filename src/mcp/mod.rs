@@ -147,9 +147,12 @@ impl McpServer {
                 env: crate::children::environment(&file.inherit_env, &file.env),
             },
             (None, Some(url)) => {
-                let _: http::Uri = url
+                let uri: http::Uri = url
                     .parse()
                     .map_err(|e| crate::http_client::invalid_url(url, e))?;
+                if let Some(authority) = uri.authority() {
+                    crate::http_client::without_credentials(url, authority)?;
+                }
                 let headers = file
                     .headers
                     .iter()
@@ -434,14 +437,14 @@ impl Link {
             }
         };
         let listed = client.list_all_tools().await.map_err(|e| e.to_string())?;
-        let mut taken = HashSet::new();
+        let functions = function_names(&self.name, listed.iter().map(|t| t.name.as_ref()));
         let tools = listed
             .into_iter()
-            .map(|tool| {
+            .zip(functions)
+            .map(|(tool, function)| {
                 let mut schema = Value::Object((*tool.input_schema).clone());
                 let injection = self.injection.declared_in(&schema);
                 self.injection.hide(&mut schema);
-                let function = unique_function_name(&mut taken, &self.name, &tool.name);
                 let description = tool.description.as_deref().unwrap_or_default();
                 McpTool {
                     offered: Arc::new(FunctionTool::function(&function, description, &schema)),
@@ -505,15 +508,30 @@ pub fn function_name(server: &str, tool: &str) -> String {
     }
 }
 
-/// [`function_name`], unless an earlier tool of the server's took it (`a.b`
-/// and `a_b` make one): then the later one's is told apart by a digest.
-fn unique_function_name(taken: &mut HashSet<String>, server: &str, tool: &str) -> String {
-    let mut function = function_name(server, tool);
-    if taken.contains(&function) {
-        function = digested(function, server, tool);
+/// [`function_name`] for each of a server's `tools`, but where tools make
+/// one name (`a.b` and `a_b`): then each of them is told apart by a digest
+/// of its own name, whichever order the server lists them in (a history
+/// naming one must call the same tool after a reconnect).
+fn function_names<'a>(server: &str, tools: impl Iterator<Item = &'a str> + Clone) -> Vec<String> {
+    let names: Vec<(String, &str)> = tools
+        .map(|tool| (function_name(server, tool), tool))
+        .collect();
+    let mut uses: HashMap<&str, usize> = HashMap::new();
+    for (name, _) in &names {
+        *uses.entry(name.as_str()).or_default() += 1;
     }
-    taken.insert(function.clone());
-    function
+    let shared: HashSet<String> = uses
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    names
+        .into_iter()
+        .map(|(name, tool)| match shared.contains(&name) {
+            true => digested(name, server, tool),
+            false => name,
+        })
+        .collect()
 }
 
 /// `name` cut to 55 bytes (ASCII) and ended in a digest of the server's and
@@ -537,18 +555,23 @@ mod tests {
             function_name("my.server", "get/thing"),
             "my_server__get_thing"
         );
-        let mut taken = HashSet::new();
-        let names: Vec<_> = ["a.b", "a_b", "a/b", "c"]
-            .iter()
-            .map(|tool| unique_function_name(&mut taken, "s", tool))
-            .collect();
-        assert_eq!(names[0], "s__a_b");
+        let tools = ["a.b", "a_b", "a/b", "c"];
+        let names = function_names("s", tools.iter().copied());
+        // Listed in another order, each keeps its name.
+        let mut again = function_names("s", tools.iter().rev().copied());
+        again.reverse();
+        assert_eq!(names, again);
+        assert!(
+            names[0].starts_with("s__a_b_") && names[0] != names[1],
+            "{names:?}"
+        );
         assert!(
             names[1].starts_with("s__a_b_") && names[1] != names[2],
             "{names:?}"
         );
         assert_eq!(names[3], "s__c");
-        assert_eq!(taken.len(), 4, "one function name a tool");
+        let distinct: HashSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), 4, "one function name a tool");
         let long = function_name("server", &"x".repeat(100));
         assert_eq!(long.len(), 64);
         assert_ne!(

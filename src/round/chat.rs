@@ -195,19 +195,22 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
     // Borrowed, not merged into a copy: the client's fields come first.
     let client = same_dialect.then_some(&conversation.extra);
     let sources = || client.into_iter().chain([&conversation.params]);
-    // Thinking on or off is llama.cpp's template switch, added to any kwargs
-    // given (kwargs that are no object are left as they are).
+    // Thinking off is llama.cpp's template switch, added to any kwargs given
+    // (kwargs that are no object are left as they are). Thinking on is left
+    // to the template's default and the agent's `params`: a client's "on"
+    // (Claude Code's, always) must not override an operator's "off", nor
+    // send a member OpenAI's chat API refuses.
     let kwargs = match options.thinking {
-        Some(on) => match sources().find_map(|fields| fields.get(TEMPLATE_KWARGS)) {
+        Some(false) => match sources().find_map(|fields| fields.get(TEMPLATE_KWARGS)) {
             Some(Value::Object(given)) => {
                 let mut kwargs = given.clone();
-                kwargs.insert("enable_thinking".into(), Value::Bool(on));
+                kwargs.insert("enable_thinking".into(), Value::Bool(false));
                 Some(Value::Object(kwargs))
             }
             Some(_) => None,
-            None => Some(serde_json::json!({ "enable_thinking": on })),
+            None => Some(serde_json::json!({ "enable_thinking": false })),
         },
-        None => None,
+        _ => None,
     };
     let mut body = Body {
         model: conversation.model.as_deref(),
@@ -498,9 +501,12 @@ impl RoundDecoder for Decoder {
         }
         // A tool result names its call by id: a call without one, or two
         // calls sharing one (a malformed answer), would be indistinguishable.
-        for i in 0..calls.len() {
-            if calls[i].id.is_empty() || calls[..i].iter().any(|c| c.id == calls[i].id) {
-                calls[i].id = new_call_id();
+        // A set, not a look back per call: an answer may hold many.
+        let mut seen = std::collections::HashSet::with_capacity(calls.len());
+        for call in &mut calls {
+            if call.id.is_empty() || !seen.insert(call.id.clone()) {
+                call.id = new_call_id();
+                seen.insert(call.id.clone());
             }
         }
         for call in &mut calls {
@@ -602,12 +608,12 @@ mod tests {
         assert_eq!(sent["top_k"], 7);
     }
 
-    /// Thinking switched on or off by the client is the template's switch,
-    /// beside any kwargs given; `reasoning_effort: none` switches it off.
+    /// Thinking switched off by the client is the template's switch, beside
+    /// any kwargs given; switched on, the kwargs are the operator's.
     #[test]
-    fn thinking_on_or_off_is_the_templates_switch() {
+    fn thinking_off_is_the_templates_switch() {
         let mut conversation = Conversation::default();
-        let kwargs = json!({"reasoning_budget": 64});
+        let kwargs = json!({"enable_thinking": false, "reasoning_budget": 64});
         conversation
             .params
             .insert(TEMPLATE_KWARGS.into(), kwargs.clone());
@@ -615,30 +621,16 @@ mod tests {
             serde_json::from_slice::<Value>(&encode(conversation, false)).unwrap()[TEMPLATE_KWARGS]
                 .clone()
         };
-        assert_eq!(sent(&conversation), kwargs);
-        for on in [true, false] {
-            conversation.options.thinking = Some(on);
-            assert_eq!(
-                sent(&conversation),
-                json!({"reasoning_budget": 64, "enable_thinking": on})
-            );
-        }
-        for (body, thinking) in [
-            (json!({"reasoning_effort": "none"}), Some(false)),
-            (
-                json!({"reasoning_effort": "none", "enable_thinking": true}),
-                Some(true),
-            ),
-            (json!({"reasoning_effort": "low"}), None),
-        ] {
-            let mut body = body;
-            body["messages"] = json!([{"role": "user", "content": "hi"}]);
-            let decoded = crate::front::chat::decode(body.to_string().as_bytes()).unwrap();
-            assert_eq!(decoded.options.thinking, thinking, "{body}");
-        }
-        let body = json!({"input": "hi", "reasoning": {"effort": "none"}});
-        let (decoded, _) = crate::front::responses::decode(body.to_string().as_bytes()).unwrap();
-        assert_eq!(decoded.options.thinking, Some(false));
+        conversation.options.thinking = Some(true);
+        assert_eq!(sent(&conversation), kwargs, "the operator's off holds");
+        conversation.params.clear();
+        assert_eq!(
+            sent(&conversation),
+            Value::Null,
+            "no member a server may refuse"
+        );
+        conversation.options.thinking = Some(false);
+        assert_eq!(sent(&conversation), json!({"enable_thinking": false}));
     }
 
     /// A file goes as chat's `file` part, one by URL with Responses' name

@@ -119,7 +119,6 @@ impl Edge {
         &'a self,
         mut session: h1::Session,
         config: Held,
-        arriving: Option<InFlight>,
         shutdown: &'a ShutdownWatch,
     ) -> impl Future<Output = Served> + 'a {
         async move {
@@ -130,8 +129,6 @@ impl Edge {
             }
             let app = &self.app;
             let mut ctx = app.ctx_with(config);
-            // The request counts itself now, not twice.
-            drop(arriving);
             // Our routes' future is part of this one, which is boxed.
             match app.route(&mut session, &mut ctx).await {
                 Ok(true) => {
@@ -263,9 +260,9 @@ impl ServerApp for Edge {
                 // Boxed: a request's state is held only while it lasts,
                 // not by every idle connection.
                 Arrived::Ours(session, proxy_path) => {
-                    let arriving = arriving.take();
-                    match boxed::pinned(|| self.serve(session, config, arriving, shutdown)).await {
+                    match boxed::pinned(|| self.serve(session, config, shutdown)).await {
                         Served::Answered(h1::Finished::Reusable(reusable, read)) => {
+                            arriving = None;
                             (stream, next) = (reusable, read);
                             continue;
                         }

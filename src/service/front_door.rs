@@ -87,9 +87,7 @@ pub async fn handle(session: &mut Session, ctx: &mut RequestCtx, dialect: Dialec
             }
         }
     };
-    if ctx.agent.as_deref() != Some(agent.id.as_str()) {
-        ctx.agent = Some(agent.id.clone());
-    }
+    ctx.agent = Some(agent.id.clone());
     ctx.route = "agent";
     // The session: the client's id for it, else one derived from how the
     // conversation begins (so every turn of it has the same).
@@ -163,6 +161,18 @@ async fn read_agent_request(
     dialect: Dialect,
     config: &Config,
 ) -> std::result::Result<Box<AgentRequest>, Result<bool>> {
+    // Read as JSON, routed by its model: a compressed body is neither.
+    let encoding = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_ENCODING);
+    if let Some(encoding) = encoding.filter(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity")) {
+        let error = ApiError::unsupported_media_type(format!(
+            "a request body with Content-Encoding `{}` is not taken: send it as it is",
+            String::from_utf8_lossy(encoding.as_bytes())
+        ));
+        return Err(reject(session, dialect, &error).await);
+    }
     let body = match read_body(session, config.limits.max_body_bytes).await {
         Ok(body) => body,
         Err(error) => return Err(reject(session, dialect, &error).await),
@@ -235,48 +245,54 @@ async fn read_agent_request(
             }
         }
     };
-    // Named on the request's line from here, refused or not.
-    if config.agent(&asked).is_some() {
-        ctx.agent = Some(asked.clone());
-    }
+    // A refused request for an agent names it on its log line: by its id,
+    // never by the name the client sent (an alias's pattern matches any).
+    let refused = |ctx: &mut RequestCtx, asked: &str| {
+        ctx.agent = config.agent(asked).map(|agent| agent.id.clone());
+    };
     if let Err(error) = listed(dialect, entries, config.limits.max_messages) {
+        refused(ctx, &asked);
         return Err(reject(session, dialect, &error).await);
     }
     // The body is let go once decoded: a coding agent's request is tens of
     // KiB, and the conversation holds all of it that a stream needs.
     let decoded = decode(config, &ctx.tenant, dialect, &body, &found).await;
     drop(body);
-    let request = decoded.map(|(conversation, encoder)| {
-        Box::new(AgentRequest {
+    let request = match decoded {
+        Ok((conversation, encoder)) => Box::new(AgentRequest {
             asked,
             conversation,
             encoder,
-        })
-    });
-    match request.and_then(|request| answered_results(request, dialect)) {
-        Ok(request) => Ok(request),
-        Err(error) => Err(reject(session, dialect, &error).await),
+        }),
+        Err(error) => {
+            refused(ctx, &asked);
+            return Err(reject(session, dialect, &error).await);
+        }
+    };
+    match unanswered_result(&request.conversation, dialect) {
+        None => Ok(request),
+        Some(error) => {
+            refused(ctx, &request.asked);
+            Err(reject(session, dialect, &error).await)
+        }
     }
 }
 
-/// `request`, unless a tool result in it answers no call before it
-/// ([`Conversation::unanswered_result`]): refused, as OpenAI and Anthropic
-/// refuse it.
-fn answered_results(
-    request: Box<AgentRequest>,
-    dialect: Dialect,
-) -> Result<Box<AgentRequest>, ApiError> {
-    let Some(id) = request.conversation.unanswered_result() else {
-        return Ok(request);
-    };
+/// Why `conversation` is refused, if a tool result in it answers no call
+/// before it ([`Conversation::unanswered_result`]), as OpenAI and Anthropic
+/// refuse it. Read in its box: a result moved out of it would be copied.
+fn unanswered_result(conversation: &Conversation, dialect: Dialect) -> Option<ApiError> {
+    let id = conversation.unanswered_result()?;
     let (what, param) = match dialect {
         Dialect::Responses => ("function call output", "input"),
         _ => ("tool result", "messages"),
     };
-    Err(ApiError::bad_request(format!(
-        "No tool call found for the {what} with call id `{id}`: each result must follow the call it answers."
-    ))
-    .with_param(param))
+    Some(
+        ApiError::bad_request(format!(
+            "No tool call found for the {what} with call id `{id}`: each result must follow the call it answers."
+        ))
+        .with_param(param),
+    )
 }
 
 /// A request for a model that is no agent, as its body was read.

@@ -592,6 +592,18 @@ async fn other_route(
 /// The route of a request our handlers do not answer.
 const PROXY: &str = "proxy";
 
+/// A listing's `limit` query parameter: a whole number from 1 to `most`.
+fn page_limit(value: &str, most: usize) -> std::result::Result<usize, ApiError> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=most).contains(n))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("limit must be an integer from 1 to {most}."))
+                .with_param("limit")
+        })
+}
+
 /// The route of a method no route takes.
 const NOT_ALLOWED: &str = "not_allowed";
 

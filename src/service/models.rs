@@ -124,28 +124,22 @@ fn anthropic_page(mut listing: Value, query: &str) -> Result<Value, ApiError> {
     };
     let mut limit = 20;
     let (mut after, mut before) = (None, None);
-    for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
-        match key {
-            "limit" => {
-                limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_request("limit must be an integer from 1 to 1000.")
-                            .with_param("limit")
-                    })?
-            }
+    // Decoded: model ids hold `/` and `:`, which the SDKs encode.
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        match &*key {
+            "limit" => limit = super::page_limit(&value, 1000)?,
             "after_id" => after = Some(value),
             "before_id" => before = Some(value),
             _ => {}
         }
     }
     let position = |id: &str| models.iter().position(|m| m["id"] == id);
-    let (start, end) = match (after.and_then(position), before.and_then(position)) {
-        (Some(i), _) => (i + 1, models.len()),
+    // An id not listed (any more) ends the paging: an empty last page, not
+    // the first again, which an SDK's pager would ask for forever.
+    let (start, end) = match (after.as_deref(), before.as_deref()) {
+        (Some(id), _) => position(id).map_or((0, 0), |i| (i + 1, models.len())),
         // Backwards from `before_id`: the `limit` models just before it.
-        (None, Some(i)) => (i.saturating_sub(limit), i),
+        (None, Some(id)) => position(id).map_or((0, 0), |i| (i.saturating_sub(limit), i)),
         (None, None) => (0, models.len()),
     };
     let window = &models[start..end.max(start)];
@@ -207,6 +201,13 @@ mod tests {
         assert_eq!(ids("limit=2&after_id=m3"), ("m4".into(), false));
         assert_eq!(ids("limit=2&before_id=m3"), ("m1,m2".into(), true));
         assert_eq!(ids("limit=2&before_id=m2"), ("m0,m1".into(), false));
+        assert_eq!(ids("after_id=gone"), ("".into(), false));
+        let encoded: Vec<Value> = ["org/a:q4", "org/b:q8"]
+            .iter()
+            .map(|id| json!({"id": id}))
+            .collect();
+        let page = anthropic_page(anthropic_listing(&encoded, 0), "after_id=org%2Fa%3Aq4").unwrap();
+        assert_eq!(page["data"][0]["id"], "org/b:q8");
         let listing = anthropic_listing(&models, 0);
         assert_eq!(anthropic_page(listing, "limit=0").unwrap_err().status, 400);
         // A model's own time, else the given one.

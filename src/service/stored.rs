@@ -341,16 +341,7 @@ fn input_items_page(input: &str, query: &str) -> Result<Value, ApiError> {
     let (mut after, mut before) = (None, None);
     for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
         match key {
-            "limit" => {
-                limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=100).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_request("limit must be an integer from 1 to 100.")
-                            .with_param("limit")
-                    })?
-            }
+            "limit" => limit = super::page_limit(value, 100)?,
             "order" => match value {
                 "asc" => newest_first = false,
                 "desc" => newest_first = true,
