@@ -804,6 +804,34 @@ async fn calls_in_one_turn_run_concurrently() {
     assert_eq!(results, ["{\"met\":true}", "{\"met\":true}"]);
 }
 
+/// An upstream whose first round makes `n` calls of `get_weather` (served
+/// by `tool`), and the proxy with `limits`.
+async fn one_round_of_calls(n: u32, limits: &str, tool: &FakeServer) -> (FakeServer, Proxy) {
+    let calls: Vec<Value> = (0..n)
+        .map(|i| {
+            tool_call(
+                i,
+                &format!("call_{i}"),
+                "get_weather",
+                "{\"city\":\"Oslo\"}",
+            )
+        })
+        .chain([finish("tool_calls")])
+        .collect();
+    let upstream = tool_round_then(calls, "done").await;
+    let yaml = config(
+        &upstream,
+        &format!("{}/weather", tool.url()),
+        "    tools: [get_weather]",
+    )
+    .replace(
+        "limits: { heartbeat_ms: 100 }",
+        &format!("limits: {{ {limits} }}"),
+    );
+    let proxy = Proxy::start(&yaml).await;
+    (upstream, proxy)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 6)]
 async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -820,28 +848,8 @@ async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
         Reply::json(200, json!({"temp_c": 21}))
     })
     .await;
-    let mut calls: Vec<Value> = (0..20)
-        .map(|i| {
-            tool_call(
-                i,
-                &format!("call_{i}"),
-                "get_weather",
-                "{\"city\":\"Oslo\"}",
-            )
-        })
-        .collect();
-    calls.push(finish("tool_calls"));
-    let upstream = tool_round_then(calls, "done").await;
-    let yaml = config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    )
-    .replace(
-        "limits: { heartbeat_ms: 100 }",
-        "limits: { heartbeat_ms: 100, max_tool_calls_per_turn: 16, max_concurrent_tool_calls: 3 }",
-    );
-    let proxy = Proxy::start(&yaml).await;
+    let limits = "heartbeat_ms: 100, max_tool_calls_per_turn: 16, max_concurrent_tool_calls: 3";
+    let (upstream, proxy) = one_round_of_calls(20, limits, &tool).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 200, "{}", res.text());
     assert_eq!(tool.requests().len(), 16, "only the first 16 calls ran");
@@ -872,21 +880,7 @@ async fn calls_past_the_per_turn_cap_get_error_results_and_few_run_at_once() {
 
     // More calls in one round than a client may send items: the model has
     // gone wrong, and the turn fails rather than grow its next request.
-    let many: Vec<Value> = (0..30)
-        .map(|i| tool_call(i, &format!("c{i}"), "get_weather", "{}"))
-        .chain([finish("tool_calls")])
-        .collect();
-    let upstream = tool_round_then(many, "done").await;
-    let yaml = config(
-        &upstream,
-        &format!("{}/weather", tool.url()),
-        "    tools: [get_weather]",
-    )
-    .replace(
-        "limits: { heartbeat_ms: 100 }",
-        "limits: { max_messages: 20 }",
-    );
-    let proxy = Proxy::start(&yaml).await;
+    let (upstream, proxy) = one_round_of_calls(30, "max_messages: 20", &tool).await;
     let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
     assert_eq!(res.status, 502, "{}", res.text());
     assert!(
