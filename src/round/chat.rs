@@ -501,12 +501,23 @@ impl RoundDecoder for Decoder {
         }
         // A tool result names its call by id: a call without one, or two
         // calls sharing one (a malformed answer), would be indistinguishable.
-        // A set, not a look back per call: an answer may hold many.
-        let mut seen = std::collections::HashSet::with_capacity(calls.len());
-        for call in &mut calls {
-            if call.id.is_empty() || !seen.insert(call.id.clone()) {
-                call.id = new_call_id();
-                seen.insert(call.id.clone());
+        // A set, not a look back per call: an answer may hold many. One
+        // call, the most common, needs none.
+        match calls.as_mut_slice() {
+            [] => {}
+            [call] => {
+                if call.id.is_empty() {
+                    call.id = new_call_id();
+                }
+            }
+            calls => {
+                let mut seen = std::collections::HashSet::with_capacity(calls.len());
+                for call in calls {
+                    if call.id.is_empty() || !seen.insert(call.id.clone()) {
+                        call.id = new_call_id();
+                        seen.insert(call.id.clone());
+                    }
+                }
             }
         }
         for call in &mut calls {

@@ -161,22 +161,24 @@ async fn read_agent_request(
     dialect: Dialect,
     config: &Config,
 ) -> std::result::Result<Box<AgentRequest>, Result<bool>> {
-    // Read as JSON, routed by its model: a compressed body is neither.
-    let encoding = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_ENCODING);
-    if let Some(encoding) = encoding.filter(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity")) {
-        let error = ApiError::unsupported_media_type(format!(
-            "a request body with Content-Encoding `{}` is not taken: send it as it is",
-            String::from_utf8_lossy(encoding.as_bytes())
-        ));
-        return Err(reject(session, dialect, &error).await);
-    }
     let body = match read_body(session, config.limits.max_body_bytes).await {
         Ok(body) => body,
         Err(error) => return Err(reject(session, dialect, &error).await),
     };
+    // Read as JSON, routed by its model: a compressed body is neither. Its
+    // header is looked at only for a body that is no JSON object.
+    if !body.trim_ascii_start().starts_with(b"{") {
+        let headers = &session.req_header().headers;
+        let encoding = headers.get(http::header::CONTENT_ENCODING);
+        if let Some(encoding) = encoding.filter(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"))
+        {
+            let error = ApiError::unsupported_media_type(format!(
+                "a request body with Content-Encoding `{}` is not taken: send it as it is",
+                String::from_utf8_lossy(encoding.as_bytes())
+            ));
+            return Err(reject(session, dialect, &error).await);
+        }
+    }
     let serves =
         |model: &str| config.agent(model).is_some() || (model == AUTO && config.router.is_some());
     // Before any parse: even the routing peek holds one entry per message.
