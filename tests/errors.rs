@@ -612,6 +612,14 @@ async fn malformed_requests_get_an_error_body_that_does_not_name_the_software() 
         );
     }
     assert!(upstream.requests().is_empty(), "nothing was forwarded");
+    let trace = raw_request(proxy.port, b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(
+        trace
+            .header("allow")
+            .is_some_and(|allow| allow.contains("POST")),
+        "a 405 names the methods that are allowed: {:?}",
+        trace.headers
+    );
 }
 
 #[tokio::test]

@@ -112,9 +112,20 @@ fn handled(cut: bool) -> Result<bool> {
 /// Answers with an error in `dialect`'s shape; the request body may be
 /// unread, so the connection is not reused.
 async fn reject(session: &mut h1::Session, dialect: Dialect, error: &ApiError) -> Result<bool> {
+    reject_with(session, dialect, error, &[]).await
+}
+
+/// [`reject`], with `extra` header fields.
+async fn reject_with(
+    session: &mut h1::Session,
+    dialect: Dialect,
+    error: &ApiError,
+    extra: &[(http::HeaderName, http::HeaderValue)],
+) -> Result<bool> {
     session.close_after();
+    let (status, body) = crate::front::error_response(dialect, error);
     let mut client = Client::new(session, std::time::Duration::MAX);
-    handled(client.respond_error_in(dialect, error).await == Err(Gone))
+    handled(client.respond_json(status, body, extra).await == Err(Gone))
 }
 
 impl AgentProxy {
@@ -194,7 +205,12 @@ impl AgentProxy {
         if ctx.route == NOT_ALLOWED {
             let method = &session.req_header().method;
             let error = ApiError::method_not_allowed(format!("{method} is not allowed"));
-            return reject(session, dialect, &error).await;
+            // RFC 9110 §15.5.6: a 405 names the methods that are.
+            let allow = (
+                http::header::ALLOW,
+                http::HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
+            return reject_with(session, dialect, &error, &[allow]).await;
         }
         // Behind an admin key, not a client's.
         if ctx.route == "admin" {
