@@ -590,6 +590,13 @@ async fn malformed_requests_get_an_error_body_that_does_not_name_the_software() 
             "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n".into(),
             400,
         ),
+        // A transfer coding the proxy cannot undo (RFC 9112 §6.1).
+        (
+            "a gzip transfer coding",
+            "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+                .into(),
+            501,
+        ),
         // A TRACE would echo the request as sent upstream, with its key.
         (
             "a TRACE",

@@ -243,6 +243,9 @@ struct Framing {
     /// Whether the final `Transfer-Encoding` is `chunked`, if there is one:
     /// only the final coding frames the body (RFC 9112 §6.3).
     chunked: Option<bool>,
+    /// A coding other than `chunked` (`gzip, chunked`): the body would be
+    /// passed on decoded of its chunks only, as if it were plain.
+    other_coding: bool,
     /// The `Content-Length` (`Ok(None)`: none given): identical values,
     /// repeated or listed, are one (RFC 9110 §8.6); values that differ or
     /// are not numbers are refused (when no coding makes the length moot).
@@ -255,6 +258,7 @@ impl Framing {
             close: false,
             keep_alive: false,
             chunked: None,
+            other_coding: false,
             length: Ok(None),
         }
     }
@@ -265,6 +269,10 @@ impl Framing {
             self.keep_alive |= has_token(value, b"keep-alive");
         } else if *name == TRANSFER_ENCODING {
             self.chunked = Some(is_chunked(value));
+            self.other_coding |= value
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"chunked"));
         } else if *name == CONTENT_LENGTH {
             self.length = self.length.and_then(|length| more_length(length, value));
         }
@@ -289,6 +297,13 @@ impl Framing {
                     return Err(Malformed::bad(
                         "the final Transfer-Encoding must be chunked",
                     ));
+                }
+                // RFC 9112 §6.1: a coding the server does not know is a 501.
+                if self.other_coding {
+                    return Err(Malformed {
+                        status: 501,
+                        why: "a Transfer-Encoding other than chunked is not supported",
+                    });
                 }
                 // The coding wins (RFC 9112 §6.3); the connection is not
                 // trusted with another request (§6.1).
@@ -988,11 +1003,15 @@ mod tests {
         ] {
             assert!(parsed(wire).is_err(), "{wire:?}");
         }
-        // The final coding decides.
+        // The final coding frames the body; one the proxy cannot undo is a
+        // 501 (RFC 9112 §6.1), not a body passed on as if it were plain.
         let (head, _) =
-            parsed("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
-                .unwrap();
+            parsed("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n").unwrap();
         assert_eq!(head.body, Body::Chunked(Chunk::Size));
+        for coding in ["gzip, chunked", "gzip\r\nTransfer-Encoding: chunked"] {
+            let wire = format!("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {coding}\r\n\r\n");
+            assert_eq!(parsed(&wire).unwrap_err().status, 501, "{coding}");
+        }
     }
 
     #[test]
