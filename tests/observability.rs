@@ -238,11 +238,9 @@ model_aliases: {{ "claude-haiku-*": a }}
         ("refused-passed-on", "gpt-x", false, "ConnectRefused"),
         ("broken-agent", "b", true, "ConnectionClosed"),
     ];
-    for (id, model, stream, _) in cases {
-        let body = json!({"model": model, "stream": stream,
-                          "messages": [{"role": "user", "content": "hi"}]})
-        .to_string();
+    let send = |id: &'static str, body: Value| async move {
         let headers = [("content-type", "application/json"), ("x-request-id", id)];
+        let body = body.to_string();
         request(
             proxy.port,
             "POST",
@@ -251,20 +249,20 @@ model_aliases: {{ "claude-haiku-*": a }}
             body.as_bytes(),
         )
         .await;
+    };
+    for (id, model, stream, _) in cases {
+        send(
+            id,
+            json!({"model": model, "stream": stream,
+                        "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
     }
     // A request for an agent that is refused still names the agent, by
     // its id: the name the client sent is any name an alias matches.
-    let bad = json!({"model": "claude-haiku-x7", "messages": "hi"}).to_string();
-    let headers = [
-        ("content-type", "application/json"),
-        ("x-request-id", "bad-agent"),
-    ];
-    request(
-        proxy.port,
-        "POST",
-        "/v1/chat/completions",
-        &headers,
-        bad.as_bytes(),
+    send(
+        "bad-agent",
+        json!({"model": "claude-haiku-x7", "messages": "hi"}),
     )
     .await;
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -273,20 +271,20 @@ model_aliases: {{ "claude-haiku-*": a }}
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let refused = lines
-        .iter()
-        .find(|l| l["fields"]["request_id"] == "bad-agent")
-        .unwrap_or_else(|| panic!("no line in {logs}"));
+    let line = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["fields"]["request_id"] == id)
+            .unwrap_or_else(|| panic!("{id}: no line in {logs}"))
+    };
+    let refused = line("bad-agent");
     assert_eq!(
         (&refused["fields"]["status"], &refused["fields"]["agent"]),
         (&json!(400), &json!("a")),
         "{refused}"
     );
     for (id, _, _, error) in cases {
-        let line = lines
-            .iter()
-            .find(|l| l["fields"]["request_id"] == id)
-            .unwrap_or_else(|| panic!("{id}: no line in {logs}"));
+        let line = line(id);
         assert_eq!(line["fields"]["error"], error, "{id}: {line}");
     }
 }

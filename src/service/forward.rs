@@ -113,9 +113,9 @@ pub async fn other_route(session: &mut Session, ctx: &mut RequestCtx) -> Result<
         .filter(|_| config.default_upstream.pool.ranks_by_conversation())
         .map(crate::upstream::session_key);
     let mut client = Client::new(session, config.limits.heartbeat);
-    let forwarded = forward(&mut client, &config, Dialect::Chat, body, affinity).await;
-    ctx.failure = forwarded.failure;
-    handled(forwarded.cut)
+    forward(&mut client, &config, Dialect::Chat, body, affinity)
+        .await
+        .handled(ctx)
 }
 
 /// How a forwarded request ended.
@@ -125,6 +125,14 @@ pub struct Forwarded {
     /// What failed on the way to the upstream (pingora's name for it), for
     /// the log line.
     pub failure: Option<&'static str>,
+}
+
+impl Forwarded {
+    /// The route's outcome, with what failed noted for the request's line.
+    pub fn handled(self, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.failure = self.failure;
+        handled(self.cut)
+    }
 }
 
 /// Forwards the request to the default upstream. What the proxy itself

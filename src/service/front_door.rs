@@ -356,9 +356,9 @@ async fn pass_on(
         });
     let mut client = Client::new(session, config.limits.heartbeat);
     let body = Some(body.clone());
-    let forwarded = forward::forward(&mut client, config, dialect, body, affinity).await;
-    ctx.failure = forwarded.failure;
-    handled(forwarded.cut)
+    forward::forward(&mut client, config, dialect, body, affinity)
+        .await
+        .handled(ctx)
 }
 
 /// The request's list (`messages`, or Responses `input`) within bounds. A
@@ -508,9 +508,7 @@ pub async fn count_tokens(session: &mut Session, ctx: &mut RequestCtx) -> Result
     let Some(agent) = model.as_deref().and_then(|m| config.agent(m)).cloned() else {
         let mut client = Client::new(session, config.limits.heartbeat);
         let forwarded = forward::forward(&mut client, &config, dialect, Some(body), Some(0));
-        let forwarded = forwarded.await;
-        ctx.failure = forwarded.failure;
-        return handled(forwarded.cut);
+        return forwarded.await.handled(ctx);
     };
     let mut conversation = match front::messages::decode(&body) {
         Ok((conversation, _)) => conversation,

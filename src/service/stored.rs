@@ -339,10 +339,11 @@ fn input_items_page(input: &str, query: &str) -> Result<Value, ApiError> {
     let mut limit = 20;
     let mut newest_first = true;
     let (mut after, mut before) = (None, None);
-    for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
-        match key {
-            "limit" => limit = super::page_limit(value, 100)?,
-            "order" => match value {
+    // Decoded, as the model list's are.
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        match &*key {
+            "limit" => limit = super::page_limit(&value, 100)?,
+            "order" => match &*value {
                 "asc" => newest_first = false,
                 "desc" => newest_first = true,
                 _ => {
@@ -351,8 +352,8 @@ fn input_items_page(input: &str, query: &str) -> Result<Value, ApiError> {
                     )
                 }
             },
-            "after" => after = Some(value.to_owned()),
-            "before" => before = Some(value.to_owned()),
+            "after" => after = Some(value),
+            "before" => before = Some(value),
             _ => {}
         }
     }
