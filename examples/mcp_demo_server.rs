@@ -6,14 +6,19 @@
 //! tests/mcp_and_teams.rs finds it, or has cargo build it, in
 //! `target/<profile>/examples/`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, CancelledNotificationParam, ContentBlock, Extensions};
-use rmcp::service::{NotificationContext, RoleServer};
+use rmcp::model::{
+    CallToolResult, CancelledNotificationParam, ContentBlock, Extensions, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::{NotificationContext, Peer, RoleServer};
 // `schemars` in scope: the JsonSchema derive names it.
 use rmcp::schemars::{self, JsonSchema};
 use rmcp::serde::Deserialize;
@@ -24,8 +29,15 @@ use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 /// The first 8 bytes of every PNG file, base64-encoded.
 const PNG_SIGNATURE_BASE64: &str = "iVBORw0KGgo=";
 
-#[derive(Clone)]
-struct Demo;
+/// A connection's server. `grow` adds `echo` to its tools, as servers
+/// that load tools on demand do, and says so (`tools/list_changed`).
+#[derive(Clone, Default)]
+struct Demo {
+    grown: Arc<AtomicBool>,
+}
+
+/// Offered once `grow` was called.
+const GROWN: &str = "echo";
 
 /// Strict, as many servers' schemas are: an argument it doesn't declare is
 /// an error.
@@ -54,6 +66,12 @@ struct EnvArgs {
 #[serde(crate = "rmcp::serde")]
 struct FailArgs {
     message: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(crate = "rmcp::serde")]
+struct EchoArgs {
+    text: String,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -121,6 +139,24 @@ impl Demo {
         "done".into()
     }
 
+    /// Offers one tool more, `echo`, from now on.
+    #[tool]
+    async fn grow(&self, peer: Peer<RoleServer>) -> String {
+        if self.grown.swap(true, Ordering::SeqCst) {
+            return "grown already".into();
+        }
+        match peer.notify_tool_list_changed().await {
+            Ok(()) => "grown".into(),
+            Err(e) => format!("grown, unsaid: {e}"),
+        }
+    }
+
+    /// Says its text back.
+    #[tool]
+    fn echo(&self, Parameters(EchoArgs { text }): Parameters<EchoArgs>) -> String {
+        text
+    }
+
     /// The Authorization header of the HTTP request that carried the call.
     #[tool]
     fn auth(&self, extensions: Extensions) -> String {
@@ -135,8 +171,28 @@ impl Demo {
     }
 }
 
-#[tool_handler]
+impl Demo {
+    /// The tools as of now: `echo` only once grown.
+    fn router(&self) -> ToolRouter<Self> {
+        let mut router = Self::tool_router();
+        if !self.grown.load(Ordering::SeqCst) {
+            router.remove_route(GROWN);
+        }
+        router
+    }
+}
+
+#[tool_handler(router = self.router())]
 impl ServerHandler for Demo {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+    }
+
     /// Says on stderr which call the client gave up on, so a test can see
     /// that `notifications/cancelled` arrived.
     async fn on_cancelled(
@@ -156,7 +212,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["stdio"] => {
-            Demo.serve(rmcp::transport::stdio())
+            Demo::default()
+                .serve(rmcp::transport::stdio())
                 .await?
                 .waiting()
                 .await?;
@@ -169,7 +226,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn serve_http(port: u16) -> std::io::Result<()> {
     let mcp = StreamableHttpService::new(
-        || Ok(Demo),
+        || Ok(Demo::default()),
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
     );

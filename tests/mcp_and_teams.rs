@@ -361,7 +361,8 @@ agents:
     assert_eq!(requests.last().unwrap().tool_results()[0], "2");
 }
 
-/// A model that calls the tool the user's message names, then says "done".
+/// A model that calls the tool the user's message names (`tool` or
+/// `tool {arguments}`), then says "done".
 async fn calls_the_named_tool() -> FakeServer {
     FakeServer::start(|req, _| {
         if req.method == "GET" {
@@ -370,11 +371,15 @@ async fn calls_the_named_tool() -> FakeServer {
         if has_tool_result(req) {
             return Reply::events(vec![content("done"), finish("stop")]);
         }
-        let tool = req.json()["messages"][0]["content"]
+        let asked = req.json()["messages"][0]["content"]
             .as_str()
             .unwrap()
             .to_owned();
-        Reply::events(vec![tool_call(0, "c", &tool, "{}"), finish("tool_calls")])
+        let (tool, arguments) = asked.split_once(' ').unwrap_or((&asked, "{}"));
+        Reply::events(vec![
+            tool_call(0, "c", tool, arguments),
+            finish("tool_calls"),
+        ])
     })
     .await
 }
@@ -434,6 +439,69 @@ async fn a_stdio_server_killed_between_calls_is_restarted_before_the_next_call()
         "the first call after the kill is served by a new process: {now}\n{}",
         proxy.logs()
     );
+}
+
+/// The names of the functions the last request to `upstream` offered.
+fn last_offered(upstream: &FakeServer) -> Vec<String> {
+    offered(chats(upstream).last().unwrap())
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_tools_change_is_listed_again() {
+    let upstream = calls_the_named_tool().await;
+    let port = free_port();
+    let _http = HttpMcp::start(port).await;
+    let yaml = format!(
+        r#"
+default_upstream: up
+upstreams: {{ up: {{ url: "{}/v1" }} }}
+mcp_servers:
+  demo: {{ command: ["{}", "stdio"] }}
+  web: {{ url: "http://127.0.0.1:{port}/mcp" }}
+agents:
+  demo: {{ tools: ["demo/*"] }}
+  web: {{ tools: ["web/*"] }}
+"#,
+        upstream.url(),
+        demo_server().display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let (proxy, upstream) = (&proxy, &upstream);
+    for server in ["demo", "web"] {
+        wait_connected(proxy, server).await;
+        let status = || async move {
+            let ready = get(proxy.port, "/readyz").await.json();
+            ready["mcp"][server].as_str().unwrap_or_default().to_owned()
+        };
+        let before = status().await;
+        let echo = format!("{server}__echo");
+        let call = |asked: String| async move {
+            post_json(proxy.port, "/v1/chat/completions", &ask(server, &asked)).await;
+            chats(upstream).last().unwrap().tool_results()[0].clone()
+        };
+        assert_eq!(call(format!("{server}__grow")).await, "grown");
+        assert!(
+            !last_offered(upstream).contains(&echo),
+            "not offered before the server grew"
+        );
+        // Told by the server, not found out by a failing call.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while status().await == before {
+            assert!(
+                Instant::now() < deadline,
+                "`{server}` was not listed again:\n{}",
+                proxy.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let said = call(format!(r#"{echo} {{"text": "hello"}}"#)).await;
+        assert!(last_offered(upstream).contains(&echo), "now offered");
+        assert_eq!(said, "hello", "and called");
+    }
+    assert!(proxy.logs().contains("MCP server's tools changed"));
 }
 
 /// The demo server writes these on stderr, which is the proxy's log.

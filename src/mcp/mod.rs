@@ -11,6 +11,8 @@
 //! gets a clear error result. A connection ends as MCP's shutdown says, when
 //! its server is dropped and at the end of a drain ([`McpServer::close`]): an
 //! HTTP session deleted, a stdio server's stdin closed before any signal.
+//! A server that says its tools changed (`notifications/tools/list_changed`)
+//! is listed again; the new list is what the next request offers.
 
 mod supervisor;
 
@@ -21,12 +23,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
-use rmcp::service::{Peer, RunningService, RunningServiceCancellationToken, ServiceError};
+use rmcp::service::{
+    MaybeSendFuture, NotificationContext, Peer, RunningService, RunningServiceCancellationToken,
+    ServiceError,
+};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Map, Value};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -48,7 +53,22 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// before it is killed.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-type Client = RunningService<RoleClient, ()>;
+type Client = RunningService<RoleClient, Watcher>;
+
+/// What the proxy does with what a server tells it: a changed tool list is
+/// passed on to the connection task, which lists the tools again.
+struct Watcher(Arc<Notify>);
+
+impl ClientHandler for Watcher {
+    fn on_tool_list_changed(
+        &self,
+        _: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + MaybeSendFuture + '_ {
+        // A permit: changes while a listing runs make one listing more.
+        self.0.notify_one();
+        std::future::ready(())
+    }
+}
 
 /// A server's connection task: waiting to be started with its end of
 /// `alive` (made with the server, so a close sent before the start is
@@ -130,6 +150,8 @@ struct Link {
     transport: Transport,
     injection: Injection,
     state: Mutex<State>,
+    /// Told by the connection's [`Watcher`] that the tools changed.
+    changed: Arc<Notify>,
 }
 
 impl McpServer {
@@ -186,6 +208,7 @@ impl McpServer {
                     tools: Arc::new(Vec::new()),
                     status: "connecting".into(),
                 }),
+                changed: Arc::new(Notify::new()),
             }),
             task: Mutex::new(Task::Waiting(alive.subscribe())),
             alive,
@@ -352,8 +375,10 @@ impl Link {
                     };
                     backoff = FIRST_BACKOFF;
                     let connection = client.cancellation_token();
+                    let peer = client.peer().clone();
                     let mut waiting = std::pin::pin!(client.waiting());
                     tokio::select! {
+                        never = self.relist_on_change(&peer) => match never {},
                         _ = &mut waiting => {
                             if crate::children::exiting() {
                                 return;
@@ -385,6 +410,31 @@ impl Link {
                 _ = alive.changed() => return,
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Lists the tools again each time the server says they changed, for
+    /// as long as the connection lasts (the task drops it as it ends). A
+    /// listing that fails keeps the last list.
+    async fn relist_on_change(&self, peer: &Peer<RoleClient>) -> std::convert::Infallible {
+        loop {
+            self.changed.notified().await;
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.list(peer)).await {
+                Ok(Ok(tools)) => {
+                    info!(server = %self.name, tools = tools.len(), "MCP server's tools changed");
+                    let mut state = self.state();
+                    if state.client.is_some() {
+                        state.status = format!("connected ({} tools)", tools.len());
+                        state.tools = Arc::new(tools);
+                    }
+                }
+                Ok(Err(e)) => {
+                    warn!(server = %self.name, reason = %e, "MCP server's changed tools not listed; keeping the last list");
+                }
+                Err(_) => {
+                    warn!(server = %self.name, reason = "timed out", "MCP server's changed tools not listed; keeping the last list");
+                }
+            }
         }
     }
 
@@ -427,18 +477,34 @@ impl Link {
                 let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
                     return Err("cannot attach to the server's pipes".into());
                 };
-                ().serve((stdout, stdin)).await.map_err(|e| e.to_string())?
+                self.watcher()
+                    .serve((stdout, stdin))
+                    .await
+                    .map_err(|e| e.to_string())?
             }
             Transport::Http { url, headers } => {
                 let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
                 config.custom_headers = headers.clone();
                 let transport = StreamableHttpClientTransport::from_config(config);
-                ().serve(transport).await.map_err(|e| e.to_string())?
+                self.watcher()
+                    .serve(transport)
+                    .await
+                    .map_err(|e| e.to_string())?
             }
         };
-        let listed = client.list_all_tools().await.map_err(|e| e.to_string())?;
+        let tools = self.list(client.peer()).await?;
+        Ok((client, tools))
+    }
+
+    fn watcher(&self) -> Watcher {
+        Watcher(self.changed.clone())
+    }
+
+    /// The server's tools, as the model sees them.
+    async fn list(&self, peer: &Peer<RoleClient>) -> Result<Vec<McpTool>, String> {
+        let listed = peer.list_all_tools().await.map_err(|e| e.to_string())?;
         let functions = function_names(&self.name, listed.iter().map(|t| t.name.as_ref()));
-        let tools = listed
+        Ok(listed
             .into_iter()
             .zip(functions)
             .map(|(tool, function)| {
@@ -453,8 +519,7 @@ impl Link {
                     injection,
                 }
             })
-            .collect();
-        Ok((client, tools))
+            .collect())
     }
 }
 
