@@ -704,6 +704,12 @@ impl DeltaOut<'_> {
     fn write(&self, mut o: json::Object<'_>) {
         if let Some(role) = self.role {
             o.plain("role", role);
+            // The role's chunk says `content: null` until text comes, as
+            // llama-server's does: `""` opens a text part in the AI SDK
+            // even when tool calls follow.
+            if self.content.is_none() {
+                o.raw("content", "null");
+            }
         }
         o.optional("content", self.content);
         o.optional("reasoning_content", self.reasoning_content);

@@ -313,6 +313,12 @@ async fn client_tool_calls_go_back_to_the_client() {
     body["tools"] = json!([{"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}]);
     let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
     let events = res.events();
+    // The role's chunk says no text yet, as llama-server's does: `""`
+    // would open a text part in the AI SDK before any text or call.
+    assert_eq!(
+        events[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": null})
+    );
     let calls: Vec<&Value> = events
         .iter()
         .filter_map(|e| e["choices"][0]["delta"].get("tool_calls"))
@@ -1039,6 +1045,84 @@ async fn the_text_of_successive_rounds_does_not_run_together() {
         assert_eq!(assistant.len(), 1, "{second}");
         assert_eq!(assistant[0]["content"], first);
         assert_eq!(assistant[0]["tool_calls"][0]["id"], "a");
+    }
+}
+
+#[tokio::test]
+async fn a_rounds_text_in_an_item_of_its_own_does_not_begin_with_a_blank_line() {
+    // Responses' message items and Messages' text blocks: the tool's
+    // progress note (on the reasoning channel) ends round 1's item, so
+    // round 2's text is an item of its own, with no separator to lead it.
+    let tool = weather_tool(200).await;
+    let upstream = FakeServer::start(|req, _| {
+        let has_result = req.json().to_string().contains("temp_c");
+        match has_result {
+            false => Reply::events(vec![
+                content("Let me check."),
+                tool_call(0, "a", "get_weather", "{\"city\":\"Paris\"}"),
+                finish("tool_calls"),
+            ]),
+            true => Reply::events(vec![content("It is 21 °C."), finish("stop")]),
+        }
+    })
+    .await;
+    let proxy = weather_agent(&upstream, &tool).await;
+    let asked = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
+    for stream in [false, true] {
+        let res = post_json(
+            proxy.port,
+            "/v1/responses",
+            &json!({"model": "weather", "input": asked, "stream": stream, "store": false}),
+        )
+        .await;
+        let output = match stream {
+            false => res.json()["output"].clone(),
+            true => res.events().last().unwrap()["response"]["output"].clone(),
+        };
+        let texts: Vec<&Value> = output
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|item| item["type"] == "message")
+            .map(|item| &item["content"][0]["text"])
+            .collect();
+        assert_eq!(texts, [&json!("Let me check."), &json!("It is 21 °C.")]);
+
+        let res = post_json(
+            proxy.port,
+            "/v1/messages",
+            &json!({"model": "weather", "messages": asked, "max_tokens": 100, "stream": stream}),
+        )
+        .await;
+        let texts: Vec<String> = match stream {
+            false => res.json()["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|block| block["type"] == "text")
+                .map(|block| block["text"].as_str().unwrap().to_owned())
+                .collect(),
+            true => {
+                let mut texts: Vec<String> = Vec::new();
+                for event in res.events() {
+                    match (
+                        event["type"].as_str(),
+                        event["content_block"]["type"].as_str(),
+                    ) {
+                        (Some("content_block_start"), Some("text")) => texts.push(String::new()),
+                        (Some("content_block_delta"), _)
+                            if event["delta"]["type"] == "text_delta" =>
+                        {
+                            let text = event["delta"]["text"].as_str().unwrap();
+                            texts.last_mut().unwrap().push_str(text);
+                        }
+                        _ => {}
+                    }
+                }
+                texts
+            }
+        };
+        assert_eq!(texts, ["Let me check.", "It is 21 °C."], "stream: {stream}");
     }
 }
 

@@ -135,6 +135,18 @@ agents:
     assert_eq!(commands[0]["exit_code"], 0, "{}", context());
     assert_eq!(commands[0]["aggregated_output"], format!("{OUTPUT}\n"));
 
+    // Codex asks for a summary of the reasoning, and shows that by default:
+    // the model's reasoning is it.
+    let reasoning: Vec<&str> = completed("reasoning")
+        .iter()
+        .filter_map(|item| item["text"].as_str())
+        .collect();
+    assert!(
+        reasoning.iter().any(|text| text.contains("Let me run it.")),
+        "{reasoning:?}\n{}",
+        context()
+    );
+
     let messages = completed("agent_message");
     assert_eq!(messages.len(), 1, "one final answer\n{}", context());
     assert_eq!(messages[0]["text"], format!("All done: {OUTPUT}"));

@@ -151,6 +151,50 @@ async fn an_agent_streams_thinking_and_text_blocks_and_keeps_its_tool_local() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_progress_notes_are_a_thinking_block_that_never_goes_back_to_the_model() {
+    let tool = weather_tool().await;
+    let upstream = tool_then_answer().await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let asked = json!({"role": "user", "content": "Weather in Paris?"});
+    let body = json!({"model": "weather", "max_tokens": 512, "messages": [asked]});
+    let answer = post_messages(proxy.port, "/v1/messages", &body, &[])
+        .await
+        .json();
+    let content = answer["content"].as_array().unwrap();
+    let texts: Vec<(&str, &str)> = content
+        .iter()
+        .map(|b| {
+            let text = b["thinking"].as_str().or(b["text"].as_str());
+            (b["type"].as_str().unwrap(), text.unwrap())
+        })
+        .collect();
+    // The note begins its own block: no line break leads it.
+    assert_eq!(
+        texts,
+        [
+            ("thinking", "Let me check."),
+            ("thinking", "Calling get_weather {\"city\":\"Paris\"}…\n"),
+            ("thinking", "Warm."),
+            ("text", "It is 21 °C in Paris."),
+        ]
+    );
+    let note = content[1]["signature"].as_str().unwrap();
+    assert!(note.starts_with("agent-proxy:note:"), "{note}");
+
+    // Sent back as Claude Code and the SDKs do: every block, signed.
+    let body = json!({"model": "weather", "max_tokens": 512, "messages": [
+        asked, {"role": "assistant", "content": content},
+        {"role": "user", "content": "And tomorrow?"}]});
+    post_messages(proxy.port, "/v1/messages", &body, &[]).await;
+    let next = upstream.requests().last().unwrap().json();
+    assert_eq!(
+        next["messages"][2],
+        json!({"role": "assistant", "content": "It is 21 °C in Paris.",
+               "reasoning_content": "Let me check.\nWarm."})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_tool_round_trips_as_tool_use_and_tool_result() {
     let tool = weather_tool().await;
     let upstream = FakeServer::start(|req, _| match req.tool_results().last() {

@@ -123,6 +123,139 @@ async fn an_agent_answers_a_responses_stream_with_a_local_tool_round() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_progress_notes_are_shown_but_never_go_back_to_the_model() {
+    let tool = weather_tool().await;
+    let upstream =
+        FakeServer::start(|req, _| weather_round(req.json().to_string().contains("temp_c"))).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    // What the model's next prompt holds of the turn before: its own
+    // reasoning, and none of the proxy's notes.
+    let next_prompt = || {
+        let last = upstream.requests().last().unwrap().json().to_string();
+        assert!(last.contains("Let me check."), "{last}");
+        assert!(!last.contains("Calling get_weather"), "{last}");
+    };
+    let port = proxy.port;
+    let ask = |extra: Value| async move {
+        let mut body = json!({"model": "weather", "input": "Weather in Paris?"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        post_json(port, "/v1/responses", &body).await
+    };
+    let first = ask(json!({})).await.json();
+    let output = first["output"].as_array().unwrap().clone();
+    let note: Vec<&Value> = output
+        .iter()
+        .filter(|item| item["id"].as_str().unwrap().starts_with("rs_note_"))
+        .collect();
+    assert_eq!(note.len(), 1, "{output:?}");
+    assert_eq!(note[0]["type"], "reasoning");
+    let shown = note[0]["content"][0]["text"].as_str().unwrap();
+    assert!(shown.starts_with("Calling get_weather"), "{shown}");
+
+    // Sent back whole (the Agents SDK's `to_input_list()`), by reference
+    // (the AI SDK's, with stored answers), and by the stored chain.
+    let mut input = vec![json!({"role": "user", "content": "Weather in Paris?"})];
+    input.extend(output.iter().cloned());
+    input.push(json!({"role": "user", "content": "And tomorrow?"}));
+    ask(json!({"input": input, "store": false})).await;
+    next_prompt();
+    let references: Vec<Value> = output
+        .iter()
+        .map(|item| json!({"type": "item_reference", "id": item["id"]}))
+        .collect();
+    let res = ask(json!({"input": references})).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    next_prompt();
+    ask(json!({"input": "And tomorrow?", "previous_response_id": first["id"]})).await;
+    next_prompt();
+
+    // Stateless, by summary and encrypted content alone (Codex's way).
+    let stateless = json!({"store": false, "include": ["reasoning.encrypted_content"]});
+    let output = ask(stateless.clone()).await.json()["output"].clone();
+    let mut input = vec![json!({"role": "user", "content": "Weather in Paris?"})];
+    for item in output.as_array().unwrap() {
+        input.push(match item["type"].as_str() {
+            Some("reasoning") => json!({"type": "reasoning", "summary": [],
+                                        "encrypted_content": item["encrypted_content"]}),
+            _ => item.clone(),
+        });
+    }
+    let mut again = stateless;
+    again["input"] = json!(input);
+    ask(again).await;
+    next_prompt();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_asks_for_a_summary_gets_the_reasoning_as_one() {
+    // The AI SDK and LangChain read reasoning from summaries only, Codex
+    // by default too: asked for one, the model's readable reasoning is it.
+    let tool = weather_tool().await;
+    let upstream =
+        FakeServer::start(|req, _| weather_round(req.json().to_string().contains("temp_c"))).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let body = json!({"model": "weather", "input": "Weather in Paris?", "stream": true,
+                      "reasoning": {"summary": "auto"}});
+    let response = post_json(proxy.port, "/v1/responses", &body).await;
+    let events = named_events(&response.body);
+    let answer = check_stream(&events);
+    assert!(!types(&events).contains(&"response.reasoning_text.delta"));
+    let summarized: Vec<(&str, &Value)> = events
+        .iter()
+        .filter(|(name, _)| name.starts_with("response.reasoning_summary"))
+        .map(|(name, data)| (name.as_str(), &data["summary_index"]))
+        .collect();
+    assert_eq!(
+        summarized[..4],
+        [
+            ("response.reasoning_summary_part.added", &json!(0)),
+            ("response.reasoning_summary_text.delta", &json!(0)),
+            ("response.reasoning_summary_text.done", &json!(0)),
+            ("response.reasoning_summary_part.done", &json!(0)),
+        ]
+    );
+    let reasoning: Vec<&Value> = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["type"] == "reasoning")
+        .collect();
+    assert_eq!(
+        reasoning[0]["summary"],
+        json!([{"type": "summary_text", "text": "Let me check."}])
+    );
+    assert_eq!(reasoning[0].get("content"), None, "{}", reasoning[0]);
+    let note = reasoning[1]["summary"][0]["text"].as_str().unwrap();
+    assert!(note.starts_with("Calling get_weather"), "{note}");
+
+    // Sent back by reference (the AI SDK, stored answers): the summary is
+    // the reasoning the model reads again.
+    let mut input: Vec<Value> = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| json!({"type": "item_reference", "id": item["id"]}))
+        .collect();
+    input.insert(0, json!({"role": "user", "content": "Weather in Paris?"}));
+    input.push(json!({"role": "user", "content": "And tomorrow?"}));
+    let res = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": input, "reasoning": {"summary": "auto"}}),
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let next = upstream.requests().last().unwrap().json();
+    assert_eq!(
+        next["messages"][2],
+        json!({"role": "assistant", "content": "It is 21 °C in Paris.",
+               "reasoning_content": "Let me check.\nWarm enough."})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_function_tools_round_trip_as_function_call_items() {
     let tool = weather_tool().await;
     let upstream = FakeServer::start(|req, _| {

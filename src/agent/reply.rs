@@ -264,6 +264,7 @@ impl Reply {
         self.first_token_at
             .get_or_insert_with(std::time::Instant::now);
         if std::mem::take(&mut self.round_break)
+            && self.encoder.continues_text()
             && self.last_char.is_some_and(|c| !c.is_whitespace())
             && !text.starts_with(char::is_whitespace)
         {
@@ -295,7 +296,7 @@ impl Reply {
         if !self.show_reasoning {
             return Ok(());
         }
-        self.proxy_note(client, text).await
+        self.send_reasoning(client, text, false).await
     }
 
     /// A reasoning item the upstream completed, for fronts that hand them on.
@@ -319,12 +320,24 @@ impl Reply {
         client: &mut impl Downstream,
         text: &str,
     ) -> Result<(), Gone> {
+        self.send_reasoning(client, text, true).await
+    }
+
+    async fn send_reasoning(
+        &mut self,
+        client: &mut impl Downstream,
+        text: &str,
+        note: bool,
+    ) -> Result<(), Gone> {
         self.last_reasoning_char = text.chars().next_back().or(self.last_reasoning_char);
         if self.report(text, false) {
             return Ok(());
         }
         self.open();
-        self.encoder.reasoning(text, &mut self.buf);
+        match note {
+            true => self.encoder.note(text, &mut self.buf),
+            false => self.encoder.reasoning(text, &mut self.buf),
+        }
         self.flush(client).await
     }
 
@@ -338,8 +351,10 @@ impl Reply {
         in_content: bool,
     ) -> Result<(), Gone> {
         let last = match in_content {
-            true => self.last_char,
-            false => self.last_reasoning_char,
+            true => self.last_char.filter(|_| self.encoder.continues_text()),
+            false => self
+                .last_reasoning_char
+                .filter(|_| self.encoder.continues_notes()),
         };
         let line = match last {
             Some(c) if c != '\n' => std::borrow::Cow::Owned(format!("\n{line}")),

@@ -639,7 +639,6 @@ impl Encoder for ChatEncoder {
     fn open(&mut self, out: &mut Vec<u8>) {
         let delta = openai::DeltaOut {
             role: Some("assistant"),
-            content: Some(""),
             ..openai::DeltaOut::default()
         };
         self.chunk(delta, None, out);

@@ -43,6 +43,11 @@ pub const PING: &[u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
 /// Anthropic providers drop it otherwise), and the model's prompt then lacks
 /// its reasoning: a changed prompt, and the server's cache of it lost.
 const OWN_SIGNATURE: &str = "agent-proxy:";
+/// How the signature of a thinking block of the proxy's own progress notes
+/// (`Calling get_weather {…}…`) begins: sent back, such a block is dropped,
+/// as the model never wrote it, and the calls it names are not in the
+/// history the client holds.
+const NOTE_SIGNATURE: &str = "agent-proxy:note:";
 
 /// What decoding a request learned that the caller needs.
 #[derive(Debug, Clone, Default)]
@@ -362,6 +367,12 @@ fn decode_block(
         "thinking" => {
             let text = take_str_at(&mut block, "thinking", param.field("thinking"))?;
             let signature = take_str_at(&mut block, "signature", param.field("signature"))?;
+            if signature
+                .as_deref()
+                .is_some_and(|s| s.starts_with(NOTE_SIGNATURE))
+            {
+                return Ok(None);
+            }
             let reasoning = Reasoning {
                 text: text.unwrap_or_default(),
                 // Our own mark carries nothing for an upstream.
@@ -720,6 +731,8 @@ impl Block {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Open {
     Thinking,
+    /// A thinking block of the proxy's own notes ([`NOTE_SIGNATURE`]).
+    Note,
     Text,
 }
 
@@ -772,7 +785,7 @@ impl MessagesEncoder {
                 self.started += 1;
                 if self.stream {
                     let content_block = match kind {
-                        Open::Thinking => BlockOut::Thinking {
+                        Open::Thinking | Open::Note => BlockOut::Thinking {
                             thinking: "",
                             signature: "",
                         },
@@ -781,7 +794,7 @@ impl MessagesEncoder {
                     block_start(out, index, &content_block);
                 } else {
                     self.content.push(match kind {
-                        Open::Thinking => Block::Thinking {
+                        Open::Thinking | Open::Note => Block::Thinking {
                             thinking: String::new(),
                             signature: String::new(),
                         },
@@ -801,7 +814,7 @@ impl MessagesEncoder {
         let index = self.block(kind, out);
         if self.stream {
             let cut = match kind {
-                Open::Thinking => &self.thinking_delta,
+                Open::Thinking | Open::Note => &self.thinking_delta,
                 Open::Text => &self.text_delta,
             };
             let writer = |index, piece: &str, out: &mut Vec<u8>| {
@@ -823,15 +836,16 @@ impl MessagesEncoder {
         let Some((kind, index)) = self.open.take() else {
             return;
         };
-        if kind != Open::Thinking {
-            if self.stream {
-                emit(out, "content_block_stop", BlockStop { index });
+        let signature = match (kind, signature.filter(|s| !s.is_empty())) {
+            (Open::Text, _) => {
+                if self.stream {
+                    emit(out, "content_block_stop", BlockStop { index });
+                }
+                return;
             }
-            return;
-        }
-        let signature = match signature.filter(|s| !s.is_empty()) {
-            Some(signature) => Cow::Borrowed(signature),
-            None => Cow::Owned(format!("{OWN_SIGNATURE}{}:{index}", self.id)),
+            (Open::Note, _) => Cow::Owned(format!("{NOTE_SIGNATURE}{}:{index}", self.id)),
+            (Open::Thinking, Some(signature)) => Cow::Borrowed(signature),
+            (Open::Thinking, None) => Cow::Owned(format!("{OWN_SIGNATURE}{}:{index}", self.id)),
         };
         if self.stream {
             let delta = DeltaOut::Signature {
@@ -906,6 +920,13 @@ impl Encoder for MessagesEncoder {
         self.append(Open::Thinking, text, out);
     }
 
+    fn note(&mut self, text: &str, out: &mut Vec<u8>) {
+        if text.is_empty() || self.ended {
+            return;
+        }
+        self.append(Open::Note, text, out);
+    }
+
     /// Ends the open thinking block with the item's encrypted content as its
     /// signature; reasoning not streamed before gets a block of its own.
     fn reasoning_item(&mut self, item: &Reasoning, out: &mut Vec<u8>) {
@@ -933,6 +954,14 @@ impl Encoder for MessagesEncoder {
             return;
         }
         self.append(Open::Text, text, out);
+    }
+
+    fn continues_text(&self) -> bool {
+        matches!(self.open, Some((Open::Text, _)))
+    }
+
+    fn continues_notes(&self) -> bool {
+        matches!(self.open, Some((Open::Note, _)))
     }
 
     /// One `tool_use` block per call, its input in one `input_json_delta`.
@@ -1135,7 +1164,7 @@ fn emit<T: Serialize>(out: &mut Vec<u8>, kind: &'static str, body: T) {
 /// `{"index":…,"delta":{"type":"text_delta","text":…}}`.
 fn delta_event(kind: Open, index: usize, piece: &str, out: &mut Vec<u8>) {
     let (delta_type, member) = match kind {
-        Open::Thinking => ("thinking_delta", "thinking"),
+        Open::Thinking | Open::Note => ("thinking_delta", "thinking"),
         Open::Text => ("text_delta", "text"),
     };
     emit_with(out, "content_block_delta", |out| {

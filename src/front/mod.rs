@@ -41,9 +41,18 @@ pub trait Encoder: Send {
     /// `response.created`, `response.in_progress`). Called once, first.
     fn open(&mut self, out: &mut Vec<u8>);
 
-    /// A piece of the model's reasoning, or of the proxy's own progress
-    /// notes shown on the reasoning channel.
+    /// A piece of the model's reasoning.
     fn reasoning(&mut self, text: &str, out: &mut Vec<u8>);
+
+    /// A piece of the proxy's own progress notes (a tool call, a called
+    /// agent's text), shown on the reasoning channel. The fronts whose
+    /// clients send reasoning back (Responses, Messages) put it in an item
+    /// or block of its own, marked, which their decoders drop: the model
+    /// did not write it, and the calls it names are not in the client's
+    /// history.
+    fn note(&mut self, text: &str, out: &mut Vec<u8>) {
+        self.reasoning(text, out);
+    }
 
     /// A reasoning item the upstream completed (with its opaque encrypted
     /// content), for fronts that hand reasoning items to the client.
@@ -53,6 +62,21 @@ pub trait Encoder: Send {
 
     /// A piece of the answer's text.
     fn content(&mut self, text: &str, out: &mut Vec<u8>);
+
+    /// Whether the next text extends the text written last (chat's one
+    /// `content`), rather than beginning an item or block of its own (the
+    /// Responses and Messages fronts, after reasoning or a call): only then
+    /// does a new round's text start with a blank line.
+    fn continues_text(&self) -> bool {
+        true
+    }
+
+    /// [`Encoder::continues_text`] for the proxy's notes: whether the next
+    /// note extends the last, so that a line of its own must begin with a
+    /// line break.
+    fn continues_notes(&self) -> bool {
+        true
+    }
 
     /// Tool calls the client runs itself.
     fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>);

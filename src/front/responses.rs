@@ -51,6 +51,11 @@ pub struct Context {
     /// The client asked for reasoning's encrypted content (`include`), to
     /// send the reasoning back by it (Codex, with `store: false`).
     pub carries_reasoning: bool,
+    /// The client asked for a summary of the reasoning
+    /// (`reasoning.summary`): readable reasoning goes out as the summary,
+    /// what such clients show (the AI SDK, LangChain, and Codex by
+    /// default read nothing else).
+    pub summarizes: bool,
 }
 
 /// How the encrypted content the proxy gives reasoning of its own begins:
@@ -60,6 +65,13 @@ pub struct Context {
 /// model's earlier reasoning was gone from the next round's prompt, and a
 /// model server's cache of that prompt with it.
 const OWN_REASONING: &str = "agent-proxy:reasoning:";
+/// The proxy's own progress notes (`Calling get_weather {…}…`) go out as
+/// reasoning items of their own, their ids beginning so (and their
+/// encrypted content, if asked for, being [`NOTE_ENCRYPTED`]): sent back,
+/// such an item is dropped, as the model never wrote it, and the calls it
+/// names are not in the history the client holds.
+const NOTE_ID: &str = "rs_note_";
+const NOTE_ENCRYPTED: &str = "agent-proxy:note";
 
 /// The request fields a Response object echoes back. A member the request
 /// left out is `None` and echoed as OpenAI's default, written from a
@@ -184,6 +196,10 @@ pub fn decode_object(
     };
     let instructions = take_str(&mut read, "instructions")?;
     let options = decode_options(&mut read, &mut top, &mut ctx)?;
+    ctx.summarizes = options
+        .reasoning_summary
+        .as_deref()
+        .is_some_and(|summary| summary != "none");
 
     let declared = tools.declared(Dialect::Responses, decode_tools)?;
     conv.tools.clone_from(&declared.tools);
@@ -621,7 +637,10 @@ impl Serialize for KeptItem<'_> {
 /// The response that holds the output item `id` (made by
 /// `ResponsesEncoder::item_id`), by its id.
 pub fn response_of_item(id: &str) -> Option<String> {
-    let (_, rest) = id.split_once('_')?;
+    let rest = match id.strip_prefix(NOTE_ID) {
+        Some(rest) => rest,
+        None => id.split_once('_')?.1,
+    };
     let (response, place) = rest.rsplit_once('_')?;
     (!response.is_empty() && !place.is_empty() && place.bytes().all(|b| b.is_ascii_digit()))
         .then(|| format!("resp_{response}"))
@@ -675,7 +694,10 @@ fn decode_item(item: Value, param: At<'_>, ctx: &mut Context) -> Result<Option<I
             output: output_text(item.remove("output"), param)?,
             is_error: false,
         }),
-        "reasoning" => Item::Reasoning(decode_reasoning(item, param)?),
+        "reasoning" => match decode_reasoning(item, param)? {
+            Some(reasoning) => Item::Reasoning(reasoning),
+            None => return Ok(None),
+        },
         _ => return Ok(None),
     }))
 }
@@ -772,13 +794,22 @@ fn output_text(output: Option<Value>, param: At<'_>) -> Result<String, ApiError>
     }
 }
 
-fn decode_reasoning(mut item: Map<String, Value>, param: At<'_>) -> Result<Reasoning, ApiError> {
+/// A reasoning item; `None` for one of the proxy's notes ([`NOTE_ID`]).
+fn decode_reasoning(
+    mut item: Map<String, Value>,
+    param: At<'_>,
+) -> Result<Option<Reasoning>, ApiError> {
     let id = take_str_at(&mut item, "id", param.field("id"))?;
     let encrypted = take_str_at(
         &mut item,
         "encrypted_content",
         param.field("encrypted_content"),
     )?;
+    if id.as_deref().is_some_and(|id| id.starts_with(NOTE_ID))
+        || encrypted.as_deref() == Some(NOTE_ENCRYPTED)
+    {
+        return Ok(None);
+    }
     let texts = |parts: Option<Value>, field: &str| -> Result<Vec<String>, ApiError> {
         let list = param.field(field);
         match parts {
@@ -810,12 +841,12 @@ fn decode_reasoning(mut item: Map<String, Value>, param: At<'_>) -> Result<Reaso
         }
         encrypted => encrypted,
     };
-    Ok(Reasoning {
+    Ok(Some(Reasoning {
         id,
         text,
         summary,
         encrypted,
-    })
+    }))
 }
 
 // ----------------------------------------------------------------- encode
@@ -833,6 +864,11 @@ enum Body {
         text: String,
     },
     Reasoning {
+        /// One of the proxy's notes ([`NOTE_ID`]), not the model's.
+        note: bool,
+        /// Its text goes out as its summary ([`Context::summarizes`]), not
+        /// as `reasoning_text` content.
+        summarized: bool,
         /// What was streamed as `reasoning_text`.
         text: String,
         /// Whether a `reasoning_text` content part is open.
@@ -908,13 +944,14 @@ impl OutputItem {
                 upstream_text,
                 summary,
                 encrypted,
+                summarized,
                 ..
             } => {
                 let text = upstream_text.as_deref().unwrap_or(text);
                 ItemOut::Reasoning {
                     id,
                     summary: SummaryList(if added { &[] } else { summary }),
-                    content: (!added && !text.is_empty())
+                    content: (!added && !text.is_empty() && !summarized)
                         .then_some(PartOut::ReasoningText { text }),
                     encrypted_content: encrypted.as_deref().filter(|_| !added),
                 }
@@ -1068,6 +1105,9 @@ fn write_event(
 
 /// A text's delta event: its item's id and index, and the text; output
 /// text has its (empty) `logprobs` too.
+/// The event of a piece of a reasoning summary's text.
+const SUMMARY_DELTA: &str = "response.reasoning_summary_text.delta";
+
 fn write_delta(
     out: &mut Vec<u8>,
     kind: &'static str,
@@ -1081,7 +1121,10 @@ fn write_delta(
         let mut o = json::Object::new(out);
         o.value("item_id", item_id);
         o.u64("output_index", output_index as u64);
-        o.raw("content_index", "0");
+        match kind {
+            SUMMARY_DELTA => o.raw("summary_index", "0"),
+            _ => o.raw("content_index", "0"),
+        }
         o.value("delta", delta);
         if logprobs {
             o.raw("logprobs", "[]");
@@ -1178,17 +1221,21 @@ impl ResponsesEncoder {
     }
 
     /// The open item if it is reasoning, else a new one (closing what was open).
-    fn reasoning_index(&mut self, id: Option<&str>, out: &mut Vec<u8>) -> usize {
-        if let Some(index) = self.open {
-            if matches!(self.output[index].body, Body::Reasoning { .. }) {
-                return index;
-            }
+    fn reasoning_index(&mut self, id: Option<&str>, note: bool, out: &mut Vec<u8>) -> usize {
+        if let Some(index) = self.open.filter(|&i| self.open_reasoning(i, note)) {
+            return index;
         }
         self.close(None, out);
-        let id = id.map_or_else(|| self.item_id("rs_"), str::to_owned);
+        let id = match (id, note) {
+            (Some(id), false) => id.to_owned(),
+            (_, true) => self.item_id(NOTE_ID),
+            (None, false) => self.item_id("rs_"),
+        };
         let index = self.add(
             id,
             Body::Reasoning {
+                note,
+                summarized: self.context.summarizes,
                 text: String::new(),
                 part: false,
                 upstream_text: None,
@@ -1201,7 +1248,12 @@ impl ResponsesEncoder {
         index
     }
 
-    /// Appends an item and announces it.
+    /// Whether output item `index` is a reasoning item of the model's
+    /// (`note`: of the proxy's notes), which more of the same extends.
+    fn open_reasoning(&self, index: usize, note: bool) -> bool {
+        matches!(self.output[index].body, Body::Reasoning { note: n, .. } if n == note)
+    }
+
     /// The id of the next output item: `prefix`, this response's id without
     /// its own prefix, and the item's place. Which response holds an item is
     /// then read off its id ([`response_of_item`]), for an `item_reference`.
@@ -1217,6 +1269,7 @@ impl ResponsesEncoder {
         id
     }
 
+    /// Appends an item and announces it.
     fn add(&mut self, id: String, body: Body, out: &mut Vec<u8>) -> usize {
         let index = self.output.len();
         self.output.push(OutputItem { id, body });
@@ -1231,34 +1284,49 @@ impl ResponsesEncoder {
         index
     }
 
-    /// Streams reasoning text into the open reasoning item at `index`.
+    /// Streams reasoning text into the open reasoning item at `index`: as
+    /// its `reasoning_text` content, or its summary's one part.
     fn reasoning_text(&mut self, index: usize, delta: &str, out: &mut Vec<u8>) {
         let item = &mut self.output[index];
-        let Body::Reasoning { text, part, .. } = &mut item.body else {
+        let Body::Reasoning {
+            text,
+            part,
+            summarized,
+            ..
+        } = &mut item.body
+        else {
             return;
         };
         if !*part {
             *part = true;
-            self.sink.emit_wire(
-                out,
-                "response.content_part.added",
-                PartEvent {
-                    item_id: &item.id,
-                    output_index: index,
-                    content_index: 0,
-                    part: PartOut::ReasoningText { text: "" },
-                },
-            );
+            match summarized {
+                true => self.sink.emit(
+                    out,
+                    "response.reasoning_summary_part.added",
+                    SummaryPartEvent {
+                        at: &SummaryAt::first(&item.id, index),
+                        part: SummaryPartOut::text(""),
+                    },
+                ),
+                false => self.sink.emit_wire(
+                    out,
+                    "response.content_part.added",
+                    PartEvent {
+                        item_id: &item.id,
+                        output_index: index,
+                        content_index: 0,
+                        part: PartOut::ReasoningText { text: "" },
+                    },
+                ),
+            }
         }
         text.push_str(delta);
-        self.sink.emit_delta(
-            out,
-            "response.reasoning_text.delta",
-            &item.id,
-            index,
-            delta,
-            false,
-        );
+        let kind = match summarized {
+            true => SUMMARY_DELTA,
+            false => "response.reasoning_text.delta",
+        };
+        self.sink
+            .emit_delta(out, kind, &item.id, index, delta, false);
     }
 
     /// Finishes the open item, if any; a reasoning item takes the summary,
@@ -1302,34 +1370,44 @@ impl ResponsesEncoder {
                 );
             }
             Body::Reasoning {
+                note,
+                summarized,
                 text,
                 part,
                 upstream_text,
                 summary,
                 encrypted,
             } => {
-                if *part {
-                    *part = false;
-                    self.sink.emit(
-                        out,
-                        "response.reasoning_text.done",
-                        ReasoningDoneEvent {
-                            item_id,
-                            output_index: index,
-                            content_index: 0,
-                            text,
-                        },
-                    );
-                    self.sink.emit_wire(
-                        out,
-                        "response.content_part.done",
-                        PartEvent {
-                            item_id,
-                            output_index: index,
-                            content_index: 0,
-                            part: PartOut::ReasoningText { text },
-                        },
-                    );
+                if std::mem::take(part) {
+                    match summarized {
+                        true => {
+                            let at = SummaryAt::first(item_id, index);
+                            let done = SummaryDoneEvent { at: &at, text };
+                            self.sink
+                                .emit(out, "response.reasoning_summary_text.done", done);
+                            let part = SummaryPartOut::text(text);
+                            let done = SummaryPartEvent { at: &at, part };
+                            self.sink
+                                .emit(out, "response.reasoning_summary_part.done", done);
+                        }
+                        false => {
+                            let done = ReasoningDoneEvent {
+                                item_id,
+                                output_index: index,
+                                content_index: 0,
+                                text,
+                            };
+                            self.sink.emit(out, "response.reasoning_text.done", done);
+                            let part = PartOut::ReasoningText { text };
+                            let done = PartEvent {
+                                item_id,
+                                output_index: index,
+                                content_index: 0,
+                                part,
+                            };
+                            self.sink.emit_wire(out, "response.content_part.done", done);
+                        }
+                    }
                 }
                 if let Some(upstream) = upstream {
                     *upstream_text = Some(upstream.text.clone());
@@ -1341,9 +1419,12 @@ impl ResponsesEncoder {
                         emit_summary(&mut self.sink, item_id, index, summary, out);
                     }
                 }
+                if *summarized && summary.is_empty() && !text.is_empty() {
+                    summary.push(text.clone());
+                }
                 let shown = upstream_text.as_deref().unwrap_or(text);
                 if encrypted.is_none() && self.context.carries_reasoning && !shown.is_empty() {
-                    *encrypted = Some(format!("{OWN_REASONING}{shown}"));
+                    *encrypted = Some(own_encrypted(*note, shown));
                 }
             }
             // Calls are finished as they are added.
@@ -1401,6 +1482,15 @@ impl ResponsesEncoder {
     }
 }
 
+/// The encrypted content the proxy gives reasoning of its own: a note's
+/// mark, or the model's text.
+fn own_encrypted(note: bool, text: &str) -> String {
+    match note {
+        true => NOTE_ENCRYPTED.to_owned(),
+        false => format!("{OWN_REASONING}{text}"),
+    }
+}
+
 /// Announces summary parts not streamed before, each whole.
 fn emit_summary(sink: &mut Sink, item_id: &str, index: usize, parts: &[String], out: &mut Vec<u8>) {
     for (summary_index, text) in parts.iter().enumerate() {
@@ -1410,10 +1500,7 @@ fn emit_summary(sink: &mut Sink, item_id: &str, index: usize, parts: &[String], 
             output_index: index,
             summary_index,
         };
-        let part = |text| SummaryPartOut {
-            kind: "summary_text",
-            text,
-        };
+        let part = SummaryPartOut::text;
         sink.emit(
             out,
             "response.reasoning_summary_part.added",
@@ -1424,7 +1511,7 @@ fn emit_summary(sink: &mut Sink, item_id: &str, index: usize, parts: &[String], 
         );
         sink.emit(
             out,
-            "response.reasoning_summary_text.delta",
+            SUMMARY_DELTA,
             SummaryDeltaEvent {
                 at: &at,
                 delta: text,
@@ -1492,7 +1579,15 @@ impl Encoder for ResponsesEncoder {
         if text.is_empty() || self.ended {
             return;
         }
-        let index = self.reasoning_index(None, out);
+        let index = self.reasoning_index(None, false, out);
+        self.reasoning_text(index, text, out);
+    }
+
+    fn note(&mut self, text: &str, out: &mut Vec<u8>) {
+        if text.is_empty() || self.ended {
+            return;
+        }
+        let index = self.reasoning_index(None, true, out);
         self.reasoning_text(index, text, out);
     }
 
@@ -1502,11 +1597,9 @@ impl Encoder for ResponsesEncoder {
         if self.ended {
             return;
         }
-        let reasoning_open = self
-            .open
-            .is_some_and(|i| matches!(self.output[i].body, Body::Reasoning { .. }));
+        let reasoning_open = self.open.is_some_and(|i| self.open_reasoning(i, false));
         if !reasoning_open {
-            let index = self.reasoning_index(item.id.as_deref(), out);
+            let index = self.reasoning_index(item.id.as_deref(), false, out);
             if !item.text.is_empty() {
                 self.reasoning_text(index, &item.text, out);
             }
@@ -1531,6 +1624,15 @@ impl Encoder for ResponsesEncoder {
             text,
             true,
         );
+    }
+
+    fn continues_text(&self) -> bool {
+        self.open
+            .is_some_and(|i| matches!(self.output[i].body, Body::Message { .. }))
+    }
+
+    fn continues_notes(&self) -> bool {
+        self.open.is_some_and(|i| self.open_reasoning(i, true))
     }
 
     fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>) {
@@ -1764,10 +1866,7 @@ struct SummaryList<'a>(&'a [String]);
 
 impl Serialize for SummaryList<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(|text| SummaryPartOut {
-            kind: "summary_text",
-            text,
-        }))
+        serializer.collect_seq(self.0.iter().map(|text| SummaryPartOut::text(text)))
     }
 }
 
@@ -1776,6 +1875,15 @@ struct SummaryPartOut<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     text: &'a str,
+}
+
+impl<'a> SummaryPartOut<'a> {
+    fn text(text: &'a str) -> Self {
+        SummaryPartOut {
+            kind: "summary_text",
+            text,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -1837,6 +1945,17 @@ struct SummaryAt<'a> {
     item_id: &'a str,
     output_index: usize,
     summary_index: usize,
+}
+
+impl<'a> SummaryAt<'a> {
+    /// The first summary part of item `output_index`.
+    fn first(item_id: &'a str, output_index: usize) -> Self {
+        SummaryAt {
+            item_id,
+            output_index,
+            summary_index: 0,
+        }
+    }
 }
 
 #[derive(Serialize)]

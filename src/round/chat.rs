@@ -2,6 +2,8 @@
 //! server): the conversation as a `/chat/completions` request, and the
 //! stream (or the one JSON completion) it answers with, decoded.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use super::{first_of_each, DecodeError, RoundDecoder, Step, Whole};
@@ -104,7 +106,7 @@ impl Body<'_> {
 struct MessageOut<'a> {
     role: &'static str,
     content: Option<ContentOut<'a>>,
-    reasoning_content: Option<&'a str>,
+    reasoning_content: Option<Cow<'a, str>>,
     tool_calls: Vec<WireCall<'a>>,
     tool_call_id: Option<&'a str>,
     /// The client's own members of the message (same dialect only).
@@ -121,7 +123,7 @@ impl MessageOut<'_> {
             Some(ContentOut::Parts(parts)) => o.list("content", parts, write_part),
             None => {}
         }
-        if let Some(reasoning) = self.reasoning_content {
+        if let Some(reasoning) = &self.reasoning_content {
             o.text("reasoning_content", reasoning);
         }
         if !self.tool_calls.is_empty() {
@@ -272,13 +274,15 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
 
 /// The system prompt first, then the items; consecutive calls join the
 /// assistant message before them, and readable reasoning goes on the
-/// assistant message that follows it.
+/// assistant message that follows it (the reasoning items before one
+/// message, one line each: a turn's rounds that ran the agent's own tools
+/// come back from the client as its reasoning items, then its answer).
 fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'_>> {
     let mut out = Vec::with_capacity(conversation.items.len() + 1);
     if let Some(system) = &conversation.system {
         out.push(MessageOut::new("system", Some(ContentOut::Prompt(system))));
     }
-    let mut reasoning: Option<&str> = None;
+    let mut reasoning: Option<Cow<'_, str>> = None;
     // Whether the last message is an assistant turn that calls may join.
     let mut open_turn = false;
     for item in &conversation.items {
@@ -298,7 +302,19 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
                 out.push(m);
             }
             Item::Reasoning(r) => {
-                reasoning = Some(r.text.as_str()).filter(|t| !t.is_empty());
+                // Sent back by its summary alone, the summary is its text:
+                // the proxy gives a client that asks for one the text so.
+                let text = match (r.text.as_str(), r.summary.as_slice()) {
+                    ("", [one]) => Cow::Borrowed(one.as_str()),
+                    ("", parts) => Cow::Owned(parts.join("\n\n")),
+                    (text, _) => Cow::Borrowed(text),
+                };
+                if !text.is_empty() {
+                    reasoning = Some(match reasoning.take() {
+                        None => text,
+                        Some(before) => Cow::Owned(format!("{before}\n{text}")),
+                    });
+                }
                 open_turn = false;
             }
             Item::ToolCall(call) => {

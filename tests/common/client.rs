@@ -94,10 +94,13 @@ pub async fn answer_text(port: u16, body: &Value) -> String {
         .to_owned()
 }
 
+/// Each event's data (an event's `event:` line, as the Responses and
+/// Messages streams have one, is passed over).
 pub fn sse_data(body: &[u8]) -> Vec<String> {
     String::from_utf8_lossy(body)
         .split("\n\n")
-        .filter_map(|event| event.strip_prefix("data: ").map(str::to_owned))
+        .filter_map(|event| event.lines().find_map(|line| line.strip_prefix("data: ")))
+        .map(str::to_owned)
         .collect()
 }
 
