@@ -194,6 +194,10 @@ pub fn from_upstream(upstream: &str, err: &pingora::Error) -> ApiError {
 /// An upstream's answer past the size a whole one is read to.
 pub const ANSWER_TOO_LARGE: pingora::ErrorType = pingora::ErrorType::Custom("AnswerTooLarge");
 
+/// What a request's log line says failed when the upstream answered with an
+/// error status (4xx, 5xx), on every path alike.
+pub const UPSTREAM_STATUS: &str = "UpstreamStatus";
+
 /// What went wrong on the way to an upstream, in words, for error messages,
 /// logs and `/readyz`.
 pub fn failure_reason(kind: &pingora::ErrorType) -> &'static str {

@@ -289,6 +289,67 @@ model_aliases: {{ "claude-haiku-*": a }}
     }
 }
 
+/// An upstream's error answer is `UpstreamStatus` on the line, whichever
+/// path carried it: passed on, it said nothing had failed.
+#[tokio::test]
+async fn an_upstreams_error_answer_is_named_on_every_path() {
+    let failing = FakeServer::start(|_, _| {
+        Reply::json(
+            500,
+            json!({"error": {"message": "boom", "type": "server_error"}}),
+        )
+    })
+    .await;
+    let yaml = format!(
+        "default_upstream: local\nupstreams:\n  local: {{ url: \"{}/v1\" }}\nagents:\n  a: {{}}\n",
+        failing.url()
+    );
+    let proxy = Proxy::start_with_env(&yaml, &[("AGENT_PROXY_LOG_JSON", "1")]).await;
+    // The agent's path, our forwarder, and pingora's path (an upload over
+    // 1 MiB to another route).
+    let upload = "x".repeat(1_200_000);
+    let chat = "/v1/chat/completions";
+    let cases = [
+        (
+            "agent",
+            chat,
+            json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "forwarded",
+            chat,
+            json!({"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "proxied",
+            "/v1/embeddings",
+            json!({"model": "gpt-x", "input": upload}),
+        ),
+    ];
+    for (id, path, body) in &cases {
+        let headers = [("content-type", "application/json"), ("x-request-id", *id)];
+        let res = request(
+            proxy.port,
+            "POST",
+            path,
+            &headers,
+            body.to_string().as_bytes(),
+        )
+        .await;
+        assert_eq!(res.status, 500, "{id}: {}", res.text());
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let logs = proxy.logs();
+    for (id, _, _) in &cases {
+        let line = logs
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["fields"]["request_id"] == *id)
+            .unwrap_or_else(|| panic!("{id}: no line in {logs}"));
+        assert_eq!(line["fields"]["error"], "UpstreamStatus", "{id}: {line}");
+    }
+}
+
 /// A client leaving a passed-through stream is named so: the line said
 /// `ConnectionClosed`, an upstream's close.
 #[tokio::test]

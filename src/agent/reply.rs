@@ -69,7 +69,7 @@ impl Failure {
         match self {
             Failure::Gone => "ClientClosed",
             Failure::Api(e) => e.cause.unwrap_or(e.kind),
-            Failure::Upstream { .. } => "UpstreamStatus",
+            Failure::Upstream { .. } => crate::error::UPSTREAM_STATUS,
         }
     }
 }

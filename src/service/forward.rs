@@ -210,6 +210,7 @@ async fn relay(
     // it (a server may echo the credential it was sent), at its length.
     let error_body = match status.as_u16() >= 400 {
         true => {
+            *failure = Some(crate::error::UPSTREAM_STATUS);
             let limit = config.limits.max_upstream_body_bytes;
             match client.wait(pin!(exchange.read_to_end(limit))).await? {
                 Ok(body) => Some(upstream.masking_key(body)),

@@ -434,6 +434,9 @@ impl ProxyHttp for AgentProxy {
         forward::drop_hop_fields(upstream_response)?;
         upstream_response.insert_header(request_id::HEADER.clone(), ctx.request_id.as_str())?;
         ctx.masking = upstream_response.status.as_u16() >= 400;
+        if ctx.masking {
+            ctx.failure = Some(crate::error::UPSTREAM_STATUS);
+        }
         if is_event_stream(upstream_response) {
             ctx.stream = Some(StreamGuard::open());
         }
