@@ -444,6 +444,74 @@ async fn replicas_continue_each_others_conversations_through_redis_and_outlive_i
     assert_eq!(needs.json()["error"]["code"], "store_unavailable");
     let read = get(b.port, &format!("/v1/responses/{}", id(&second))).await;
     assert_eq!(read.status, 503);
+
+    // Redis back (empty, as a restarted one without persistence is): the
+    // first write and the first read after it work, on both replicas. Each
+    // replica's connection learned of the restart only from a command.
+    let _redis = RedisServer::start_on(redis.port).await;
+    let again = turn(
+        a.port,
+        &[],
+        json!({"model": "bot", "input": "I moved to Bergen."}),
+    )
+    .await;
+    let after = post_json(
+        b.port,
+        "/v1/responses",
+        &json!({"model": "bot", "input": "Where now?", "previous_response_id": id(&again)}),
+    )
+    .await;
+    assert_eq!(after.status, 200, "{}", after.text());
+    assert_eq!(
+        output_text(&after.json()),
+        "seen: I moved to Bergen.|seen: I moved to Bergen.|Where now?"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_requests_after_redis_restarts_are_served() {
+    // A restart that no request saw: the replica's connection learns of it
+    // from the next command only, which went out on the closed connection.
+    let mut redis = RedisServer::start().await;
+    let upstream = echo_model().await;
+    let config = bot_config(
+        &upstream.url(),
+        &format!(
+            "store: {{ kind: redis, url: \"{}\" }}\npassthrough: false",
+            redis.url()
+        ),
+    );
+    let proxy = Proxy::start(&config).await;
+    let first = turn(
+        proxy.port,
+        &[],
+        json!({"model": "bot", "input": "I live in Oslo."}),
+    )
+    .await;
+    // In Redis (not just this replica's pending write): another replica
+    // reads it.
+    let other = Proxy::start(&config).await;
+    let written = wait_until(Duration::from_secs(10), || async {
+        get(other.port, &format!("/v1/responses/{}", id(&first)))
+            .await
+            .status
+            == 200
+    })
+    .await;
+    assert!(written, "the answer reached Redis");
+    redis.kill();
+    let _redis = RedisServer::start_on(redis.port).await;
+    // Gone with the restart (no persistence): not found, not unavailable.
+    let read = get(proxy.port, &format!("/v1/responses/{}", id(&first))).await;
+    assert_eq!(read.status, 404, "{}", read.text());
+    let again = turn(
+        proxy.port,
+        &[],
+        json!({"model": "bot", "input": "Bergen now."}),
+    )
+    .await;
+    let read = get(proxy.port, &format!("/v1/responses/{}", id(&again))).await;
+    assert_eq!(read.status, 200, "{}", read.text());
 }
 
 /// A replica that answers with its own name.

@@ -68,42 +68,60 @@ fn json_error(e: serde_json::Error) -> StoreError {
     StoreError(format!("redis: {e}"))
 }
 
+impl Redis {
+    /// Runs `command` on the connection, and once more when the connection
+    /// turns out to have dropped: after Redis restarts, the manager learns
+    /// of it only from the next command's failure (and reconnects then), so
+    /// the first command after an outage failed, a 503 or a lost write
+    /// seconds after Redis was back. Every command here can run twice to
+    /// the same effect (`SET`, `GET`, `DEL`, `HSET` of one field, `HVALS`,
+    /// `HDEL`); a timeout is not retried, so a stalled Redis still costs a
+    /// request one wait.
+    async fn run<T, F>(&self, command: impl Fn(ConnectionManager) -> F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let connection = self.connection().await?;
+        match command(connection.clone()).await {
+            Err(e) if e.is_connection_dropped() => command(connection).await.map_err(error),
+            done => done.map_err(error),
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for Redis {
     async fn put(&self, record: Arc<Record>) -> Result<(), StoreError> {
         let json = serde_json::to_string(&*record).map_err(|e| StoreError(e.to_string()))?;
         let ttl = record.expires_at.saturating_sub(unix_now()).max(1);
-        let mut connection = self.connection().await?;
-        connection
-            .set_ex::<_, _, ()>(key(&record.id), json, ttl)
+        let (key, json) = (&key(&record.id), &json);
+        self.run(|mut c| async move { c.set_ex::<_, _, ()>(key, json, ttl).await })
             .await
-            .map_err(error)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        let mut connection = self.connection().await?;
-        let json: Option<String> = connection.get(key(id)).await.map_err(error)?;
+        let key = &key(id);
+        let json: Option<String> = self.run(|mut c| async move { c.get(key).await }).await?;
         json.map(|json| serde_json::from_str(&json).map_err(json_error))
             .transpose()
     }
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
-        let mut connection = self.connection().await?;
-        connection.del::<_, ()>(key(id)).await.map_err(error)
+        let key = &key(id);
+        self.run(|mut c| async move { c.del::<_, ()>(key).await })
+            .await
     }
 
     async fn put_note(&self, note: Note) -> Result<(), StoreError> {
         let json = serde_json::to_string(&note).map_err(json_error)?;
-        let mut connection = self.connection().await?;
-        connection
-            .hset::<_, _, _, ()>(notes_key(&note.owner), &note.id, json)
+        let (key, id, json) = (&notes_key(&note.owner), &note.id, &json);
+        self.run(|mut c| async move { c.hset::<_, _, _, ()>(key, id, json).await })
             .await
-            .map_err(error)
     }
 
     async fn notes(&self, owner: &str) -> Result<Vec<Note>, StoreError> {
-        let mut connection = self.connection().await?;
-        let all: Vec<String> = connection.hvals(notes_key(owner)).await.map_err(error)?;
+        let key = &notes_key(owner);
+        let all: Vec<String> = self.run(|mut c| async move { c.hvals(key).await }).await?;
         all.iter()
             .map(|json| serde_json::from_str(json).map_err(json_error))
             .collect()
@@ -113,11 +131,9 @@ impl Backend for Redis {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut connection = self.connection().await?;
-        connection
-            .hdel::<_, _, ()>(notes_key(owner), ids)
+        let key = &notes_key(owner);
+        self.run(|mut c| async move { c.hdel::<_, _, ()>(key, ids).await })
             .await
-            .map_err(error)
     }
 
     fn shared(&self) -> bool {

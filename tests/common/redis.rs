@@ -28,7 +28,11 @@ fn redis_server_exe() -> &'static PathBuf {
 impl RedisServer {
     /// Starts one and waits until it accepts connections.
     pub async fn start() -> RedisServer {
-        let port = free_port();
+        Self::start_on(free_port()).await
+    }
+
+    /// [`RedisServer::start`] on `port` (a killed one's, to restart it).
+    pub async fn start_on(port: u16) -> RedisServer {
         let child = Command::new(redis_server_exe())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--port")
