@@ -25,6 +25,10 @@ use crate::per_thread::Count;
 /// Every request counts itself here, on its thread's part: one count that
 /// all threads wrote was a line moved between the cores twice a request.
 static IN_FLIGHT: LazyLock<Count> = LazyLock::new(Count::new);
+/// New connections, from their accept until their first request is
+/// answered: that request counts in [`IN_FLIGHT`] too once it arrived, so
+/// the drain waits for both, and its log counts requests from the first.
+static ARRIVING: LazyLock<Count> = LazyLock::new(Count::new);
 
 /// Set as the server begins shutting down: a connection closes after the
 /// answer it is writing, so that answer says so (`Connection: close`), as
@@ -42,20 +46,41 @@ pub fn draining() -> bool {
     DRAINING.load(Ordering::Relaxed)
 }
 
-/// Counts one request for as long as it lives.
-pub struct InFlight(());
+/// Counts one request (or one new connection's first) for as long as it
+/// lives.
+pub struct InFlight(&'static Count);
 
 impl InFlight {
+    /// A request.
     pub fn enter() -> Self {
-        IN_FLIGHT.raise();
-        InFlight(())
+        Self::on(&IN_FLIGHT)
+    }
+
+    /// A new connection, until its first request is answered.
+    pub fn arriving() -> Self {
+        Self::on(&ARRIVING)
+    }
+
+    fn on(count: &'static LazyLock<Count>) -> Self {
+        let count: &'static Count = count;
+        count.raise();
+        InFlight(count)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        IN_FLIGHT.lower();
+        self.0.lower();
     }
+}
+
+/// Whether anything the drain waits for is still going. The new
+/// connections first: one counts there from before its first request
+/// counts in [`IN_FLIGHT`] until after it ended, and none is accepted once
+/// the drain began, so no request is missed between the two reads.
+fn busy() -> bool {
+    let arriving = ARRIVING.get();
+    arriving + IN_FLIGHT.get() > 0
 }
 
 /// What the MCP connections get to close once the requests are done: a
@@ -94,7 +119,7 @@ impl BackgroundService for Drain {
         let cut_at = tokio::time::Instant::now() + self.grace.saturating_sub(CUT_NOTICE);
         let mut told = false;
         loop {
-            if IN_FLIGHT.get() == 0 {
+            if !busy() {
                 let config = self.config.load_full();
                 if !config.mcp_servers.is_empty() {
                     info!("drained; closing the MCP connections");

@@ -555,6 +555,10 @@ async fn the_grace_period_bounds_a_drain() {
         logs.contains("grace period over: the requests still in flight are cut"),
         "{logs}"
     );
+    // One stream, counted once (a connection's first request counted
+    // twice: at the accept and as a request).
+    assert!(logs.contains("shutting down: draining in_flight=1"), "{logs}");
+    assert!(logs.contains("are cut in_flight=1"), "{logs}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -232,7 +232,7 @@ impl ServerApp for Edge {
         // A new connection's first request counts as in flight from the
         // accept, so a graceful shutdown (or an upgrade's hand-over) waits
         // for it: its client sent it to a listening socket.
-        let mut arriving = Some(InFlight::enter());
+        let mut arriving = Some(InFlight::arriving());
         let mut between = Between {
             connection: &connection,
             timer: pin!(tokio::time::sleep(Duration::ZERO)),
