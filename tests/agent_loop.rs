@@ -1049,6 +1049,42 @@ async fn the_text_of_successive_rounds_does_not_run_together() {
 }
 
 #[tokio::test]
+async fn the_next_round_holds_the_reasoning_the_model_wrote() {
+    // The model's reasoning before its call goes back with the call, as
+    // the client sends it back in its next request: one prompt, round to
+    // round and turn to turn, and the reasoning models that need theirs
+    // on a tool call's continuation (gpt-oss) have it. Whether it is shown
+    // to the client (`reasoning: strip`) does not change the prompt.
+    let tool = weather_tool(200).await;
+    for extra in ["", "    reasoning: strip"] {
+        let upstream =
+            FakeServer::start(|req, _| weather_round(req.json().to_string().contains("temp_c")))
+                .await;
+        let proxy = agent_with(
+            &upstream,
+            &tool,
+            &format!("    tools: [get_weather]\n{extra}"),
+        )
+        .await;
+        let res = post_json(proxy.port, "/v1/chat/completions", &ask(true)).await;
+        assert_eq!(res.status, 200, "{}", res.text());
+        let second = upstream.requests()[1].json();
+        let call = second["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "assistant")
+            .cloned()
+            .unwrap();
+        assert_eq!(
+            call["reasoning_content"], "Let me check.",
+            "{extra}: {second}"
+        );
+        assert_eq!(call["tool_calls"][0]["function"]["name"], "get_weather");
+    }
+}
+
+#[tokio::test]
 async fn a_rounds_text_in_an_item_of_its_own_does_not_begin_with_a_blank_line() {
     // Responses' message items and Messages' text blocks: the tool's
     // progress note (on the reasoning channel) ends round 1's item, so

@@ -557,7 +557,10 @@ async fn the_grace_period_bounds_a_drain() {
     );
     // One stream, counted once (a connection's first request counted
     // twice: at the accept and as a request).
-    assert!(logs.contains("shutting down: draining in_flight=1"), "{logs}");
+    assert!(
+        logs.contains("shutting down: draining in_flight=1"),
+        "{logs}"
+    );
     assert!(logs.contains("are cut in_flight=1"), "{logs}");
 }
 

@@ -195,6 +195,29 @@ async fn the_proxys_progress_notes_are_a_thinking_block_that_never_goes_back_to_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_only_answer_stays_an_assistant_turn_in_the_history() {
+    let tool = weather_tool().await;
+    let upstream = tool_then_answer().await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let thinking = json!({"type": "thinking", "thinking": "Only thinking.", "signature": "agent-proxy:msg_1:0"});
+    let body = json!({"model": "weather", "max_tokens": 512, "messages": [
+        {"role": "user", "content": "Think."},
+        {"role": "assistant", "content": [thinking]},
+        {"role": "user", "content": "And now?"}]});
+    let res = post_messages(proxy.port, "/v1/messages", &body, &[]).await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let sent = upstream.requests()[0].json();
+    assert_eq!(
+        sent["messages"].as_array().unwrap()[1..],
+        [
+            json!({"role": "user", "content": "Think."}),
+            json!({"role": "assistant", "content": "", "reasoning_content": "Only thinking."}),
+            json!({"role": "user", "content": "And now?"}),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_tool_round_trips_as_tool_use_and_tool_result() {
     let tool = weather_tool().await;
     let upstream = FakeServer::start(|req, _| match req.tool_results().last() {

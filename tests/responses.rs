@@ -256,6 +256,34 @@ async fn a_client_that_asks_for_a_summary_gets_the_reasoning_as_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_of_reasoning_alone_stays_an_assistant_turn_in_the_history() {
+    let tool = weather_tool().await;
+    let upstream = FakeServer::start(|_, _| weather_round(true)).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    // As Codex sends it back: by its summary and encrypted content.
+    let input = json!([
+        {"role": "user", "content": "Think."},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Only thinking."}]},
+        {"role": "user", "content": "And now?"}]);
+    let res = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": input}),
+    )
+    .await;
+    assert_eq!(res.status, 200, "{}", res.text());
+    let sent = upstream.requests()[0].json();
+    assert_eq!(
+        sent["messages"].as_array().unwrap()[1..],
+        [
+            json!({"role": "user", "content": "Think."}),
+            json!({"role": "assistant", "content": "", "reasoning_content": "Only thinking."}),
+            json!({"role": "user", "content": "And now?"}),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_function_tools_round_trip_as_function_call_items() {
     let tool = weather_tool().await;
     let upstream = FakeServer::start(|req, _| {

@@ -31,8 +31,8 @@ use super::Agent;
 use crate::boxed;
 use crate::config::file::{ReasoningMode, ToolEvents, UpstreamApi};
 use crate::conversation::{
-    Conversation, Finish, Item, Message, Prompt, Role, RoundEnd, ToolCall, ToolChoice, ToolResult,
-    Usage,
+    Conversation, Finish, Item, Message, Prompt, Reasoning, Role, RoundEnd, ToolCall, ToolChoice,
+    ToolResult, Usage,
 };
 use crate::downstream::{Downstream, Gone, Headless};
 use crate::error::{from_upstream, ApiError};
@@ -278,7 +278,18 @@ impl Turn<'_> {
             reply.start(client).await?;
             let results = self.run_tools(&round_end.calls, client, reply).await?;
             let items = &mut conversation.items;
-            items.extend(round_end.reasoning.into_iter().map(Item::Reasoning));
+            // The upstream's reasoning items (a Responses upstream's, which
+            // go back whole), else the reasoning the round streamed: the
+            // next round's prompt holds what the model wrote, as the
+            // client's next request will when it sends the turn back.
+            match round_end.reasoning.is_empty() {
+                false => items.extend(round_end.reasoning.into_iter().map(Item::Reasoning)),
+                true if !round.reasoning.is_empty() => items.push(Item::Reasoning(Reasoning {
+                    text: round.reasoning,
+                    ..Reasoning::default()
+                })),
+                true => {}
+            }
             if !round.content.is_empty() {
                 items.push(Item::Message(Message::text(Role::Assistant, round.content)));
             }
@@ -480,6 +491,8 @@ struct Round {
     /// The visible text, for the conversation history (empty in the last
     /// round).
     content: String,
+    /// The reasoning it streamed, likewise.
+    reasoning: String,
     end: RoundEnd,
 }
 
@@ -490,6 +503,8 @@ struct RoundReader<'r> {
     /// the last round, whose answer would otherwise be held whole while
     /// it streams.
     history: Option<String>,
+    /// The reasoning, gathered as the text is (shown to the client or not).
+    thought: Option<String>,
     splitter: ThinkSplitter,
 }
 
@@ -578,6 +593,7 @@ async fn read_round<D: Downstream>(
     let mut reader = RoundReader {
         reply,
         history: (!last).then(String::new),
+        thought: (!last).then(String::new),
         splitter: ThinkSplitter::default(),
     };
     let failed = |e: DecodeError| -> Failure {
@@ -610,7 +626,7 @@ async fn read_round<D: Downstream>(
         for item in &whole.reasoning_items {
             reader.reply.reasoning_item(client, item).await?;
         }
-        reader.reply.reasoning(client, &whole.reasoning).await?;
+        reader.reasoning(client, &whole.reasoning).await?;
         reader.content(client, &whole.content).await?;
         let end = decoder.end().map_err(failed)?;
         return reader.finish(client, end).await;
@@ -713,7 +729,7 @@ impl RoundReader<'_> {
     ) -> Result<(), ReadError> {
         let step = decoder.event(event).map_err(ReadError::Decode)?;
         if let Some(text) = step.delta.reasoning.as_deref() {
-            self.reply.reasoning(client, text).await?;
+            self.reasoning(client, text).await?;
         }
         if let Some(item) = &step.reasoning_item {
             self.reply.reasoning_item(client, item).await?;
@@ -745,8 +761,15 @@ impl RoundReader<'_> {
                 }
                 self.reply.content(client, text).await
             }
-            Kind::Reasoning => self.reply.reasoning(client, text).await,
+            Kind::Reasoning => self.reasoning(client, text).await,
         }
+    }
+
+    async fn reasoning(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Gone> {
+        if let Some(thought) = &mut self.thought {
+            thought.push_str(text);
+        }
+        self.reply.reasoning(client, text).await
     }
 
     async fn finish(
@@ -759,6 +782,7 @@ impl RoundReader<'_> {
         }
         Ok(Round {
             content: self.history.unwrap_or_default(),
+            reasoning: self.thought.unwrap_or_default(),
             end,
         })
     }

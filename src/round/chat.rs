@@ -276,7 +276,10 @@ pub fn encode(conversation: &Conversation, stream: bool) -> Vec<u8> {
 /// assistant message before them, and readable reasoning goes on the
 /// assistant message that follows it (the reasoning items before one
 /// message, one line each: a turn's rounds that ran the agent's own tools
-/// come back from the client as its reasoning items, then its answer).
+/// come back from the client as its reasoning items, then its answer). An
+/// answer that was reasoning alone is an assistant turn of its own, as the
+/// chat front sends it back: the user's next message does not follow the
+/// last one, which templates that alternate the roles refuse.
 fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'_>> {
     let mut out = Vec::with_capacity(conversation.items.len() + 1);
     if let Some(system) = &conversation.system {
@@ -295,8 +298,9 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
                 };
                 let mut m = MessageOut::new(role, Some(content(&message.content)));
                 m.extra = same_dialect.then_some(&message.extra);
-                if message.role == Role::Assistant {
-                    m.reasoning_content = reasoning.take();
+                match message.role {
+                    Role::Assistant => m.reasoning_content = reasoning.take(),
+                    _ => reasoning_alone(&mut out, &mut reasoning),
                 }
                 open_turn = message.role == Role::Assistant;
                 out.push(m);
@@ -329,6 +333,7 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
                 }
             }
             Item::ToolResult(result) => {
+                reasoning_alone(&mut out, &mut reasoning);
                 let mut m = MessageOut::new("tool", Some(ContentOut::Text(&result.output)));
                 m.tool_call_id = Some(&result.call_id);
                 out.push(m);
@@ -337,6 +342,15 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
         }
     }
     out
+}
+
+/// An assistant turn of `reasoning` alone, if any is pending.
+fn reasoning_alone<'a>(out: &mut Vec<MessageOut<'a>>, reasoning: &mut Option<Cow<'a, str>>) {
+    if let Some(reasoning) = reasoning.take() {
+        let mut m = MessageOut::new("assistant", Some(ContentOut::Text("")));
+        m.reasoning_content = Some(reasoning);
+        out.push(m);
+    }
 }
 
 /// One text part as a plain string (what every template takes); anything
