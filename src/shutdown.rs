@@ -113,7 +113,11 @@ impl BackgroundService for Drain {
                 return;
             }
         }
-        info!(in_flight = IN_FLIGHT.get(), "shutting down: draining");
+        info!(
+            in_flight = IN_FLIGHT.get(),
+            new_connections = ARRIVING.get(),
+            "shutting down: draining"
+        );
         // Pingora's runtime drops the requests it cuts: none writes its
         // request line, so the operator hears of them here.
         let cut_at = tokio::time::Instant::now() + self.grace.saturating_sub(CUT_NOTICE);
@@ -133,6 +137,7 @@ impl BackgroundService for Drain {
                 told = true;
                 warn!(
                     in_flight = IN_FLIGHT.get(),
+                    new_connections = ARRIVING.get(),
                     grace_s = self.grace.as_secs(),
                     "grace period over: the requests still in flight are cut"
                 );

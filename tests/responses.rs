@@ -542,6 +542,50 @@ async fn a_responses_upstream_gets_tool_outputs_and_its_encrypted_reasoning_back
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_upstreams_summaries_stay_its_own_when_a_summary_is_asked_for() {
+    // Its items carry a summary of their own beside the raw text: the
+    // client gets both as the upstream made them, each summary part once.
+    let upstream = FakeServer::start(|_, _| {
+        let item = json!({"type": "reasoning", "id": "rs_1",
+            "summary": [{"type": "summary_text", "text": "Short summary."}],
+            "content": [{"type": "reasoning_text", "text": "Raw thinking."}],
+            "encrypted_content": "ENC-1"});
+        responses_stream(vec![
+            up_event("response.created", json!({"response": {"id": "resp_a", "status": "in_progress", "output": []}})),
+            up_event("response.output_item.added", json!({"output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": []}})),
+            up_event("response.reasoning_text.delta", json!({"item_id": "rs_1", "output_index": 0, "content_index": 0, "delta": "Raw thinking."})),
+            up_event("response.output_item.done", json!({"output_index": 0, "item": item})),
+            up_event("response.output_text.delta", json!({"item_id": "msg_1", "output_index": 1, "content_index": 0, "delta": "Hi."})),
+            up_event("response.completed", json!({"response": {"id": "resp_a", "status": "completed",
+                "output": [item], "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}}})),
+        ])
+    })
+    .await;
+    let tool = weather_tool().await;
+    let proxy = Proxy::start(&weather_config(&upstream, "responses", &tool.url(), "")).await;
+    let body = json!({"model": "weather", "input": "Hi?", "stream": true,
+                      "reasoning": {"summary": "auto"}});
+    let response = post_json(proxy.port, "/v1/responses", &body).await;
+    let events = named_events(&response.body);
+    let answer = check_stream(&events);
+    let parts: Vec<(&Value, &Value)> = events
+        .iter()
+        .filter(|(name, _)| name == "response.reasoning_summary_part.added")
+        .map(|(_, data)| (&data["item_id"], &data["summary_index"]))
+        .collect();
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    let item = &answer["output"][0];
+    assert_eq!(
+        item["summary"],
+        json!([{"type": "summary_text", "text": "Short summary."}])
+    );
+    assert_eq!(
+        item["content"],
+        json!([{"type": "reasoning_text", "text": "Raw thinking."}])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chat_front_puts_reasoning_where_reasoning_field_says() {
     let upstream = FakeServer::start(|_, _| {
         Reply::events(vec![reasoning("Hmm."), content("Hi."), finish("stop")])

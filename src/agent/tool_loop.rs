@@ -593,7 +593,8 @@ async fn read_round<D: Downstream>(
     let mut reader = RoundReader {
         reply,
         history: (!last).then(String::new),
-        thought: (!last).then(String::new),
+        // A Responses upstream's reasoning items carry their own.
+        thought: (!last && agent.upstream.api == UpstreamApi::Chat).then(String::new),
         splitter: ThinkSplitter::default(),
     };
     let failed = |e: DecodeError| -> Failure {

@@ -54,7 +54,8 @@ pub struct Context {
     /// The client asked for a summary of the reasoning
     /// (`reasoning.summary`): readable reasoning goes out as the summary,
     /// what such clients show (the AI SDK, LangChain, and Codex by
-    /// default read nothing else).
+    /// default read nothing else). Not for an agent on a Responses
+    /// upstream, whose items carry summaries of their own.
     pub summarizes: bool,
 }
 
@@ -1103,11 +1104,11 @@ fn write_event(
     out.extend_from_slice(b"\n\n");
 }
 
-/// A text's delta event: its item's id and index, and the text; output
-/// text has its (empty) `logprobs` too.
 /// The event of a piece of a reasoning summary's text.
 const SUMMARY_DELTA: &str = "response.reasoning_summary_text.delta";
 
+/// A text's delta event: its item's id and index, and the text; output
+/// text has its (empty) `logprobs` too.
 fn write_delta(
     out: &mut Vec<u8>,
     kind: &'static str,

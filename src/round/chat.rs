@@ -308,10 +308,11 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
             Item::Reasoning(r) => {
                 // Sent back by its summary alone, the summary is its text:
                 // the proxy gives a client that asks for one the text so.
-                let text = match (r.text.as_str(), r.summary.as_slice()) {
-                    ("", [one]) => Cow::Borrowed(one.as_str()),
-                    ("", parts) => Cow::Owned(parts.join("\n\n")),
-                    (text, _) => Cow::Borrowed(text),
+                // Not another model's (OpenAI's carry its encrypted content).
+                let text = match (r.text.as_str(), r.summary.as_slice(), &r.encrypted) {
+                    ("", [one], None) => Cow::Borrowed(one.as_str()),
+                    ("", parts, None) => Cow::Owned(parts.join("\n\n")),
+                    (text, _, _) => Cow::Borrowed(text),
                 };
                 if !text.is_empty() {
                     reasoning = Some(match reasoning.take() {

@@ -19,6 +19,7 @@ use crate::agent::router::AUTO;
 use crate::agent::toolset::ToolSet;
 use crate::agent::{tool_loop, Agent};
 use crate::boxed;
+use crate::config::file::UpstreamApi;
 use crate::config::Config;
 use crate::conversation::{Conversation, Dialect};
 use crate::downstream::Client;
@@ -439,7 +440,8 @@ impl EncoderFor {
             EncoderFor::Messages(context, stream) => Box::new(
                 front::messages::MessagesEncoder::new(model, stream, context),
             ),
-            EncoderFor::Responses(context, stream, saving) => {
+            EncoderFor::Responses(mut context, stream, saving) => {
+                context.summarizes &= agent.upstream.api == UpstreamApi::Chat;
                 let encoder = front::responses::ResponsesEncoder::new(model, stream, *context);
                 match saving {
                     Some(saving) => Box::new(encoder.keeping(saving.keep(&agent.id))),
