@@ -282,14 +282,14 @@ impl Turn<'_> {
             // go back whole), else the reasoning the round streamed: the
             // next round's prompt holds what the model wrote, as the
             // client's next request will when it sends the turn back.
-            match round_end.reasoning.is_empty() {
-                false => items.extend(round_end.reasoning.into_iter().map(Item::Reasoning)),
-                true if !round.reasoning.is_empty() => items.push(Item::Reasoning(Reasoning {
-                    text: round.reasoning,
+            if round_end.reasoning.is_empty() && !round.reasoning.is_empty() {
+                let text = round.reasoning;
+                items.push(Item::Reasoning(Reasoning {
+                    text,
                     ..Reasoning::default()
-                })),
-                true => {}
+                }));
             }
+            items.extend(round_end.reasoning.into_iter().map(Item::Reasoning));
             if !round.content.is_empty() {
                 items.push(Item::Message(Message::text(Role::Assistant, round.content)));
             }

@@ -1420,12 +1420,13 @@ impl ResponsesEncoder {
                         emit_summary(&mut self.sink, item_id, index, summary, out);
                     }
                 }
-                if *summarized && summary.is_empty() && !text.is_empty() {
-                    summary.push(text.clone());
-                }
                 let shown = upstream_text.as_deref().unwrap_or(text);
                 if encrypted.is_none() && self.context.carries_reasoning && !shown.is_empty() {
                     *encrypted = Some(own_encrypted(*note, shown));
+                }
+                // The text is the summary now, held once.
+                if *summarized && summary.is_empty() && !text.is_empty() {
+                    summary.push(std::mem::take(text));
                 }
             }
             // Calls are finished as they are added.
