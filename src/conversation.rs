@@ -385,6 +385,10 @@ pub struct ToolResult {
     pub call_id: String,
     pub output: String,
     pub is_error: bool,
+    /// What the result holds besides text (images, files), which a chat
+    /// tool message cannot: a chat upstream gets them in a user message
+    /// after the results, a Responses one in the output itself.
+    pub attachments: Vec<Part>,
 }
 
 /// A function the model may call.

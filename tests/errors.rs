@@ -337,9 +337,16 @@ async fn upstream_error_status_and_body_reach_the_client() {
     })
     .await;
     let proxy = Proxy::start(&config(&upstream.url(), "")).await;
+    // llama.cpp's context overflow, as OpenAI answers it (Codex and
+    // LangChain act on the code), streamed or not, on either OpenAI front.
     let res = post_json(proxy.port, "/v1/chat/completions", &chat("helper", true)).await;
-    let error = assert_error(&res, 400, "exceed_context_size_error");
+    let error = assert_error(&res, 400, "invalid_request_error");
+    assert_eq!(error["code"], "context_length_exceeded");
     assert_eq!(error["n_ctx"], 4096, "the upstream's details are kept");
+    let responses = json!({"model": "helper", "input": "hi", "stream": true});
+    let res = post_json(proxy.port, "/v1/responses", &responses).await;
+    let error = assert_error(&res, 400, "invalid_request_error");
+    assert_eq!(error["code"], "context_length_exceeded");
 
     let mut body = chat("helper", false);
     body["messages"][0]["content"] = json!("rate");

@@ -112,6 +112,7 @@ async fn an_agent_streams_thinking_and_text_blocks_and_keeps_its_tool_local() {
     let upstream = tool_then_answer().await;
     let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let body = json!({"model": "weather", "max_tokens": 512, "stream": true,
+        "thinking": {"type": "adaptive", "display": "omitted"},
         "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": "Weather in Paris?"}]});
     // Claude Code's path carries `?beta=true`.
@@ -156,7 +157,9 @@ async fn the_proxys_progress_notes_are_a_thinking_block_that_never_goes_back_to_
     let upstream = tool_then_answer().await;
     let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let asked = json!({"role": "user", "content": "Weather in Paris?"});
-    let body = json!({"model": "weather", "max_tokens": 512, "messages": [asked]});
+    let thinking = json!({"type": "enabled", "budget_tokens": 1024});
+    let body =
+        json!({"model": "weather", "max_tokens": 512, "thinking": thinking, "messages": [asked]});
     let answer = post_messages(proxy.port, "/v1/messages", &body, &[])
         .await
         .json();
@@ -182,7 +185,7 @@ async fn the_proxys_progress_notes_are_a_thinking_block_that_never_goes_back_to_
     assert!(note.starts_with("agent-proxy:note:"), "{note}");
 
     // Sent back as Claude Code and the SDKs do: every block, signed.
-    let body = json!({"model": "weather", "max_tokens": 512, "messages": [
+    let body = json!({"model": "weather", "max_tokens": 512, "thinking": thinking, "messages": [
         asked, {"role": "assistant", "content": content},
         {"role": "user", "content": "And tomorrow?"}]});
     post_messages(proxy.port, "/v1/messages", &body, &[]).await;
@@ -192,6 +195,118 @@ async fn the_proxys_progress_notes_are_a_thinking_block_that_never_goes_back_to_
         json!({"role": "assistant", "content": "It is 21 °C in Paris.",
                "reasoning_content": "Let me check.\nWarm."})
     );
+}
+
+/// Anthropic answers thinking blocks only to a request that switches
+/// thinking on: the SDKs' `message.content[0].text` and LangChain's string
+/// content hold the text. A reasoning model's thoughts and the proxy's notes
+/// are left out, streamed or not; the model still thinks, and its reasoning
+/// stays in the next round's history. A round that says it called tools
+/// and named none ends the turn (`end_turn`), not `tool_use`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_did_not_switch_thinking_on_gets_no_thinking_blocks() {
+    let tool = weather_tool().await;
+    let upstream = tool_then_answer().await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    for stream in [false, true] {
+        let body = json!({"model": "weather", "max_tokens": 512, "stream": stream,
+            "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+        let response = post_messages(proxy.port, "/v1/messages", &body, &[]).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        let kinds: Vec<String> = match stream {
+            false => {
+                let message = response.json();
+                assert_eq!(message["content"][0]["text"], "It is 21 °C in Paris.");
+                let content = message["content"].as_array().unwrap().clone();
+                content
+                    .iter()
+                    .map(|b| b["type"].as_str().unwrap().to_owned())
+                    .collect()
+            }
+            true => blocks(&anthropic_events(&response.body))
+                .into_iter()
+                .map(|(kind, _)| kind)
+                .collect(),
+        };
+        assert_eq!(kinds, ["text"], "stream: {stream}");
+    }
+    let second_round = upstream.requests()[1].json();
+    let assistant = &second_round["messages"].as_array().unwrap()[2];
+    assert_eq!(assistant["reasoning_content"], "Let me check.");
+
+    let liar =
+        FakeServer::start(|_, _| Reply::events(vec![content("Done."), finish("tool_calls")])).await;
+    let proxy = Proxy::start(&weather_config(&liar, "chat", &tool.url(), "")).await;
+    let body = json!({"model": "weather", "max_tokens": 512,
+        "messages": [{"role": "user", "content": "Go."}]});
+    let message = post_messages(proxy.port, "/v1/messages", &body, &[])
+        .await
+        .json();
+    assert_eq!(
+        message["content"],
+        json!([{"type": "text", "text": "Done."}])
+    );
+    assert_eq!(message["stop_reason"], "end_turn");
+}
+
+/// Claude Code's Read of a picture or a PDF answers it in the tool result;
+/// a chat tool message holds text only, so the model gets them in a user
+/// message after the results, each labelled with its call, joined to the
+/// client's own next words. Before, they were dropped unseen and the model
+/// made the file's content up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_results_images_reach_the_model_after_the_results() {
+    let tool = weather_tool().await;
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("A cat."), finish("stop")])).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}});
+    let calls = json!([
+        {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/a.png"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {"file_path": "/b.txt"}}
+    ]);
+    let tools = json!([{"name": "Read", "input_schema": {"type": "object"}}]);
+    for (then, last) in [
+        (
+            json!([]),
+            json!({"role": "user", "content": [
+            {"type": "text", "text": "Attached to the result of tool call toolu_1:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}),
+        ),
+        (
+            json!([{"type": "text", "text": "What is it?"}]),
+            json!({"role": "user", "content": [
+            {"type": "text", "text": "Attached to the result of tool call toolu_1:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
+            {"type": "text", "text": "What is it?"}]}),
+        ),
+    ] {
+        let mut results = json!([
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "text", "text": "a.png, 2 KB"}, image]},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "hello"}
+        ]);
+        results
+            .as_array_mut()
+            .unwrap()
+            .extend(then.as_array().unwrap().iter().cloned());
+        let body = json!({"model": "weather", "max_tokens": 100, "tools": tools, "messages": [
+            {"role": "user", "content": "Look at both."},
+            {"role": "assistant", "content": calls},
+            {"role": "user", "content": results}]});
+        let response = post_messages(proxy.port, "/v1/messages", &body, &[]).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        let sent = upstream.requests().last().unwrap().json();
+        let messages = sent["messages"].as_array().unwrap();
+        assert_eq!(
+            messages[messages.len() - 3..],
+            [
+                json!({"role": "tool", "tool_call_id": "toolu_1", "content": "a.png, 2 KB"}),
+                json!({"role": "tool", "tool_call_id": "toolu_2", "content": "hello"}),
+                last,
+            ]
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -349,6 +349,38 @@ async fn client_function_tools_round_trip_as_function_call_items() {
     );
 }
 
+/// A tool output's image (Codex's `view_image`, an image tool's picture)
+/// reaches a chat model in a user message after the results, labelled with
+/// its call (a chat tool message holds text only); before, it was dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_outputs_image_reaches_a_chat_model_after_the_results() {
+    let tool = weather_tool().await;
+    let upstream =
+        FakeServer::start(|_, _| Reply::events(vec![content("A cat."), finish("stop")])).await;
+    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let input = json!([
+        {"role": "user", "content": "Look at cat.png"},
+        {"type": "function_call", "call_id": "call_9", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_9", "output": [
+            {"type": "input_text", "text": "cat.png"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0K"}]}
+    ]);
+    let body = json!({"model": "weather", "input": input, "store": false});
+    let response = post_json(proxy.port, "/v1/responses", &body).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let sent = upstream.requests()[0].json();
+    let messages = sent["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[messages.len() - 2..],
+        [
+            json!({"role": "tool", "tool_call_id": "call_9", "content": "cat.png"}),
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "Attached to the result of tool call call_9:"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}),
+        ]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_codex_sends_is_accepted_and_its_namespace_tools_come_back_named() {
     let upstream = FakeServer::start(|req, _| {

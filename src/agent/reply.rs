@@ -474,6 +474,12 @@ pub fn openai_error_body(status: u16, body: &[u8]) -> Bytes {
                 if let Value::Number(n) = code {
                     *code = Value::String(n.to_string());
                 }
+                // llama.cpp's context overflow as OpenAI names it: clients
+                // (Codex, LangChain's trimming) act on that code.
+                if fields.get("type").and_then(Value::as_str) == Some("exceed_context_size_error") {
+                    fields.insert("type".into(), json!("invalid_request_error"));
+                    fields.insert("code".into(), json!("context_length_exceeded"));
+                }
             }
             error
         }
@@ -626,10 +632,14 @@ mod tests {
     fn llama_cpp_error_body_becomes_openai_shape() {
         let body = include_bytes!("../../tests/fixtures/llama.cpp/error-context-exceeded.json");
         let v: serde_json::Value = serde_json::from_slice(&openai_error_body(400, body)).unwrap();
-        assert_eq!(v["error"]["type"], "exceed_context_size_error");
-        assert_eq!(v["error"]["code"], "400");
+        // As OpenAI answers a prompt too long for the model.
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
         assert!(v["error"]["param"].is_null());
         assert!(v["error"]["n_ctx"].is_number(), "extra fields are kept");
+        let other = br#"{"error":{"code":500,"message":"x","type":"server_error"}}"#;
+        let v: serde_json::Value = serde_json::from_slice(&openai_error_body(500, other)).unwrap();
+        assert_eq!(v["error"]["code"], "500");
         let v: serde_json::Value =
             serde_json::from_slice(&openai_error_body(503, b"<html>busy</html>")).unwrap();
         assert_eq!(v["error"]["message"], "<html>busy</html>");

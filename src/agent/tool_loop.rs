@@ -235,7 +235,13 @@ impl Turn<'_> {
             reply.add_usage(round.end.usage);
             let round_end = round.end;
             if round_end.calls.is_empty() {
-                return Ok(round_end.finish.unwrap_or_default());
+                // A server that says it called tools and named none (a tool
+                // parser that failed, in vLLM) answered: a client told
+                // `tool_use` waits for calls that are not there.
+                return Ok(match round_end.finish {
+                    Some(Finish::ToolCalls) | None => Finish::Stop,
+                    Some(finish) => finish,
+                });
             }
             if round_end.finish == Some(Finish::Length) {
                 // Cut by the token limit: the last call's arguments may be
@@ -404,6 +410,7 @@ impl Turn<'_> {
                 call_id: call.id.clone(),
                 is_error: !outcome.ok,
                 output: outcome.text,
+                attachments: Vec::new(),
             })
             .collect())
     }

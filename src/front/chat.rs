@@ -205,6 +205,7 @@ fn decode_message(message: Built, at: At<'_>, items: &mut Vec<Item>) -> Result<(
                 call_id: call_id.unwrap_or_default(),
                 output: content_text(content),
                 is_error: false,
+                attachments: Vec::new(),
             }));
             return Ok(());
         }

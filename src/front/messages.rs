@@ -17,6 +17,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::chat::wire_arguments;
+use super::defined_tools;
 use super::known_tools::Declared;
 use super::{
     decode_history, description, function_tools, invalid, new_id, note_dropped,
@@ -53,9 +54,13 @@ const NOTE_SIGNATURE: &str = "agent-proxy:note:";
 #[derive(Debug, Clone, Default)]
 pub struct Context {
     /// Types of the server tools the client declared (`web_search_20250305`,
-    /// `bash_20250124`, …): the proxy cannot run them, so they are dropped;
+    /// `code_execution_20250825`, …): the proxy cannot run them, so they are dropped;
     /// the caller logs them.
     pub dropped_tools: Vec<String>,
+    /// The client switched thinking on (`enabled`, `adaptive`): only then
+    /// does Anthropic's API answer thinking blocks, and only then does a
+    /// client look past `content[0]` for the text.
+    pub thinking: bool,
 }
 
 /// The root members the decoder reads, set apart as the body is parsed
@@ -127,6 +132,7 @@ pub fn decode_with(body: &[u8], found: &Found) -> Result<(Conversation, Context)
     conv.tools.clone_from(&declared.tools);
     ctx.dropped_tools.clone_from(&declared.dropped);
     conv.options = decode_options(&mut read, &mut top)?;
+    ctx.thinking = conv.options.thinking == Some(true);
     // Claude Code's carries its session id; an app's, its user.
     conv.session.clone_from(&conv.options.user);
     conv.extra = top;
@@ -317,6 +323,7 @@ fn decode_block(
         },
         "image" => turn.parts.push(decode_image(block)),
         "document" => decode_document(block, &mut turn.parts),
+        "search_result" => turn.parts.push(Part::Text(search_result_text(block))),
         "tool_use" => {
             let id = required_str(&mut block, "id", param)?;
             let name = required_str(&mut block, "name", param)?;
@@ -337,12 +344,10 @@ fn decode_block(
         }
         "tool_result" => {
             let call_id = required_str(&mut block, "tool_use_id", param)?;
-            let output = match block.remove("content") {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(text)) => text,
-                // Text blocks; images in a result have no place in a tool
-                // message.
-                Some(Value::Array(blocks)) => block_texts(blocks).collect::<Vec<_>>().join("\n"),
+            let (output, attachments) = match block.remove("content") {
+                None | Some(Value::Null) => (String::new(), Vec::new()),
+                Some(Value::String(text)) => (text, Vec::new()),
+                Some(Value::Array(blocks)) => result_blocks(blocks),
                 Some(_) => {
                     return Err(param
                         .field("content")
@@ -362,6 +367,7 @@ fn decode_block(
                 call_id,
                 output,
                 is_error,
+                attachments,
             }));
         }
         "thinking" => {
@@ -396,6 +402,57 @@ fn decode_block(
         _ => turn.parts.push(Part::Other(Value::Object(block))),
     }
     Ok(None)
+}
+
+/// A tool result's blocks: their texts, one a line, and what is not text
+/// (images, PDFs: Claude Code's Read of such a file), which a chat tool
+/// message cannot hold.
+fn result_blocks(blocks: Vec<Value>) -> (String, Vec<Part>) {
+    let mut texts = Vec::new();
+    let mut attachments = Vec::new();
+    let mut parts = Vec::new();
+    for block in blocks {
+        let Value::Object(mut block) = block else {
+            continue;
+        };
+        match block.get("type").and_then(Value::as_str) {
+            Some("image") => parts.push(decode_image(block)),
+            Some("document") => decode_document(block, &mut parts),
+            Some("search_result") => parts.push(Part::Text(search_result_text(block))),
+            _ => match block.remove("text") {
+                Some(Value::String(text)) if !text.is_empty() => parts.push(Part::Text(text)),
+                _ => {}
+            },
+        }
+        for part in parts.drain(..) {
+            match part {
+                Part::Text(text) => texts.push(text),
+                // By a file id: no upstream of ours reads it here.
+                Part::Other(_) => {}
+                other => attachments.push(other),
+            }
+        }
+    }
+    (texts.join("\n"), attachments)
+}
+
+/// A search result (a RAG tool's, with its source for citations) as the
+/// text a model without Anthropic's citations reads: title, source, text.
+fn search_result_text(mut block: Map<String, Value>) -> String {
+    let mut lines = Vec::new();
+    for key in ["title", "source"] {
+        if let Some(Value::String(line)) = block.remove(key) {
+            lines.push(line);
+        }
+    }
+    if let Some(Value::Array(blocks)) = block.remove("content") {
+        let mut texts = block_texts(blocks).peekable();
+        if texts.peek().is_some() {
+            lines.push(String::new());
+            lines.extend(texts);
+        }
+    }
+    lines.join("\n")
 }
 
 /// An image by base64 data (as a `data:` URL) or by URL; by file id, as it is.
@@ -478,27 +535,36 @@ fn decode_document(block: Map<String, Value>, parts: &mut Vec<Part>) {
     parts.push(part);
 }
 
-/// Custom tools become functions; server tools (any other `type`) are dropped.
+/// Custom tools become functions, and so do Anthropic-defined client tools
+/// (bash, the text editor, memory: [`defined_tools`]); server tools (any
+/// other `type`) are dropped.
 fn decode_tools(tools: Tools) -> Result<Declared, ApiError> {
     let mut dropped = Vec::new();
     let tools = function_tools(tools, |tool, out| {
         let ToolObject {
             param,
             fields: mut tool,
-            schema,
+            mut schema,
             description: given,
             nested: _,
         } = tool;
+        let mut defined = None;
         match take_str_at(&mut tool, "type", param.field("type"))? {
             None => {}
             Some(kind) if kind == "custom" => {}
-            Some(kind) => {
-                note_dropped(&mut dropped, kind);
-                return Ok(());
-            }
+            Some(kind) => match defined_tools::defined(&kind) {
+                Some(found) => defined = Some(found),
+                None => {
+                    note_dropped(&mut dropped, kind);
+                    return Ok(());
+                }
+            },
         }
         let name = required_str(&mut tool, "name", param)?;
-        let description = description(given, param.field("description"))?;
+        let mut description = description(given, param.field("description"))?;
+        if let Some((text, parameters)) = defined {
+            (description, schema) = (text, Some(parameters));
+        }
         // `cache_control`, `defer_loading`, `strict`, …
         out.push(Arc::new(FunctionTool {
             name,
@@ -754,13 +820,14 @@ pub struct MessagesEncoder {
     /// and text (`json::cut`) as the first is written.
     text_delta: Lazy,
     thinking_delta: Lazy,
+    /// Thinking blocks are written ([`Context::thinking`]): a reasoning
+    /// model's thoughts and the proxy's notes are not, for a client that
+    /// did not ask for them.
+    thinking: bool,
 }
 
 impl MessagesEncoder {
-    /// `context` carries nothing the encoder needs yet; taken as the
-    /// Responses encoder takes its own, for the wiring's sake.
     pub fn new(model: &str, stream: bool, context: Context) -> Self {
-        let _ = context;
         MessagesEncoder {
             id: new_id("msg_"),
             model: model.to_owned(),
@@ -771,6 +838,7 @@ impl MessagesEncoder {
             ended: false,
             text_delta: Lazy::default(),
             thinking_delta: Lazy::default(),
+            thinking: context.thinking,
         }
     }
 
@@ -914,14 +982,14 @@ impl Encoder for MessagesEncoder {
     }
 
     fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
-        if text.is_empty() || self.ended {
+        if text.is_empty() || self.ended || !self.thinking {
             return;
         }
         self.append(Open::Thinking, text, out);
     }
 
     fn note(&mut self, text: &str, out: &mut Vec<u8>) {
-        if text.is_empty() || self.ended {
+        if text.is_empty() || self.ended || !self.thinking {
             return;
         }
         self.append(Open::Note, text, out);
@@ -930,7 +998,7 @@ impl Encoder for MessagesEncoder {
     /// Ends the open thinking block with the item's encrypted content as its
     /// signature; reasoning not streamed before gets a block of its own.
     fn reasoning_item(&mut self, item: &Reasoning, out: &mut Vec<u8>) {
-        if self.ended {
+        if self.ended || !self.thinking {
             return;
         }
         if !matches!(self.open, Some((Open::Thinking, _))) {
@@ -1350,7 +1418,7 @@ mod tests {
 
     #[test]
     fn a_streamed_delta_is_what_the_delta_writer_writes() {
-        let mut enc = MessagesEncoder::new("coder", true, Context::default());
+        let mut enc = MessagesEncoder::new("coder", true, thinking());
         for (kind, index) in [(Open::Text, 0), (Open::Thinking, 1)] {
             // The first opens the block (its start goes before the delta).
             enc.append(kind, "first", &mut Vec::new());
@@ -1559,6 +1627,7 @@ mod tests {
             call_id: call_id.into(),
             output: output.into(),
             is_error,
+            attachments: Vec::new(),
         })
     }
 
@@ -1579,8 +1648,16 @@ mod tests {
         }
     }
 
+    /// A client's that switched thinking on.
+    fn thinking() -> Context {
+        Context {
+            thinking: true,
+            ..Context::default()
+        }
+    }
+
     fn streaming() -> MessagesEncoder {
-        MessagesEncoder::new("coder", true, Context::default())
+        MessagesEncoder::new("coder", true, thinking())
     }
 
     /// Parses a stream, checking the framing: every event named as its
@@ -1671,7 +1748,8 @@ mod tests {
                     {"type": "document", "title": "a.pdf", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}},
                     {"type": "document", "source": {"type": "url", "url": "https://example.com/b.pdf"}},
                     {"type": "document", "source": {"type": "file", "file_id": "file_2"}},
-                    {"type": "search_result", "source": "s", "title": "t", "content": []},
+                    {"type": "search_result", "source": "https://s", "title": "T", "content": [
+                        {"type": "text", "text": "Found."}], "citations": {"enabled": true}},
                     {"type": "mystery"}
                 ]},
                 {"role": "assistant", "content": [
@@ -1731,9 +1809,8 @@ mod tests {
                     id: Some("file_2".into()),
                     ..FilePart::default()
                 }),
-                Part::Other(
-                    json!({"type": "search_result", "source": "s", "title": "t", "content": []}),
-                ),
+                // A search result as text: no model of ours reads its block.
+                Part::Text("T\nhttps://s\n\nFound.".into()),
                 Part::Other(json!({"type": "mystery"})),
             ],
             extra: Map::new(),
@@ -1747,7 +1824,16 @@ mod tests {
             Item::ToolCall(call("call_2", "Read", "{}")),
             // Results before the text that came with them.
             result("toolu_1", "a\nb", false),
-            result("call_2", "error: one\ntwo", true),
+            // Its picture is attached, for the upstream to see.
+            Item::ToolResult(ToolResult {
+                call_id: "call_2".into(),
+                output: "error: one\ntwo".into(),
+                is_error: true,
+                attachments: vec![Part::Image {
+                    url: "https://example.com/b.png".into(),
+                    detail: None,
+                }],
+            }),
             result("toolu_3", "", false),
             text(Role::User, "and also"),
             // The empty thinking block carried nothing.
@@ -1848,7 +1934,7 @@ mod tests {
     }
 
     #[test]
-    fn custom_tools_are_functions_and_server_tools_dropped() {
+    fn custom_and_client_tools_are_functions_and_server_tools_dropped() {
         let schema = json!({"type": "object", "properties": {"command": {"type": "string"}}});
         let (conv, ctx) = decode_json(json!({
             "messages": [{"role": "user", "content": "hi"}],
@@ -1867,7 +1953,24 @@ mod tests {
         }))
         .unwrap();
         let names: Vec<&str> = conv.tools.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(names, ["Bash", "Edit", "Later", "Bare"]);
+        // The client runs Anthropic's bash and editor: the model gets their
+        // arguments as Anthropic's models know them.
+        assert_eq!(
+            names,
+            [
+                "Bash",
+                "Edit",
+                "Later",
+                "Bare",
+                "bash",
+                "str_replace_based_edit_tool"
+            ]
+        );
+        let editor = conv.tools[5].parameters.to_value();
+        assert_eq!(editor["required"], json!(["command", "path"]));
+        assert!(editor["properties"]["old_str"].is_object(), "{editor}");
+        assert!(conv.tools[4].parameters.to_value()["properties"]["command"].is_object());
+        assert!(conv.tools[4].description.is_some());
         assert_eq!(
             conv.tools[0].description.as_ref().map(Description::text),
             Some("Run.".into())
@@ -1888,8 +1991,6 @@ mod tests {
             ctx.dropped_tools,
             [
                 "web_search_20250305",
-                "bash_20250124",
-                "text_editor_20250728",
                 "computer_20250124",
                 "code_execution_20250825"
             ]
@@ -2427,11 +2528,52 @@ mod tests {
         assert_eq!(events[7]["delta"]["signature"], "ENC-2");
     }
 
+    /// Without `thinking` switched on, Anthropic answers no thinking block,
+    /// and a client reads its text at `content[0]`: a reasoning model's
+    /// thoughts and the proxy's notes are not shown, streamed or not.
+    #[test]
+    fn thinking_blocks_only_for_a_client_that_switched_thinking_on() {
+        for (thinking, shown) in [
+            (json!(null), false),
+            (json!({"type": "disabled"}), false),
+            (json!({"type": "enabled", "budget_tokens": 2048}), true),
+            (json!({"type": "adaptive", "display": "omitted"}), true),
+        ] {
+            let (_, context) = decode_json(json!({
+                "messages": [{"role": "user", "content": "hi"}], "thinking": thinking
+            }))
+            .unwrap();
+            assert_eq!(context.thinking, shown, "{thinking}");
+            for stream in [false, true] {
+                let mut enc = MessagesEncoder::new("coder", stream, context.clone());
+                let mut out = Vec::new();
+                enc.open(&mut out);
+                enc.reasoning("Hmm.", &mut out);
+                enc.note("Calling get_weather…", &mut out);
+                enc.reasoning_item(&reasoning("Hmm.", Some("ENC")), &mut out);
+                enc.content("Hello.", &mut out);
+                enc.finish(Finish::Stop, usage(), &mut out);
+                let text = String::from_utf8(out).unwrap();
+                assert_eq!(
+                    text.contains("thinking"),
+                    shown,
+                    "{thinking} {stream}: {text}"
+                );
+                if !stream {
+                    let message: Value = serde_json::from_str(&text).unwrap();
+                    let first = &message["content"][0];
+                    let want = if shown { "thinking" } else { "text" };
+                    assert_eq!(first["type"], want, "{thinking}");
+                }
+            }
+        }
+    }
+
     /// The Message object, and its content fed back as the assistant turn
     /// (with the client's result) decodes to what the loop produced.
     #[test]
     fn message_object_and_round_trip() {
-        let mut enc = MessagesEncoder::new("coder", false, Context::default());
+        let mut enc = MessagesEncoder::new("coder", false, thinking());
         let mut out = Vec::new();
         enc.open(&mut out);
         assert!(out.is_empty());

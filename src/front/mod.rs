@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod chat;
+pub mod defined_tools;
 pub mod known_entries;
 pub mod known_tools;
 pub mod messages;

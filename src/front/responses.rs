@@ -690,11 +690,16 @@ fn decode_item(item: Value, param: At<'_>, ctx: &mut Context) -> Result<Option<I
                 kind,
             })
         }
-        "function_call_output" | "custom_tool_call_output" => Item::ToolResult(ToolResult {
-            call_id: required_str(&mut item, "call_id", param)?,
-            output: output_text(item.remove("output"), param)?,
-            is_error: false,
-        }),
+        "function_call_output" | "custom_tool_call_output" => {
+            let call_id = required_str(&mut item, "call_id", param)?;
+            let (output, attachments) = decode_output(item.remove("output"), param)?;
+            Item::ToolResult(ToolResult {
+                call_id,
+                output,
+                is_error: false,
+                attachments,
+            })
+        }
         "reasoning" => match decode_reasoning(item, param)? {
             Some(reasoning) => Item::Reasoning(reasoning),
             None => return Ok(None),
@@ -778,20 +783,26 @@ fn decode_part(part: Value, param: At<'_>) -> Result<Part, ApiError> {
     }
 }
 
-/// A tool output: a string, or content parts whose texts are joined.
-fn output_text(output: Option<Value>, param: At<'_>) -> Result<String, ApiError> {
+/// A tool output: a string, or content parts: their texts joined, and
+/// what is not text (Codex's `view_image`, an image tool's picture).
+fn decode_output(output: Option<Value>, param: At<'_>) -> Result<(String, Vec<Part>), ApiError> {
+    let list = param.field("output");
     match output {
-        Some(Value::String(text)) => Ok(text),
+        Some(Value::String(text)) => Ok((text, Vec::new())),
         Some(Value::Array(parts)) => {
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect();
-            Ok(texts.join("\n"))
+            let mut texts = Vec::new();
+            let mut attachments = Vec::new();
+            for (j, part) in parts.into_iter().enumerate() {
+                match decode_part(part, list.index(j))? {
+                    Part::Text(text) => texts.push(text),
+                    // A kind no upstream of ours reads in an output.
+                    Part::Other(_) => {}
+                    other => attachments.push(other),
+                }
+            }
+            Ok((texts.join("\n"), attachments))
         }
-        _ => Err(param
-            .field("output")
-            .invalid("must be a string or an array of content parts.")),
+        _ => Err(list.invalid("must be a string or an array of content parts.")),
     }
 }
 
@@ -1669,7 +1680,12 @@ impl Encoder for ResponsesEncoder {
                 ),
             };
             let index = self.add(id, body, out);
-            let item_id = self.output[index].id.as_str();
+            let item = &self.output[index];
+            let item_id = item.id.as_str();
+            let name = match &item.body {
+                Body::FunctionCall { name, .. } | Body::CustomCall { name, .. } => name.as_str(),
+                _ => "",
+            };
             let whole = call.arguments.as_str();
             let (delta, done) = match call.kind {
                 CallKind::Function => (
@@ -1698,6 +1714,7 @@ impl Encoder for ResponsesEncoder {
                     done,
                     ArgumentsDoneEvent {
                         item_id,
+                        name,
                         output_index: index,
                         arguments: whole,
                     },
@@ -1991,6 +2008,7 @@ struct CallDeltaEvent<'a> {
 #[derive(Serialize)]
 struct ArgumentsDoneEvent<'a> {
     item_id: &'a str,
+    name: &'a str,
     output_index: usize,
     arguments: &'a str,
 }
@@ -2108,12 +2126,13 @@ impl ItemOut<'_> {
                 o.value("call_id", *call_id);
                 o.value("name", *name);
                 o.optional("namespace", *namespace);
-                if *custom {
-                    o.value("input", *payload);
-                } else {
-                    o.value("arguments", *payload);
-                    o.plain("status", status);
+                match custom {
+                    true => o.value("input", *payload),
+                    false => o.value("arguments", *payload),
                 }
+                // Both kinds, as OpenAI's own: the AI SDK's stream schema
+                // requires it on a custom call, or drops the call.
+                o.plain("status", status);
             }
         }
         o.end();
@@ -2545,6 +2564,7 @@ mod tests {
                 call_id: "c1".into(),
                 output: "one\ntwo".into(),
                 is_error: false,
+                attachments: Vec::new(),
             }),
             Item::ToolCall(call(
                 "c2",
@@ -2556,6 +2576,7 @@ mod tests {
                 call_id: "c2".into(),
                 output: "Done.".into(),
                 is_error: false,
+                attachments: Vec::new(),
             }),
             text(Role::System, "Later."),
         ];
@@ -2994,6 +3015,7 @@ mod tests {
                     call_id: "call_mock1".into(),
                     output: "Chunk ID: 395f41\nWall time: 0.0000 seconds\nProcess exited with code 0\nOriginal token count: 3\nOutput:\nCODEX-RAN\n".into(),
                     is_error: false,
+                    attachments: Vec::new(),
                 }),
             ]
         );
@@ -3185,6 +3207,7 @@ mod tests {
         );
         assert_eq!(events[9]["delta"], "{\"task\":\"x\"}");
         assert_eq!(events[10]["arguments"], "{\"task\":\"x\"}");
+        assert_eq!(events[10]["name"], "spawn", "named as OpenAI's event is");
         assert_eq!(
             events[11]["item"],
             json!({"type": "function_call", "id": fc, "call_id": "call_1", "name": "spawn",
@@ -3193,12 +3216,13 @@ mod tests {
         let ctc = events[12]["item"]["id"].as_str().unwrap();
         assert!(ctc.starts_with("ctc_"));
         assert_eq!(events[12]["output_index"], 2);
+        assert_eq!(events[12]["item"]["status"], "in_progress");
         assert_eq!(events[13]["delta"], "*** Begin Patch");
         assert_eq!(events[14]["input"], "*** Begin Patch");
         assert_eq!(
             events[15]["item"],
             json!({"type": "custom_tool_call", "id": ctc, "call_id": "call_2", "name": "apply_patch",
-                   "input": "*** Begin Patch"})
+                   "input": "*** Begin Patch", "status": "completed"})
         );
         let done = &events[16]["response"];
         assert_eq!(done["status"], "completed");
@@ -3557,6 +3581,7 @@ mod tests {
                     call_id: "call_1".into(),
                     output: "ok".into(),
                     is_error: false,
+                    attachments: Vec::new(),
                 }),
             ]
         );

@@ -121,6 +121,22 @@ impl MessageOut<'_> {
             Some(ContentOut::Text(text)) => o.text("content", text),
             Some(ContentOut::Prompt(prompt)) => prompt.write_json(o.name("content")),
             Some(ContentOut::Parts(parts)) => o.list("content", parts, write_part),
+            Some(ContentOut::Attached { results, then }) => {
+                let attached = results.iter().filter_map(|item| match item {
+                    Item::ToolResult(result) if !result.attachments.is_empty() => Some(result),
+                    _ => None,
+                });
+                let pieces = attached
+                    .flat_map(|result| {
+                        let label = std::iter::once(Piece::Label(&result.call_id));
+                        label.chain(result.attachments.iter().map(Piece::Part))
+                    })
+                    .chain(then.iter().map(Piece::Part));
+                o.list("content", pieces, |out, piece| match piece {
+                    Piece::Label(call_id) => write_label(out, call_id),
+                    Piece::Part(part) => write_part(out, part),
+                });
+            }
             None => {}
         }
         if let Some(reasoning) = &self.reasoning_content {
@@ -146,6 +162,12 @@ enum ContentOut<'a> {
     Text(&'a str),
     Prompt(&'a Prompt),
     Parts(&'a [Part]),
+    /// A user message holding what a run of tool results attached (each
+    /// labelled with its call), then its own parts, if any.
+    Attached {
+        results: &'a [Item],
+        then: &'a [Part],
+    },
 }
 
 impl<'a> MessageOut<'a> {
@@ -288,7 +310,28 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
     let mut reasoning: Option<Cow<'_, str>> = None;
     // Whether the last message is an assistant turn that calls may join.
     let mut open_turn = false;
-    for item in &conversation.items {
+    // Where the run of tool results being written began, once one of them
+    // attached something.
+    let mut attaching: Option<usize> = None;
+    let items = &conversation.items;
+    for (i, item) in items.iter().enumerate() {
+        // A run's attachments go in the user message after it: a user
+        // message of the client's own takes them first.
+        let mut attached = None;
+        if !matches!(item, Item::ToolResult(_)) {
+            if let Some(start) = attaching.take() {
+                attached = Some(&items[start..i]);
+            }
+        }
+        let user = matches!(item, Item::Message(m) if m.role == Role::User);
+        if let (Some(results), false) = (attached, user) {
+            let then = &[];
+            out.push(MessageOut::new(
+                "user",
+                Some(ContentOut::Attached { results, then }),
+            ));
+            attached = None;
+        }
         match item {
             Item::Message(message) => {
                 let role = match message.role {
@@ -296,7 +339,14 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
                     Role::Assistant => "assistant",
                     Role::System => "system",
                 };
-                let mut m = MessageOut::new(role, Some(content(&message.content)));
+                let content = match attached {
+                    Some(results) => ContentOut::Attached {
+                        results,
+                        then: &message.content,
+                    },
+                    None => content(&message.content),
+                };
+                let mut m = MessageOut::new(role, Some(content));
                 m.extra = same_dialect.then_some(&message.extra);
                 match message.role {
                     Role::Assistant => m.reasoning_content = reasoning.take(),
@@ -339,10 +389,40 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
                 m.tool_call_id = Some(&result.call_id);
                 out.push(m);
                 open_turn = false;
+                if !result.attachments.is_empty() && attaching.is_none() {
+                    let run = items[..i].iter().rev();
+                    let before = run.take_while(|item| matches!(item, Item::ToolResult(_)));
+                    attaching = Some(i - before.count());
+                }
             }
         }
     }
+    if let Some(start) = attaching {
+        let (results, then) = (&items[start..], &[]);
+        out.push(MessageOut::new(
+            "user",
+            Some(ContentOut::Attached { results, then }),
+        ));
+    }
     out
+}
+
+/// A part of a user message holding tool results' attachments.
+enum Piece<'a> {
+    /// The text before a result's attachments, naming its call.
+    Label(&'a str),
+    Part(&'a Part),
+}
+
+/// The text part before a tool result's attachments, naming its call.
+fn write_label(out: &mut Vec<u8>, call_id: &str) {
+    let mut o = json::Object::new(out);
+    o.plain("type", "text");
+    o.text(
+        "text",
+        &format!("Attached to the result of tool call {call_id}:"),
+    );
+    o.end();
 }
 
 /// An assistant turn of `reasoning` alone, if any is pending.
@@ -575,7 +655,7 @@ impl RoundDecoder for Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conversation::{FilePart, Message};
+    use crate::conversation::{FilePart, Message, ToolResult};
     use serde_json::json;
 
     /// A call the upstream sent without an id gets one, streamed or not: the
@@ -708,6 +788,48 @@ mod tests {
                                           "filename": "a.pdf"}},
                 {"type": "file", "file": {"file_id": "file-1",
                                           "file_url": "https://example.com/b.pdf"}}
+            ])
+        );
+    }
+
+    /// A run of results' attachments go in one user message after the run
+    /// (the tool messages stay together, as templates want them), before
+    /// the assistant's next turn; each result's after its call's label.
+    #[test]
+    fn a_runs_attachments_follow_it_in_a_user_message() {
+        let image = |url: &str| Part::Image {
+            url: url.into(),
+            detail: None,
+        };
+        let result = |id: &str, attachments| {
+            Item::ToolResult(ToolResult {
+                call_id: id.into(),
+                output: format!("{id} done"),
+                is_error: false,
+                attachments,
+            })
+        };
+        let conversation = Conversation {
+            items: vec![
+                result("a", vec![image("data:a")]),
+                result("b", Vec::new()),
+                result("c", vec![image("data:c1"), image("data:c2")]),
+                Item::Message(Message::text(Role::Assistant, "Two pictures.")),
+            ],
+            ..Conversation::default()
+        };
+        let sent: Value = serde_json::from_slice(&encode(&conversation, false)).unwrap();
+        let picture = |url: &str| json!({"type": "image_url", "image_url": {"url": url}});
+        let label = |id: &str| json!({"type": "text", "text": format!("Attached to the result of tool call {id}:")});
+        assert_eq!(
+            sent["messages"],
+            json!([
+                {"role": "tool", "tool_call_id": "a", "content": "a done"},
+                {"role": "tool", "tool_call_id": "b", "content": "b done"},
+                {"role": "tool", "tool_call_id": "c", "content": "c done"},
+                {"role": "user", "content": [label("a"), picture("data:a"),
+                    label("c"), picture("data:c1"), picture("data:c2")]},
+                {"role": "assistant", "content": "Two pictures."}
             ])
         );
     }

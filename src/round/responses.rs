@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::{first_of_each, DecodeError, Fields, RoundDecoder, Step, Whole};
 use crate::conversation::{
     CallKind, Conversation, Dialect, Finish, Format, FunctionTool, Item, JsonText, Message, Part,
-    Reasoning, Role, RoundEnd, ToolCall, ToolChoice, UpstreamError, Usage,
+    Reasoning, Role, RoundEnd, ToolCall, ToolChoice, ToolResult, UpstreamError, Usage,
 };
 use crate::json::{self, Raw};
 use crate::sse;
@@ -231,12 +231,12 @@ impl Serialize for Input<'_> {
                 {
                     InputItem::CustomToolCallOutput {
                         call_id: &result.call_id,
-                        output: &result.output,
+                        output: Output(result),
                     }
                 }
                 Item::ToolResult(result) => InputItem::FunctionCallOutput {
                     call_id: &result.call_id,
-                    output: &result.output,
+                    output: Output(result),
                 },
             };
             seq.serialize_element(&out)?;
@@ -288,12 +288,43 @@ enum InputItem<'a> {
     },
     FunctionCallOutput {
         call_id: &'a str,
-        output: &'a str,
+        output: Output<'a>,
     },
     CustomToolCallOutput {
         call_id: &'a str,
-        output: &'a str,
+        output: Output<'a>,
     },
+}
+
+/// A tool's output: its text, or with attachments (images, files) content
+/// parts, which Responses takes in an output.
+struct Output<'a>(&'a ToolResult);
+
+impl Serialize for Output<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let ToolResult {
+            output,
+            attachments,
+            ..
+        } = self.0;
+        if attachments.is_empty() {
+            return serializer.serialize_str(output);
+        }
+        let mut seq = serializer.serialize_seq(None)?;
+        if !output.is_empty() {
+            seq.serialize_element(&TextPart {
+                kind: "input_text",
+                text: output,
+            })?;
+        }
+        for part in attachments {
+            seq.serialize_element(&PartOut {
+                part,
+                text_type: "input_text",
+            })?;
+        }
+        seq.end()
+    }
 }
 
 /// A message's content parts; text is `input_text` from the user and the
@@ -307,28 +338,44 @@ impl Serialize for Parts<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.parts.len()))?;
         for part in self.parts {
-            match part {
-                Part::Text(text) => seq.serialize_element(&TextPart {
-                    kind: self.text_type,
-                    text,
-                })?,
-                Part::Image { url, detail } => seq.serialize_element(&ImagePart {
-                    kind: "input_image",
-                    image_url: url,
-                    // OpenAI's image input requires `detail`; `auto` is its default.
-                    detail: detail.as_deref().unwrap_or("auto"),
-                })?,
-                Part::File(file) => seq.serialize_element(&FileOut {
-                    kind: "input_file",
-                    file_data: file.data.as_deref(),
-                    file_id: file.id.as_deref(),
-                    file_url: file.url.as_deref(),
-                    filename: file.name.as_deref(),
-                })?,
-                Part::Other(value) => seq.serialize_element(value)?,
-            }
+            let text_type = self.text_type;
+            seq.serialize_element(&PartOut { part, text_type })?;
         }
         seq.end()
+    }
+}
+
+/// One content part, text as `text_type`.
+struct PartOut<'a> {
+    part: &'a Part,
+    text_type: &'static str,
+}
+
+impl Serialize for PartOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.part {
+            Part::Text(text) => TextPart {
+                kind: self.text_type,
+                text,
+            }
+            .serialize(serializer),
+            Part::Image { url, detail } => ImagePart {
+                kind: "input_image",
+                image_url: url,
+                // OpenAI's image input requires `detail`; `auto` is its default.
+                detail: detail.as_deref().unwrap_or("auto"),
+            }
+            .serialize(serializer),
+            Part::File(file) => FileOut {
+                kind: "input_file",
+                file_data: file.data.as_deref(),
+                file_id: file.id.as_deref(),
+                file_url: file.url.as_deref(),
+                filename: file.name.as_deref(),
+            }
+            .serialize(serializer),
+            Part::Other(value) => value.serialize(serializer),
+        }
     }
 }
 
@@ -1042,15 +1089,21 @@ mod tests {
                     arguments: "SELECT 1".into(),
                     kind: CallKind::Custom,
                 }),
+                // A picture in the result goes in the output's own parts.
                 Item::ToolResult(ToolResult {
                     call_id: "call_1".into(),
                     output: "18 °C".into(),
                     is_error: false,
+                    attachments: vec![Part::Image {
+                        url: "data:image/png;base64,CHART".into(),
+                        detail: None,
+                    }],
                 }),
                 Item::ToolResult(ToolResult {
                     call_id: "call_2".into(),
                     output: "no such table".into(),
                     is_error: true,
+                    attachments: Vec::new(),
                 }),
                 Item::Message(Message::text(Role::Assistant, "Un chat.")),
                 // A gpt-oss item from a vLLM Responses server: text and id.
@@ -1116,7 +1169,10 @@ mod tests {
                     {"type": "function_call", "call_id": "call_1", "name": "get_weather",
                      "arguments": "{\"city\":\"Paris\"}"},
                     {"type": "custom_tool_call", "call_id": "call_2", "name": "run_sql", "input": "SELECT 1"},
-                    {"type": "function_call_output", "call_id": "call_1", "output": "18 °C"},
+                    {"type": "function_call_output", "call_id": "call_1", "output": [
+                        {"type": "input_text", "text": "18 °C"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,CHART", "detail": "auto"}
+                    ]},
                     {"type": "custom_tool_call_output", "call_id": "call_2", "output": "no such table"},
                     {"type": "message", "role": "assistant", "content": [
                         {"type": "output_text", "text": "Un chat."}

@@ -19,6 +19,8 @@ const client = new Anthropic({ baseURL, apiKey, maxRetries: 0 });
 
 const WEATHER = [{ role: "user", content: "Weather in Paris?" }];
 const ANSWER = "It is 21 °C in Paris.";
+// Thinking blocks come to a request that switches thinking on, as from Anthropic.
+const THINKING = { type: "enabled", budget_tokens: 1024 };
 const NOTES = [{ role: "user", content: "What is in notes.txt?" }];
 const READ_FILE = {
   name: "read_file",
@@ -38,7 +40,12 @@ const signed = (message) =>
   message.content.filter((block) => block.type === "thinking").every((block) => block.signature);
 
 async function nonStreamingWithALocalTool() {
-  const message = await client.messages.create({ model: "weather", max_tokens: 256, messages: WEATHER });
+  const message = await client.messages.create({
+    model: "weather",
+    max_tokens: 256,
+    messages: WEATHER,
+    thinking: THINKING,
+  });
   assert.equal(message.type, "message");
   assert.equal(message.model, "weather");
   assert.ok(!kinds(message).includes("tool_use"), "the agent's own tool stays inside the proxy");
@@ -51,12 +58,21 @@ async function nonStreamingWithALocalTool() {
   assert.equal(message.usage.output_tokens, 4);
 }
 
+async function theQuickstartsFirstBlockIsTheText() {
+  // Without thinking switched on, no thinking block: the quickstart reads
+  // `content[0].text`.
+  const message = await client.messages.create({ model: "weather", max_tokens: 256, messages: WEATHER });
+  assert.equal(message.content[0].text, ANSWER);
+  assert.deepEqual(kinds(message), ["text"]);
+}
+
 async function streamingEvents() {
   const stream = await client.messages.create({
     model: "weather",
     max_tokens: 256,
     messages: WEATHER,
     stream: true,
+    thinking: THINKING,
   });
   const types = [];
   let text = "";
@@ -83,7 +99,7 @@ async function streamingEvents() {
 async function streamHelper() {
   const pieces = [];
   const stream = client.messages
-    .stream({ model: "weather", max_tokens: 256, messages: WEATHER })
+    .stream({ model: "weather", max_tokens: 256, messages: WEATHER, thinking: THINKING })
     .on("text", (delta) => pieces.push(delta));
   const final = await stream.finalMessage();
   assert.equal(pieces.join(""), ANSWER);
@@ -142,6 +158,7 @@ async function auth() {
 }
 
 await nonStreamingWithALocalTool();
+await theQuickstartsFirstBlockIsTheText();
 await streamingEvents();
 await streamHelper();
 await clientToolRoundTrip();

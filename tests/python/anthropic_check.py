@@ -21,6 +21,8 @@ client = Anthropic(base_url=BASE_URL, api_key=KEY, max_retries=0)
 
 WEATHER = [{"role": "user", "content": "Weather in Paris?"}]
 ANSWER = "It is 21 °C in Paris."
+# Thinking blocks come to a request that switches thinking on, as from Anthropic.
+THINKING = {"type": "enabled", "budget_tokens": 1024}
 NOTES = [{"role": "user", "content": "What is in notes.txt?"}]
 READ_FILE = {
     "name": "read_file",
@@ -44,7 +46,9 @@ def signed(message):
 
 
 def check_non_streaming_with_a_local_tool():
-    raw = client.messages.with_raw_response.create(model="weather", max_tokens=256, messages=WEATHER)
+    raw = client.messages.with_raw_response.create(
+        model="weather", max_tokens=256, messages=WEATHER, thinking=THINKING
+    )
     # How this SDK sends `api_key=`: as a bearer token.
     sent = raw.http_request.headers
     assert sent.get("authorization") == f"Bearer {KEY}" and "x-api-key" not in sent, sent
@@ -64,8 +68,18 @@ def check_non_streaming_with_a_local_tool():
     assert message.usage.output_tokens == 4, message.usage
 
 
+def check_the_quickstarts_first_block_is_the_text():
+    # Without thinking switched on, no thinking block: the SDK's quickstart
+    # reads `content[0].text` (a ThinkingBlock has no `.text`).
+    message = client.messages.create(model="weather", max_tokens=256, messages=WEATHER)
+    assert message.content[0].text == ANSWER, message.content
+    assert kinds(message) == ["text"], kinds(message)
+
+
 def check_streaming_events():
-    events = list(client.messages.create(model="weather", max_tokens=256, messages=WEATHER, stream=True))
+    events = list(
+        client.messages.create(model="weather", max_tokens=256, messages=WEATHER, stream=True, thinking=THINKING)
+    )
     types = [event.type for event in events]
     assert types[0] == "message_start" and types[-1] == "message_stop", types
     deltas = [event.delta for event in events if event.type == "content_block_delta"]
@@ -81,7 +95,7 @@ def check_streaming_events():
 
 
 def check_stream_helper():
-    with client.messages.stream(model="weather", max_tokens=256, messages=WEATHER) as stream:
+    with client.messages.stream(model="weather", max_tokens=256, messages=WEATHER, thinking=THINKING) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
     assert "".join(pieces) == ANSWER, pieces
@@ -182,6 +196,7 @@ def check_models():
 
 
 check_non_streaming_with_a_local_tool()
+check_the_quickstarts_first_block_is_the_text()
 check_streaming_events()
 check_stream_helper()
 check_client_tool_round_trip()
