@@ -580,6 +580,9 @@ pub enum Finish {
 #[derive(Debug, Default, PartialEq)]
 pub struct Delta<'a> {
     pub reasoning: Option<Cow<'a, str>>,
+    /// `reasoning` is a summary of the model's reasoning (a Responses
+    /// upstream's `reasoning_summary_text`), not its own words.
+    pub summary: bool,
     pub content: Option<Cow<'a, str>>,
 }
 

@@ -617,6 +617,70 @@ async fn a_responses_upstreams_summaries_stay_its_own_when_a_summary_is_asked_fo
     );
 }
 
+/// OpenAI streams a reasoning model's summary, not its reasoning: the
+/// client gets it as summary events, as from OpenAI (Codex and the AI SDK
+/// show only those), and the item done with the upstream's summary parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_upstreams_streamed_summary_reaches_the_client_as_a_summary() {
+    let upstream = FakeServer::start(|_, _| {
+        let summary = json!([{"type": "summary_text", "text": "**Plan**"},
+                             {"type": "summary_text", "text": "Say hi."}]);
+        let item = json!({"type": "reasoning", "id": "rs_1", "summary": summary,
+                          "encrypted_content": "ENC-1"});
+        let at = |index: u64| json!({"item_id": "rs_1", "output_index": 0, "summary_index": index});
+        let with = |mut at: Value, key: &str, value: Value| {
+            at[key] = value;
+            at
+        };
+        responses_stream(vec![
+            up_event("response.created", json!({"response": {"id": "resp_a", "status": "in_progress", "output": []}})),
+            up_event("response.output_item.added", json!({"output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": []}})),
+            up_event("response.reasoning_summary_part.added", with(at(0), "part", json!({"type": "summary_text", "text": ""}))),
+            up_event("response.reasoning_summary_text.delta", with(at(0), "delta", json!("**Plan**"))),
+            up_event("response.reasoning_summary_part.added", with(at(1), "part", json!({"type": "summary_text", "text": ""}))),
+            up_event("response.reasoning_summary_text.delta", with(at(1), "delta", json!("Say hi."))),
+            up_event("response.output_item.done", json!({"output_index": 0, "item": item})),
+            up_event("response.output_text.delta", json!({"item_id": "msg_1", "output_index": 1, "content_index": 0, "delta": "Hi."})),
+            up_event("response.completed", json!({"response": {"id": "resp_a", "status": "completed",
+                "output": [item], "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}}})),
+        ])
+    })
+    .await;
+    let tool = weather_tool().await;
+    let proxy = Proxy::start(&weather_config(&upstream, "responses", &tool.url(), "")).await;
+    let body = json!({"model": "weather", "input": "Hi?", "stream": true,
+                      "reasoning": {"summary": "auto"}});
+    let response = post_json(proxy.port, "/v1/responses", &body).await;
+    let events = named_events(&response.body);
+    let answer = check_stream(&events);
+    let kinds = types(&events);
+    assert!(
+        !kinds.contains(&"response.reasoning_text.delta"),
+        "{kinds:?}"
+    );
+    let summary: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.reasoning_summary_text.delta")
+        .map(|(_, data)| data["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(summary, "**Plan**\n\nSay hi.");
+    let item = &answer["output"][0];
+    assert_eq!(
+        item["summary"],
+        json!([{"type": "summary_text", "text": "**Plan**"},
+               {"type": "summary_text", "text": "Say hi."}])
+    );
+    assert!(item.get("content").is_none(), "{item}");
+    assert_eq!(item["encrypted_content"], "ENC-1");
+    // A chat client reads it as the reasoning.
+    let body = json!({"model": "weather", "messages": [{"role": "user", "content": "Hi?"}]});
+    let answer = post_json(proxy.port, "/v1/chat/completions", &body)
+        .await
+        .json();
+    let reasoning = &answer["choices"][0]["message"]["reasoning_content"];
+    assert_eq!(reasoning, "**Plan**\n\nSay hi.");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chat_front_puts_reasoning_where_reasoning_field_says() {
     let upstream = FakeServer::start(|_, _| {

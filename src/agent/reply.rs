@@ -288,6 +288,21 @@ impl Reply {
         client: &mut impl Downstream,
         text: &str,
     ) -> Result<(), Gone> {
+        self.thought(client, text, Channel::Model).await
+    }
+
+    /// A piece of a summary of the model's reasoning (a Responses
+    /// upstream's), shown as the model's reasoning is.
+    pub async fn summary(&mut self, client: &mut impl Downstream, text: &str) -> Result<(), Gone> {
+        self.thought(client, text, Channel::Summary).await
+    }
+
+    async fn thought(
+        &mut self,
+        client: &mut impl Downstream,
+        text: &str,
+        channel: Channel,
+    ) -> Result<(), Gone> {
         if text.is_empty() {
             return Ok(());
         }
@@ -296,7 +311,7 @@ impl Reply {
         if !self.show_reasoning {
             return Ok(());
         }
-        self.send_reasoning(client, text, false).await
+        self.send_reasoning(client, text, channel).await
     }
 
     /// A reasoning item the upstream completed, for fronts that hand them on.
@@ -320,23 +335,24 @@ impl Reply {
         client: &mut impl Downstream,
         text: &str,
     ) -> Result<(), Gone> {
-        self.send_reasoning(client, text, true).await
+        self.send_reasoning(client, text, Channel::Note).await
     }
 
     async fn send_reasoning(
         &mut self,
         client: &mut impl Downstream,
         text: &str,
-        note: bool,
+        channel: Channel,
     ) -> Result<(), Gone> {
         self.last_reasoning_char = text.chars().next_back().or(self.last_reasoning_char);
         if self.report(text, false) {
             return Ok(());
         }
         self.open();
-        match note {
-            true => self.encoder.note(text, &mut self.buf),
-            false => self.encoder.reasoning(text, &mut self.buf),
+        match channel {
+            Channel::Model => self.encoder.reasoning(text, &mut self.buf),
+            Channel::Summary => self.encoder.summary(text, &mut self.buf),
+            Channel::Note => self.encoder.note(text, &mut self.buf),
         }
         self.flush(client).await
     }
@@ -435,6 +451,17 @@ impl Reply {
         let status = self.encoder.error_status(status);
         client.respond_json(status, body, &extra).await.is_err()
     }
+}
+
+/// Whose text the reasoning channel carries.
+#[derive(Clone, Copy)]
+enum Channel {
+    /// The model's own reasoning.
+    Model,
+    /// A summary of it, as a Responses upstream gives it.
+    Summary,
+    /// The proxy's progress notes.
+    Note,
 }
 
 /// The encoder of a nested agent's answer: nothing goes to a client (the

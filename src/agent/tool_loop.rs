@@ -737,7 +737,11 @@ impl RoundReader<'_> {
     ) -> Result<(), ReadError> {
         let step = decoder.event(event).map_err(ReadError::Decode)?;
         if let Some(text) = step.delta.reasoning.as_deref() {
-            self.reasoning(client, text).await?;
+            match step.delta.summary {
+                // A Responses upstream's: the history has its items.
+                true => self.reply.summary(client, text).await?,
+                false => self.reasoning(client, text).await?,
+            }
         }
         if let Some(item) = &step.reasoning_item {
             self.reply.reasoning_item(client, item).await?;

@@ -45,6 +45,12 @@ pub trait Encoder: Send {
     /// A piece of the model's reasoning.
     fn reasoning(&mut self, text: &str, out: &mut Vec<u8>);
 
+    /// A piece of a summary of the model's reasoning (a Responses
+    /// upstream's), for fronts that tell a summary from the reasoning.
+    fn summary(&mut self, text: &str, out: &mut Vec<u8>) {
+        self.reasoning(text, out);
+    }
+
     /// A piece of the proxy's own progress notes (a tool call, a called
     /// agent's text), shown on the reasoning channel. The fronts whose
     /// clients send reasoning back (Responses, Messages) put it in an item

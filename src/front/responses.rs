@@ -956,14 +956,15 @@ impl OutputItem {
                 upstream_text,
                 summary,
                 encrypted,
-                summarized,
                 ..
             } => {
+                // A summarized item's text went into its summary when it
+                // closed; the upstream's own raw text is its content.
                 let text = upstream_text.as_deref().unwrap_or(text);
                 ItemOut::Reasoning {
                     id,
                     summary: SummaryList(if added { &[] } else { summary }),
-                    content: (!added && !text.is_empty() && !summarized)
+                    content: (!added && !text.is_empty())
                         .then_some(PartOut::ReasoningText { text }),
                     encrypted_content: encrypted.as_deref().filter(|_| !added),
                 }
@@ -1601,6 +1602,23 @@ impl Encoder for ResponsesEncoder {
             return;
         }
         let index = self.reasoning_index(None, true, out);
+        self.reasoning_text(index, text, out);
+    }
+
+    /// A Responses upstream's summary streams as the item's summary, as
+    /// OpenAI streams it (what Codex and the AI SDK show), unless the
+    /// item's raw text began first.
+    fn summary(&mut self, text: &str, out: &mut Vec<u8>) {
+        if text.is_empty() || self.ended {
+            return;
+        }
+        let index = self.reasoning_index(None, false, out);
+        if let Body::Reasoning {
+            summarized, part, ..
+        } = &mut self.output[index].body
+        {
+            *summarized |= !*part;
+        }
         self.reasoning_text(index, text, out);
     }
 

@@ -554,6 +554,7 @@ impl RoundDecoder for Decoder {
         if let Some(delta) = choice.delta {
             step.delta = Delta {
                 reasoning: delta.reasoning_content.or(delta.reasoning),
+                summary: false,
                 content: delta.content,
             };
             for call in delta.tool_calls.iter().flatten() {

@@ -549,14 +549,15 @@ impl RoundDecoder for Decoder {
             "response.output_text.delta" | "response.refusal.delta" => {
                 step.delta.content = text(data.delta)?;
             }
-            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+            kind @ ("response.reasoning_summary_text.delta" | "response.reasoning_text.delta") => {
                 let text = text(data.delta)?;
                 self.reasoning_open |= text.as_deref().is_some_and(|t| !t.is_empty());
                 step.delta.reasoning = text;
+                step.delta.summary = kind == "response.reasoning_summary_text.delta";
             }
-            "response.reasoning_summary_part.added" => {
-                let separate = std::mem::take(&mut self.reasoning_open);
-                step.delta.reasoning = separate.then_some(Cow::Borrowed(PART_SEPARATOR));
+            "response.reasoning_summary_part.added" if std::mem::take(&mut self.reasoning_open) => {
+                step.delta.reasoning = Some(Cow::Borrowed(PART_SEPARATOR));
+                step.delta.summary = true;
             }
             "response.output_item.done" => {
                 let item: ItemIn = field(data.item, "response.output_item.done")?;
