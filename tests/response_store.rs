@@ -167,7 +167,7 @@ async fn previous_response_id_continues_and_stored_responses_read_back() {
         &json!({"model": "bot", "input": "more", "previous_response_id": id(&third)}),
     )
     .await;
-    assert_eq!(broken.status, 404, "{}", broken.text());
+    assert_eq!(broken.status, 400, "{}", broken.text());
     assert_eq!(
         broken.json()["error"]["code"],
         "previous_response_not_found"
@@ -280,7 +280,7 @@ async fn a_stored_response_is_seen_only_by_its_tenant() {
                     .as_bytes(),
             )
             .await;
-            assert_eq!(continued.status, 404, "{key}");
+            assert_eq!(continued.status, 400, "{key}: as an id no one holds");
             let deleted = request(port, "DELETE", &path, &h, b"").await;
             assert_eq!(deleted.status, 404, "{key} cannot delete it");
         }

@@ -463,7 +463,7 @@ async fn stateful_fields_get_a_clear_error_in_openai_shape() {
     // With the default store: an id it does not hold.
     let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
     let response = post_json(proxy.port, "/v1/responses", &ask_previous).await;
-    assert_eq!(response.status, 404, "{}", response.text());
+    assert_eq!(response.status, 400, "as OpenAI's: {}", response.text());
     let error = &response.json()["error"];
     assert_eq!(error["type"], "invalid_request_error");
     assert_eq!(error["code"], "previous_response_not_found");

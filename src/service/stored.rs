@@ -148,7 +148,8 @@ async fn history(
             .await
             .map_err(|_| unavailable())?
             .ok_or_else(|| {
-                ApiError::not_found(format!("Previous response with id '{id}' not found."))
+                // A 400, as OpenAI answers it (the SDKs' BadRequestError).
+                ApiError::bad_request(format!("Previous response with id '{id}' not found."))
                     .with_param("previous_response_id")
                     .with_code("previous_response_not_found")
             })?;

@@ -94,10 +94,12 @@ def check_a_conversation_chained_by_previous_response_id():
         raise AssertionError("a deleted response is gone")
     try:
         client.responses.create(model="weather", input="hi", previous_response_id="resp_unknown")
-    except openai.NotFoundError as e:
+    except openai.BadRequestError as e:
+        # As OpenAI answers it: a 400 naming the field and the code.
         assert e.body["param"] == "previous_response_id", e.body
+        assert e.code == "previous_response_not_found", e.body
     else:
-        raise AssertionError("an unknown previous_response_id is a 404")
+        raise AssertionError("an unknown previous_response_id is a 400")
 
 
 def check_a_failed_stream_is_read_to_its_end():
