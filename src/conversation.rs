@@ -343,6 +343,37 @@ pub enum Part {
     Other(Value),
 }
 
+impl Part {
+    /// A line naming a part a model cannot take (an image for a text
+    /// model), in its place: `[image: image/png, 2 KiB]`.
+    pub fn named(&self) -> String {
+        let data = |url: &str| {
+            let (kind, data) = url.strip_prefix("data:")?.split_once(";base64,")?;
+            Some(format!(
+                "{kind}, {} KiB",
+                (data.len() * 3 / 4).div_ceil(1024)
+            ))
+        };
+        match self {
+            Part::Text(text) => text.clone(),
+            Part::Image { url, .. } => match data(url) {
+                Some(what) => format!("[image: {what}, not shown: the model takes no images]"),
+                None => format!("[image: {url}, not shown: the model takes no images]"),
+            },
+            Part::File(file) => {
+                let what = match (&file.name, file.data.as_deref().and_then(data)) {
+                    (Some(name), Some(size)) => format!("{name}, {size}"),
+                    (Some(name), None) => name.clone(),
+                    (None, Some(size)) => size,
+                    (None, None) => file.url.clone().or(file.id.clone()).unwrap_or_default(),
+                };
+                format!("[file: {what}, not shown: the model takes no files]")
+            }
+            Part::Other(_) => "[content the model cannot take, not shown]".to_owned(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct FilePart {
     /// Its bytes as a `data:` URL (`data:application/pdf;base64,…`).

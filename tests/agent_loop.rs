@@ -668,26 +668,27 @@ async fn tool_events_setting_controls_progress_lines() {
             tool_call(0, "a", "get_weather", "{\"city\":\"Oslo\"}"),
             finish("tool_calls"),
         ]),
-        _ => Reply::events(vec![content("ok"), finish("stop")]),
+        _ => Reply::events(vec![reasoning("Found it."), content("ok"), finish("stop")]),
     })
     .await;
-    // A line of its own, after whatever the model's text ended with.
+    // A line of its own, after whatever the model's text ended with; a
+    // round's reasoning does not run into the last one's either.
     let note = "Calling get_weather {\"city\":\"Oslo\"}…\n";
     for (events, content, reasoning) in [
         (
             "content",
             format!("Let me look.\n{note}ok"),
-            "I should look.".to_owned(),
+            "I should look.\n\nFound it.".to_owned(),
         ),
         (
             "reasoning",
             "Let me look.\n\nok".to_owned(),
-            format!("I should look.\n{note}"),
+            format!("I should look.\n{note}Found it."),
         ),
         (
             "hidden",
             "Let me look.\n\nok".to_owned(),
-            "I should look.".to_owned(),
+            "I should look.\n\nFound it.".to_owned(),
         ),
     ] {
         let proxy = agent_with(

@@ -250,16 +250,20 @@ async fn a_client_that_did_not_switch_thinking_on_gets_no_thinking_blocks() {
 }
 
 /// Claude Code's Read of a picture or a PDF answers it in the tool result;
-/// a chat tool message holds text only, so the model gets them in a user
-/// message after the results, each labelled with its call, joined to the
-/// client's own next words. Before, they were dropped unseen and the model
-/// made the file's content up.
+/// a chat tool message holds text only, so a model that takes images
+/// (`vision: true`) gets them in a user message after the results, each
+/// labelled with its call, joined to the client's own next words. Before,
+/// they were dropped unseen and the model made the file's content up. A
+/// text model (a llama-server without `--mmproj` refuses any image, and the
+/// conversation with it) reads a line naming each instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_results_images_reach_the_model_after_the_results() {
     let tool = weather_tool().await;
     let upstream =
         FakeServer::start(|_, _| Reply::events(vec![content("A cat."), finish("stop")])).await;
-    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let text_model = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let config = weather_config(&upstream, "chat, vision: true", &tool.url(), "");
+    let proxy = Proxy::start(&config).await;
     let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}});
     let calls = json!([
         {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/a.png"}},
@@ -305,6 +309,25 @@ async fn a_tool_results_images_reach_the_model_after_the_results() {
                 json!({"role": "tool", "tool_call_id": "toolu_2", "content": "hello"}),
                 last,
             ]
+        );
+        let response = post_messages(text_model.port, "/v1/messages", &body, &[]).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        let sent = upstream.requests().last().unwrap().json();
+        let text = sent.to_string();
+        assert!(
+            !text.contains("image_url") && !text.contains("Attached"),
+            "{text}"
+        );
+        let named = sent["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["tool_call_id"] == "toolu_1")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            named["content"],
+            "a.png, 2 KB\n[image: image/png, 1 KiB, not shown: the model takes no images]"
         );
     }
 }

@@ -350,14 +350,16 @@ async fn client_function_tools_round_trip_as_function_call_items() {
 }
 
 /// A tool output's image (Codex's `view_image`, an image tool's picture)
-/// reaches a chat model in a user message after the results, labelled with
-/// its call (a chat tool message holds text only); before, it was dropped.
+/// reaches a chat model that takes images in a user message after the
+/// results, labelled with its call (a chat tool message holds text only);
+/// before, it was dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_outputs_image_reaches_a_chat_model_after_the_results() {
     let tool = weather_tool().await;
     let upstream =
         FakeServer::start(|_, _| Reply::events(vec![content("A cat."), finish("stop")])).await;
-    let proxy = Proxy::start(&weather_config(&upstream, "chat", &tool.url(), "")).await;
+    let config = weather_config(&upstream, "chat, vision: true", &tool.url(), "");
+    let proxy = Proxy::start(&config).await;
     let input = json!([
         {"role": "user", "content": "Look at cat.png"},
         {"type": "function_call", "call_id": "call_9", "name": "view_image", "arguments": "{}"},
@@ -368,17 +370,30 @@ async fn a_tool_outputs_image_reaches_a_chat_model_after_the_results() {
     let body = json!({"model": "weather", "input": input, "store": false});
     let response = post_json(proxy.port, "/v1/responses", &body).await;
     assert_eq!(response.status, 200, "{}", response.text());
+    let expected = [
+        json!({"role": "tool", "tool_call_id": "call_9", "content": "cat.png"}),
+        json!({"role": "user", "content": [
+            {"type": "text", "text": "Attached to the result of tool call call_9:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}),
+    ];
     let sent = upstream.requests()[0].json();
     let messages = sent["messages"].as_array().unwrap();
-    assert_eq!(
-        messages[messages.len() - 2..],
-        [
-            json!({"role": "tool", "tool_call_id": "call_9", "content": "cat.png"}),
-            json!({"role": "user", "content": [
-                {"type": "text", "text": "Attached to the result of tool call call_9:"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}),
-        ]
-    );
+    assert_eq!(messages[messages.len() - 2..], expected);
+
+    // The same from the chat front: LangChain's ToolMessage of a picture.
+    let body = json!({"model": "weather", "messages": [
+        {"role": "user", "content": "Look at cat.png"},
+        {"role": "assistant", "tool_calls": [{"id": "call_9", "type": "function",
+            "function": {"name": "view_image", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_9", "content": [
+            {"type": "text", "text": "cat.png"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}
+    ]});
+    let response = post_json(proxy.port, "/v1/chat/completions", &body).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let sent = upstream.requests().last().unwrap().json();
+    let messages = sent["messages"].as_array().unwrap();
+    assert_eq!(messages[messages.len() - 2..], expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,12 +13,14 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::conversation::{Finish, Reasoning, ToolCall, Usage};
 use crate::downstream::{Downstream, Gone};
 use crate::error::ApiError;
-use crate::front::Encoder;
+use crate::front::{self, Encoder};
 use crate::tools::Progress;
 
 pub struct Reply {
     encoder: Box<dyn Encoder>,
     show_reasoning: bool,
+    /// The proxy's notes go out on the reasoning channel: the answer has one.
+    notes: bool,
     usage: Usage,
     first_token_at: Option<std::time::Instant>,
     /// Bytes the encoder wrote, reused for every event.
@@ -35,6 +37,8 @@ pub struct Reply {
     last_reasoning_char: Option<char>,
     /// A new round began: its first text starts a new paragraph.
     round_break: bool,
+    /// The same for its first reasoning.
+    reasoning_break: bool,
     /// For an agent called by another: its text is collected (the caller's
     /// tool result) and also sent to `progress`, to show up in the caller's
     /// stream as it comes.
@@ -94,9 +98,11 @@ impl Reply {
             true => Vec::with_capacity(512),
             false => Vec::new(),
         };
+        let notes = encoder.takes_reasoning();
         Reply {
             encoder,
-            show_reasoning,
+            show_reasoning: show_reasoning && notes,
+            notes,
             usage: Usage::default(),
             first_token_at: None,
             buf,
@@ -105,6 +111,7 @@ impl Reply {
             last_char: None,
             last_reasoning_char: None,
             round_break: false,
+            reasoning_break: false,
             nested: None,
         }
     }
@@ -159,6 +166,7 @@ impl Reply {
     /// (`Let me check.It is 21 °C`).
     pub fn next_round(&mut self) {
         self.round_break = true;
+        self.reasoning_break = true;
     }
 
     pub fn add_usage(&mut self, usage: Usage) {
@@ -264,7 +272,7 @@ impl Reply {
         self.first_token_at
             .get_or_insert_with(std::time::Instant::now);
         if std::mem::take(&mut self.round_break)
-            && self.encoder.continues_text()
+            && self.encoder.continues(front::Channel::Text)
             && self.last_char.is_some_and(|c| !c.is_whitespace())
             && !text.starts_with(char::is_whitespace)
         {
@@ -311,6 +319,15 @@ impl Reply {
         if !self.show_reasoning {
             return Ok(());
         }
+        // A new round's reasoning does not run into the last one's, in a
+        // block or item it continues (`…first.Let me…`).
+        if std::mem::take(&mut self.reasoning_break)
+            && self.encoder.continues(front::Channel::Reasoning)
+            && self.last_reasoning_char.is_some_and(|c| !c.is_whitespace())
+            && !text.starts_with(char::is_whitespace)
+        {
+            self.send_reasoning(client, "\n\n", channel).await?;
+        }
         self.send_reasoning(client, text, channel).await
     }
 
@@ -335,6 +352,9 @@ impl Reply {
         client: &mut impl Downstream,
         text: &str,
     ) -> Result<(), Gone> {
+        if !self.notes {
+            return Ok(());
+        }
         self.send_reasoning(client, text, Channel::Note).await
     }
 
@@ -367,10 +387,12 @@ impl Reply {
         in_content: bool,
     ) -> Result<(), Gone> {
         let last = match in_content {
-            true => self.last_char.filter(|_| self.encoder.continues_text()),
+            true => self
+                .last_char
+                .filter(|_| self.encoder.continues(front::Channel::Text)),
             false => self
                 .last_reasoning_char
-                .filter(|_| self.encoder.continues_notes()),
+                .filter(|_| self.encoder.continues(front::Channel::Note)),
         };
         let line = match last {
             Some(c) if c != '\n' => std::borrow::Cow::Owned(format!("\n{line}")),

@@ -21,6 +21,25 @@ pub fn rewrite(agent: &Agent, toolset: &ToolSet, conversation: &mut Conversation
     for (key, value) in &agent.params {
         apply_param(conversation, key, value);
     }
+    if !agent.upstream.vision {
+        name_attachments(&mut conversation.items);
+    }
+}
+
+/// A tool result's images and files, for a model that takes none: each a
+/// line of the result's text naming it. Sent, one would fail the request,
+/// and every later one of the conversation that holds it.
+fn name_attachments(items: &mut [Item]) {
+    for item in items {
+        if let Item::ToolResult(result) = item {
+            for part in result.attachments.drain(..) {
+                if !result.output.is_empty() {
+                    result.output.push('\n');
+                }
+                result.output.push_str(&part.named());
+            }
+        }
+    }
 }
 
 /// An agent `param` fills what the client left unset: the options the core

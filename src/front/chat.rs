@@ -201,11 +201,12 @@ fn decode_message(message: Built, at: At<'_>, items: &mut Vec<Item>) -> Result<(
         "system" | "developer" => Role::System,
         "tool" => {
             let call_id = take_str_at(&mut message, "tool_call_id", at.field("tool_call_id"))?;
+            let (output, attachments) = tool_content(content);
             items.push(Item::ToolResult(ToolResult {
                 call_id: call_id.unwrap_or_default(),
-                output: content_text(content),
+                output,
                 is_error: false,
-                attachments: Vec::new(),
+                attachments,
             }));
             return Ok(());
         }
@@ -268,17 +269,27 @@ fn tool_calls(calls: Option<Value>, at: At<'_>) -> Result<Vec<Item>, ApiError> {
     calls.into_iter().enumerate().map(call).collect()
 }
 
-/// The text of a message's `content`: a string, or its text parts joined.
-fn content_text(content: Option<Value>) -> String {
-    match content {
-        Some(Value::String(text)) => text,
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
+/// A tool message's `content`: a string, or its text parts joined, and its
+/// images and files (LangChain sends a tool's picture so) apart.
+fn tool_content(content: Option<Value>) -> (String, Vec<Part>) {
+    if let Some(Value::String(text)) = content {
+        return (text, Vec::new());
     }
+    let mut texts = Vec::new();
+    let mut attachments = Vec::new();
+    for part in decode_content(content) {
+        match part {
+            Part::Text(text) => texts.push(text),
+            Part::Other(Value::Object(mut part)) => {
+                if let Some(Value::String(text)) = part.remove("text") {
+                    texts.push(text);
+                }
+            }
+            Part::Other(_) => {}
+            other => attachments.push(other),
+        }
+    }
+    (texts.join("\n"), attachments)
 }
 
 /// A request's function tools; a tool without a function is none the

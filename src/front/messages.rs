@@ -22,7 +22,8 @@ use super::known_tools::Declared;
 use super::{
     decode_history, description, function_tools, invalid, new_id, note_dropped,
     picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
-    At, Encoder, Entry, ErrorEnvelope, ErrorIn, Found, Picked, Take, ToolObject, ToolShape, Tools,
+    At, Channel, Encoder, Entry, ErrorEnvelope, ErrorIn, Found, Picked, Take, ToolObject,
+    ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, FilePart, Finish, Format, FunctionTool, Item, Message,
@@ -1024,12 +1025,17 @@ impl Encoder for MessagesEncoder {
         self.append(Open::Text, text, out);
     }
 
-    fn continues_text(&self) -> bool {
-        matches!(self.open, Some((Open::Text, _)))
+    fn continues(&self, channel: Channel) -> bool {
+        let open = match channel {
+            Channel::Text => Open::Text,
+            Channel::Reasoning => Open::Thinking,
+            Channel::Note => Open::Note,
+        };
+        matches!(self.open, Some((kind, _)) if kind == open)
     }
 
-    fn continues_notes(&self) -> bool {
-        matches!(self.open, Some((Open::Note, _)))
+    fn takes_reasoning(&self) -> bool {
+        self.thinking
     }
 
     /// One `tool_use` block per call, its input in one `input_json_delta`.

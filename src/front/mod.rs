@@ -31,6 +31,16 @@ pub use budget::Found;
 use known_entries::Decoding;
 use known_tools::Declared;
 
+/// What a piece of an answer is, for [`Encoder::continues`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    Text,
+    /// The model's reasoning (or a summary of it).
+    Reasoning,
+    /// The proxy's progress notes.
+    Note,
+}
+
 /// Writes one answer in a client's dialect. Streaming encoders append SSE
 /// bytes to `out` as each call comes; non-streaming ones collect and write
 /// the whole response body in [`Encoder::finish`].
@@ -70,18 +80,20 @@ pub trait Encoder: Send {
     /// A piece of the answer's text.
     fn content(&mut self, text: &str, out: &mut Vec<u8>);
 
-    /// Whether the next text extends the text written last (chat's one
-    /// `content`), rather than beginning an item or block of its own (the
-    /// Responses and Messages fronts, after reasoning or a call): only then
-    /// does a new round's text start with a blank line.
-    fn continues_text(&self) -> bool {
+    /// Whether the next piece on `channel` extends the one written last
+    /// (chat's one `content` and one reasoning), rather than beginning an
+    /// item or block of its own (the Responses and Messages fronts, after
+    /// another kind or a call): only then does a new round's text or
+    /// reasoning start with a blank line, and a note's line with a break.
+    fn continues(&self, channel: Channel) -> bool {
+        let _ = channel;
         true
     }
 
-    /// [`Encoder::continues_text`] for the proxy's notes: whether the next
-    /// note extends the last, so that a line of its own must begin with a
-    /// line break.
-    fn continues_notes(&self) -> bool {
+    /// Whether the answer carries reasoning at all (Messages: only when the
+    /// client switched thinking on). Otherwise the model's reasoning and the
+    /// proxy's notes are left out, and a stream is not opened for them.
+    fn takes_reasoning(&self) -> bool {
         true
     }
 

@@ -20,8 +20,8 @@ use super::known_tools::{Declared, Namespaced};
 use super::{
     decode_history, description, each_tool, function_tools, invalid, nested_tools, new_id,
     note_dropped, picked_object_and_tools, required_str, take_bool, take_f64, take_str,
-    take_str_at, take_u64, At, Entry, ErrorEnvelope, ErrorIn, Found, Picked, ReadTools, Take,
-    ToolObject, ToolShape, Tools,
+    take_str_at, take_u64, At, Channel, Entry, ErrorEnvelope, ErrorIn, Found, Picked, ReadTools,
+    Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, FilePart, Finish, Format, FunctionTool, Item, Message,
@@ -1657,13 +1657,12 @@ impl Encoder for ResponsesEncoder {
         );
     }
 
-    fn continues_text(&self) -> bool {
-        self.open
-            .is_some_and(|i| matches!(self.output[i].body, Body::Message { .. }))
-    }
-
-    fn continues_notes(&self) -> bool {
-        self.open.is_some_and(|i| self.open_reasoning(i, true))
+    fn continues(&self, channel: Channel) -> bool {
+        self.open.is_some_and(|i| match channel {
+            Channel::Text => matches!(self.output[i].body, Body::Message { .. }),
+            Channel::Reasoning => self.open_reasoning(i, false),
+            Channel::Note => self.open_reasoning(i, true),
+        })
     }
 
     fn client_calls(&mut self, calls: &[ToolCall], out: &mut Vec<u8>) {

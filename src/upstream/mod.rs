@@ -41,6 +41,8 @@ pub struct Upstream {
     spec: UpstreamFile,
     pub pool: Pool,
     pub api: UpstreamApi,
+    /// Its models take a tool result's images and files (`vision`).
+    pub vision: bool,
     /// `Authorization: Bearer <api_key>`, marked sensitive (never logged).
     bearer: Option<http::HeaderValue>,
     retries: usize,
@@ -131,6 +133,7 @@ impl Upstream {
             spec,
             pool: Pool::new(name, members, file.balance, health),
             api: file.api,
+            vision: file.vision.unwrap_or(file.api == UpstreamApi::Responses),
             bearer,
             retries,
             ready: Default::default(),
