@@ -351,6 +351,84 @@ async fn client_tool_calls_go_back_to_the_client() {
     assert_eq!(res.json()["choices"][0]["finish_reason"], "tool_calls");
 }
 
+/// A call to a tool no one offered (vLLM's parsers let a made-up name
+/// through) is not handed to a client that never declared it: the model is
+/// told there is no such tool, and answers in its next round.
+#[tokio::test]
+async fn a_call_to_a_tool_no_one_offered_is_answered_to_the_model() {
+    let upstream = FakeServer::start(|req, _| match req.tool_results().last() {
+        None => Reply::events(vec![
+            tool_call(0, "call-1", "python", "{\"code\":\"2+2\"}"),
+            finish("tool_calls"),
+        ]),
+        Some(result) => Reply::events(vec![content(&format!("4 ({result})")), finish("stop")]),
+    })
+    .await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        "http://127.0.0.1:9/unused",
+        "    tools: [get_weather]",
+    ))
+    .await;
+    for stream in [false, true] {
+        let mut body = ask(stream);
+        body["tools"] = json!([{"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}]);
+        let res = post_json(proxy.port, "/v1/chat/completions", &body).await;
+        assert_eq!(res.status, 200, "{}", res.text());
+        let (text, finish) = match stream {
+            true => {
+                let events = res.events();
+                let finish = events.last().unwrap()["choices"][0]["finish_reason"].clone();
+                (res.delta_text("content"), finish)
+            }
+            false => {
+                let choice = res.json()["choices"][0].clone();
+                let text = choice["message"]["content"].as_str().unwrap().to_owned();
+                assert!(choice["message"].get("tool_calls").is_none(), "{choice}");
+                (text, choice["finish_reason"].clone())
+            }
+        };
+        assert_eq!(finish, "stop");
+        assert!(
+            text.starts_with("4 (error: There is no tool `python`."),
+            "{text}"
+        );
+    }
+}
+
+/// Once the agent's tools ran, a failure is not for the client to send
+/// again: the OpenAI SDKs resend a 5xx twice unless `x-should-retry: false`
+/// says not to, and the tools (an order placed, a mail sent) would run
+/// again each time. A failure before any tool ran may be sent again.
+#[tokio::test]
+async fn a_failure_after_the_tools_ran_tells_the_sdks_not_to_retry() {
+    let tool = weather_tool(200).await;
+    let upstream = FakeServer::start(|req, _| {
+        let busy = br#"{"error":{"message":"busy","type":"server_error","code":503}}"#;
+        match (
+            req.json()["messages"][1]["content"].as_str(),
+            req.tool_results().is_empty(),
+        ) {
+            (Some("first"), _) | (_, false) => Reply::raw_json(503, busy),
+            (_, true) => Reply::events(vec![
+                tool_call(0, "call-1", "get_weather", "{\"city\":\"Rome\"}"),
+                finish("tool_calls"),
+            ]),
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&config(&upstream, &tool.url(), "    tools: [get_weather]")).await;
+    let res = post_json(proxy.port, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(res.status, 503, "{}", res.text());
+    assert_eq!(tool.requests().len(), 1);
+    assert_eq!(res.header("x-should-retry"), Some("false"));
+    let mut first = ask(false);
+    first["messages"][0]["content"] = json!("first");
+    let res = post_json(proxy.port, "/v1/chat/completions", &first).await;
+    assert_eq!(res.status, 503, "{}", res.text());
+    assert_eq!(res.header("x-should-retry"), None, "no tool ran");
+}
+
 #[tokio::test]
 async fn mixed_turn_runs_local_calls_and_defers_client_calls() {
     let tool = weather_tool(200).await;

@@ -39,6 +39,9 @@ pub struct Reply {
     round_break: bool,
     /// The same for its first reasoning.
     reasoning_break: bool,
+    /// The agent's tools ran: a failure now is not one for the client to
+    /// send again (their side effects would repeat).
+    acted: bool,
     /// For an agent called by another: its text is collected (the caller's
     /// tool result) and also sent to `progress`, to show up in the caller's
     /// stream as it comes.
@@ -112,6 +115,7 @@ impl Reply {
             last_reasoning_char: None,
             round_break: false,
             reasoning_break: false,
+            acted: false,
             nested: None,
         }
     }
@@ -204,6 +208,11 @@ impl Reply {
         // Boxed: once a request at most, and as large as a write.
         Box::pin(self.start(client)).await?;
         client.wait(work).await
+    }
+
+    /// The agent's tools are about to run.
+    pub fn tools_ran(&mut self) {
+        self.acted = true;
     }
 
     /// Opens the event stream now (head and opening events), if not yet
@@ -465,10 +474,16 @@ impl Reply {
             let _ = self.flush(client).await;
             return true;
         }
-        let extra: Vec<_> = retry_after
+        let mut extra: Vec<_> = retry_after
             .into_iter()
             .map(|v| (http::header::RETRY_AFTER, v))
             .collect();
+        // The OpenAI SDKs send a 5xx again (twice, by default) unless told
+        // not to: the tools that ran would run again.
+        if self.acted {
+            let never = http::HeaderValue::from_static("false");
+            extra.push((http::HeaderName::from_static("x-should-retry"), never));
+        }
         let body = self.encoder.error_body(status, body);
         let status = self.encoder.error_status(status);
         client.respond_json(status, body, &extra).await.is_err()

@@ -31,8 +31,8 @@ use super::Agent;
 use crate::boxed;
 use crate::config::file::{ReasoningMode, ToolEvents, UpstreamApi};
 use crate::conversation::{
-    Conversation, Finish, Item, Message, Prompt, Reasoning, Role, RoundEnd, ToolCall, ToolChoice,
-    ToolResult, Usage,
+    Conversation, Finish, FunctionTool, Item, Message, Prompt, Reasoning, Role, RoundEnd, ToolCall,
+    ToolChoice, ToolResult, Usage,
 };
 use crate::downstream::{Downstream, Gone, Headless};
 use crate::error::{from_upstream, ApiError};
@@ -260,11 +260,15 @@ impl Turn<'_> {
                     agent.upstream.name
                 ))));
             }
-            let local = round_end
-                .calls
-                .iter()
-                .filter(|c| self.toolset.is_local(&c.name))
-                .count();
+            // A call to a tool no one offered (a model's invention, which a
+            // server that does not hold it to the list lets through) is
+            // answered with an error, and the model gets another round,
+            // rather than going to a client that never declared it.
+            let tools = &conversation.tools;
+            let ours = |call: &ToolCall| {
+                self.toolset.is_local(&call.name) || (!last && !declares(tools, &call.name))
+            };
+            let local = round_end.calls.iter().filter(|c| ours(c)).count();
             if local == 0 {
                 reply.tool_calls(client, &round_end.calls).await?;
                 return Ok(Finish::ToolCalls);
@@ -281,8 +285,11 @@ impl Turn<'_> {
             tool_rounds += 1;
             summary.tool_calls += local.min(self.ctx.config.limits.max_tool_calls_per_turn) as u32;
             // Open the stream before the tools run so heartbeats can flow.
+            reply.tools_ran();
             reply.start(client).await?;
-            let results = self.run_tools(&round_end.calls, client, reply).await?;
+            let results = self
+                .run_tools(&round_end.calls, &conversation.tools, client, reply)
+                .await?;
             let items = &mut conversation.items;
             // The upstream's reasoning items (a Responses upstream's, which
             // go back whole), else the reasoning the round streamed: the
@@ -313,6 +320,7 @@ impl Turn<'_> {
     async fn run_tools<D: Downstream>(
         &self,
         calls: &[ToolCall],
+        tools: &[Arc<FunctionTool>],
         client: &mut D,
         reply: &mut Reply,
     ) -> Result<Vec<ToolResult>, Failure> {
@@ -323,7 +331,8 @@ impl Turn<'_> {
         let plans: Vec<Plan> = calls
             .iter()
             .map(|call| match self.toolset.is_local(&call.name) {
-                false => Plan::Defer,
+                false if declares(tools, &call.name) => Plan::Defer,
+                false => Plan::Unknown,
                 true if local_seen >= cap => Plan::OverCap,
                 true => {
                     local_seen += 1;
@@ -335,6 +344,10 @@ impl Turn<'_> {
         // flood the log.
         let not_run = |kind| plans.iter().filter(|p| **p == kind).count();
         let (deferred, over_cap) = (not_run(Plan::Defer), not_run(Plan::OverCap));
+        let unknown = not_run(Plan::Unknown);
+        if unknown > 0 {
+            warn!(agent = %agent.id, calls = unknown, "tool calls to tools not offered: not run");
+        }
         if deferred > 0 {
             warn!(agent = %agent.id, calls = deferred, "client tool calls deferred: mixed with local calls");
         }
@@ -367,6 +380,12 @@ impl Turn<'_> {
                         return Outcome::error(format!(
                             "`{}` was not run: at most {cap} tool calls run per turn. \
                              Request it again in a later turn.",
+                            call.name
+                        ));
+                    }
+                    Plan::Unknown => {
+                        return Outcome::error(format!(
+                            "There is no tool `{}`. Call one of the tools offered, or answer.",
                             call.name
                         ));
                     }
@@ -480,6 +499,14 @@ enum Plan {
     Defer,
     /// Past `limits.max_tool_calls_per_turn`.
     OverCap,
+    /// To a tool no one offered.
+    Unknown,
+}
+
+/// Whether the request offers the model `function` (its own tools and the
+/// client's).
+fn declares(tools: &[Arc<FunctionTool>], function: &str) -> bool {
+    tools.iter().any(|tool| tool.name == function)
 }
 
 fn progress_note(call: &ToolCall) -> String {

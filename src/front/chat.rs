@@ -390,6 +390,13 @@ fn decode_options(
     };
     // `null` is as good as absent.
     let mut given = |key| read.take(key).filter(|value| !value.is_null());
+    rest.retain(|key, value| match key.as_str() {
+        "max_completion_tokens" => !value.is_null(),
+        // No answer of an agent carries them (each round has its own), and
+        // llama.cpp refuses a stream that asks for them with tools.
+        "logprobs" | "top_logprobs" => false,
+        _ => true,
+    });
     // `max_completion_tokens` stays as sent for a chat upstream; other
     // dialects get it as their own limit.
     options.max_tokens = match rest.get("max_completion_tokens") {
@@ -835,6 +842,18 @@ mod tests {
             (&out["max_tokens"], &out["max_completion_tokens"]),
             (&json!(9), &json!(5))
         );
+        // openai-python sends an explicit `None` as `null`: no limit. And
+        // logprobs, which no agent answer carries, are not asked for
+        // (llama.cpp refuses them in a stream with tools).
+        let body = format!(
+            r#"{{{user},"max_completion_tokens":null,"logprobs":true,"top_logprobs":2,"seed":1}}"#
+        );
+        assert_eq!(decode(body.as_bytes()).unwrap().options.max_tokens, None);
+        let out = forwarded(&body);
+        for gone in ["max_completion_tokens", "logprobs", "top_logprobs"] {
+            assert_eq!(out.get(gone), None, "{gone}");
+        }
+        assert_eq!(out["seed"], 1);
         for (option, value) in [
             ("max_tokens", "-1"),
             ("temperature", "\"hot\""),
