@@ -347,25 +347,33 @@ impl Part {
     /// A line naming a part a model cannot take (an image for a text
     /// model), in its place: `[image: image/png, 2 KiB]`.
     pub fn named(&self) -> String {
+        // A `data:` URL by its type and size, never its bytes; another by
+        // its first 200 bytes.
         let data = |url: &str| {
-            let (kind, data) = url.strip_prefix("data:")?.split_once(";base64,")?;
-            Some(format!(
-                "{kind}, {} KiB",
-                (data.len() * 3 / 4).div_ceil(1024)
-            ))
+            let (head, data) = url.strip_prefix("data:")?.split_once(',')?;
+            let kind = head.split(';').next().unwrap_or_default();
+            let bytes = match head.ends_with(";base64") {
+                true => data.len() * 3 / 4,
+                false => data.len(),
+            };
+            Some(format!("{kind}, {} KiB", bytes.div_ceil(1024)))
+        };
+        let short = |url: &str| match url.char_indices().nth(200) {
+            Some((end, _)) => format!("{}…", &url[..end]),
+            None => url.to_owned(),
         };
         match self {
             Part::Text(text) => text.clone(),
-            Part::Image { url, .. } => match data(url) {
-                Some(what) => format!("[image: {what}, not shown: the model takes no images]"),
-                None => format!("[image: {url}, not shown: the model takes no images]"),
-            },
+            Part::Image { url, .. } => {
+                let what = data(url).unwrap_or_else(|| short(url));
+                format!("[image: {what}, not shown: the model takes no images]")
+            }
             Part::File(file) => {
                 let what = match (&file.name, file.data.as_deref().and_then(data)) {
                     (Some(name), Some(size)) => format!("{name}, {size}"),
                     (Some(name), None) => name.clone(),
                     (None, Some(size)) => size,
-                    (None, None) => file.url.clone().or(file.id.clone()).unwrap_or_default(),
+                    (None, None) => short(file.url.as_deref().or(file.id.as_deref()).unwrap_or("")),
                 };
                 format!("[file: {what}, not shown: the model takes no files]")
             }
@@ -639,6 +647,38 @@ pub struct UpstreamError {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A part a model cannot take is named by its type and size, never its
+    /// bytes, whatever its `data:` URL's encoding.
+    #[test]
+    fn a_part_is_named_without_its_bytes() {
+        let image = |url: &str| Part::Image {
+            url: url.into(),
+            detail: None,
+        };
+        let base64 = format!("data:image/png;base64,{}", "A".repeat(4000));
+        let svg = format!("data:image/svg+xml;utf8,{}", "<svg/>".repeat(400));
+        let long = format!("https://example.com/{}", "x".repeat(300));
+        let not_shown = ", not shown: the model takes no images]";
+        assert_eq!(
+            image(&base64).named(),
+            format!("[image: image/png, 3 KiB{not_shown}")
+        );
+        assert_eq!(
+            image(&svg).named(),
+            format!("[image: image/svg+xml, 3 KiB{not_shown}")
+        );
+        assert!(image(&long).named().contains(&format!("{}…", &long[..200])));
+        let pdf = Part::File(FilePart {
+            data: Some(format!("data:application/pdf;base64,{}", "A".repeat(40))),
+            name: Some("a.pdf".into()),
+            ..FilePart::default()
+        });
+        assert_eq!(
+            pdf.named(),
+            "[file: a.pdf, application/pdf, 1 KiB, not shown: the model takes no files]"
+        );
+    }
 
     #[derive(Debug, Clone)]
     enum Add {

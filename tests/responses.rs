@@ -696,6 +696,54 @@ async fn a_responses_upstreams_streamed_summary_reaches_the_client_as_a_summary(
     assert_eq!(reasoning, "**Plan**\n\nSay hi.");
 }
 
+/// A Responses upstream's whole answer (a client that does not stream): its
+/// reasoning item is the answer's one, with its summary and encrypted
+/// content, and goes back as it came; it was shown twice, the second time
+/// under an id the upstream never made, without its encrypted content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_upstreams_whole_answer_holds_its_reasoning_item_once() {
+    let upstream = FakeServer::start(|_, _| {
+        let item = json!({"type": "reasoning", "id": "rs_1",
+            "summary": [{"type": "summary_text", "text": "Short summary."}],
+            "encrypted_content": "ENC-1"});
+        let message = json!({"type": "message", "role": "assistant",
+            "content": [{"type": "output_text", "text": "Hi."}]});
+        Reply::json(
+            200,
+            json!({"id": "resp_a", "object": "response", "status": "completed",
+            "output": [item, message],
+            "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}}),
+        )
+    })
+    .await;
+    let tool = weather_tool().await;
+    let proxy = Proxy::start(&weather_config(&upstream, "responses", &tool.url(), "")).await;
+    let first = post_json(
+        proxy.port,
+        "/v1/responses",
+        &json!({"model": "weather", "input": "Hi?"}),
+    )
+    .await;
+    let first = first.json();
+    let output = first["output"].as_array().unwrap();
+    let kinds: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["reasoning", "message"], "{output:?}");
+    assert_eq!(output[0]["summary"][0]["text"], "Short summary.");
+    assert_eq!(output[0]["encrypted_content"], "ENC-1");
+    let body = json!({"model": "weather", "input": "More?", "previous_response_id": first["id"]});
+    let second = post_json(proxy.port, "/v1/responses", &body).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    let sent = upstream.requests().last().unwrap().json();
+    let reasoning: Vec<&Value> = sent["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["type"] == "reasoning")
+        .collect();
+    assert_eq!(reasoning.len(), 1, "{reasoning:?}");
+    assert_eq!(reasoning[0]["encrypted_content"], "ENC-1");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chat_front_puts_reasoning_where_reasoning_field_says() {
     let upstream = FakeServer::start(|_, _| {

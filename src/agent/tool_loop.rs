@@ -283,9 +283,14 @@ impl Turn<'_> {
                 return Ok(Finish::Length);
             }
             tool_rounds += 1;
-            summary.tool_calls += local.min(self.ctx.config.limits.max_tool_calls_per_turn) as u32;
+            let run = (round_end.calls.iter())
+                .filter(|c| self.toolset.is_local(&c.name))
+                .count();
+            summary.tool_calls += run.min(self.ctx.config.limits.max_tool_calls_per_turn) as u32;
+            if run > 0 {
+                reply.tools_ran();
+            }
             // Open the stream before the tools run so heartbeats can flow.
-            reply.tools_ran();
             reply.start(client).await?;
             let results = self
                 .run_tools(&round_end.calls, &conversation.tools, client, reply)
@@ -658,10 +663,12 @@ async fn read_round<D: Downstream>(
                 false => from_upstream(&upstream.name, &e),
             })?;
         let whole = decoder.body(&body).map_err(failed)?;
+        // In a stream's order: the text, then the items that finish it
+        // (handed on first, an item was shown again by the text after it).
+        reader.reasoning(client, &whole.reasoning).await?;
         for item in &whole.reasoning_items {
             reader.reply.reasoning_item(client, item).await?;
         }
-        reader.reasoning(client, &whole.reasoning).await?;
         reader.content(client, &whole.content).await?;
         let end = decoder.end().map_err(failed)?;
         return reader.finish(client, end).await;

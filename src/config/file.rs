@@ -140,11 +140,11 @@ pub struct UpstreamFile {
     /// The API agents' requests use: `chat` (default) or `responses`.
     #[serde(default)]
     pub api: UpstreamApi,
-    /// Whether its models take the images and files a tool's result holds;
-    /// unset: `api: responses` (OpenAI's) does, `chat` does not (a
-    /// llama-server without `--mmproj` refuses every request with one).
+    /// Whether its models take the images and files a tool's result holds.
+    /// Off unless said: a text model (a llama-server without `--mmproj`,
+    /// gpt-oss on vLLM) refuses every request holding one.
     #[serde(default)]
-    pub vision: Option<bool>,
+    pub vision: bool,
 }
 
 fn default_connect_ms() -> u64 {

@@ -12,7 +12,8 @@ use serde_json::{Map, Value};
 use super::known_tools::Declared;
 use super::{
     decode_history, description, function_tools, invalid, picked_object_and_tools, required_str,
-    take_bool, take_str, take_str_at, At, Encoder, Entry, Found, Picked, Take, ToolShape, Tools,
+    result_parts, take_bool, take_str, take_str_at, At, Encoder, Entry, Found, Picked, Take,
+    ToolShape, Tools,
 };
 use crate::config::file::ReasoningField;
 use crate::config::KeyPath;
@@ -272,24 +273,10 @@ fn tool_calls(calls: Option<Value>, at: At<'_>) -> Result<Vec<Item>, ApiError> {
 /// A tool message's `content`: a string, or its text parts joined, and its
 /// images and files (LangChain sends a tool's picture so) apart.
 fn tool_content(content: Option<Value>) -> (String, Vec<Part>) {
-    if let Some(Value::String(text)) = content {
-        return (text, Vec::new());
+    match content {
+        Some(Value::String(text)) => (text, Vec::new()),
+        content => result_parts(decode_content(content)),
     }
-    let mut texts = Vec::new();
-    let mut attachments = Vec::new();
-    for part in decode_content(content) {
-        match part {
-            Part::Text(text) => texts.push(text),
-            Part::Other(Value::Object(mut part)) => {
-                if let Some(Value::String(text)) = part.remove("text") {
-                    texts.push(text);
-                }
-            }
-            Part::Other(_) => {}
-            other => attachments.push(other),
-        }
-    }
-    (texts.join("\n"), attachments)
 }
 
 /// A request's function tools; a tool without a function is none the

@@ -21,9 +21,9 @@ use super::defined_tools;
 use super::known_tools::Declared;
 use super::{
     decode_history, description, function_tools, invalid, new_id, note_dropped,
-    picked_object_and_tools, required_str, take_bool, take_f64, take_str, take_str_at, take_u64,
-    At, Channel, Encoder, Entry, ErrorEnvelope, ErrorIn, Found, Picked, Take, ToolObject,
-    ToolShape, Tools,
+    picked_object_and_tools, required_str, result_parts, take_bool, take_f64, take_str,
+    take_str_at, take_u64, At, Channel, Encoder, Entry, ErrorEnvelope, ErrorIn, Found, Picked,
+    Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, FilePart, Finish, Format, FunctionTool, Item, Message,
@@ -409,32 +409,20 @@ fn decode_block(
 /// (images, PDFs: Claude Code's Read of such a file), which a chat tool
 /// message cannot hold.
 fn result_blocks(blocks: Vec<Value>) -> (String, Vec<Part>) {
-    let mut texts = Vec::new();
-    let mut attachments = Vec::new();
-    let mut parts = Vec::new();
+    let mut parts = Vec::with_capacity(blocks.len());
     for block in blocks {
-        let Value::Object(mut block) = block else {
+        let Value::Object(block) = block else {
             continue;
         };
         match block.get("type").and_then(Value::as_str) {
             Some("image") => parts.push(decode_image(block)),
             Some("document") => decode_document(block, &mut parts),
             Some("search_result") => parts.push(Part::Text(search_result_text(block))),
-            _ => match block.remove("text") {
-                Some(Value::String(text)) if !text.is_empty() => parts.push(Part::Text(text)),
-                _ => {}
-            },
-        }
-        for part in parts.drain(..) {
-            match part {
-                Part::Text(text) => texts.push(text),
-                // By a file id: no upstream of ours reads it here.
-                Part::Other(_) => {}
-                other => attachments.push(other),
-            }
+            // Text blocks, by their text.
+            _ => parts.push(Part::Other(Value::Object(block))),
         }
     }
-    (texts.join("\n"), attachments)
+    result_parts(parts)
 }
 
 /// A search result (a RAG tool's, with its source for citations) as the

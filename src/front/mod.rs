@@ -22,7 +22,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::conversation::{
-    Description, Dialect, Finish, FunctionTool, Item, Prompt, Reasoning, Schema, ToolCall, Usage,
+    Description, Dialect, Finish, FunctionTool, Item, Part, Prompt, Reasoning, Schema, ToolCall,
+    Usage,
 };
 use crate::error::ApiError;
 use crate::json::scan::{BadJson, Built, ScanError, Scanner, MAX_DEPTH};
@@ -149,6 +150,30 @@ fn new_id(prefix: &str) -> String {
     let _ = hex::encode_to_slice(&crate::store::unix_now_ms().to_be_bytes()[2..], time);
     random.copy_from_slice(&random_alphanumerics::<20>());
     prefixed(prefix, &suffix)
+}
+
+/// A tool result's parts: their texts, one a line, and its images and files
+/// apart ([`ToolResult::attachments`]). A part of another kind counts by its
+/// `text`, if it has one; no upstream reads the rest.
+///
+/// [`ToolResult::attachments`]: crate::conversation::ToolResult::attachments
+fn result_parts(parts: impl IntoIterator<Item = Part>) -> (String, Vec<Part>) {
+    let mut texts = Vec::new();
+    let mut attachments = Vec::new();
+    for part in parts {
+        match part {
+            Part::Text(text) => texts.push(text),
+            Part::Other(Value::Object(mut part)) => {
+                if let Some(Value::String(text)) = part.remove("text") {
+                    texts.push(text);
+                }
+            }
+            Part::Other(_) => {}
+            other => attachments.push(other),
+        }
+    }
+    texts.retain(|text| !text.is_empty());
+    (texts.join("\n"), attachments)
 }
 
 /// `prefix` then `N` random alphanumerics: an id with no time in it (a chat

@@ -19,9 +19,9 @@ use serde_json::{json, Map, Value};
 use super::known_tools::{Declared, Namespaced};
 use super::{
     decode_history, description, each_tool, function_tools, invalid, nested_tools, new_id,
-    note_dropped, picked_object_and_tools, required_str, take_bool, take_f64, take_str,
-    take_str_at, take_u64, At, Channel, Entry, ErrorEnvelope, ErrorIn, Found, Picked, ReadTools,
-    Take, ToolObject, ToolShape, Tools,
+    note_dropped, picked_object_and_tools, required_str, result_parts, take_bool, take_f64,
+    take_str, take_str_at, take_u64, At, Channel, Entry, ErrorEnvelope, ErrorIn, Found, Picked,
+    ReadTools, Take, ToolObject, ToolShape, Tools,
 };
 use crate::conversation::{
     CallKind, Conversation, Dialect, FilePart, Finish, Format, FunctionTool, Item, Message,
@@ -790,17 +790,9 @@ fn decode_output(output: Option<Value>, param: At<'_>) -> Result<(String, Vec<Pa
     match output {
         Some(Value::String(text)) => Ok((text, Vec::new())),
         Some(Value::Array(parts)) => {
-            let mut texts = Vec::new();
-            let mut attachments = Vec::new();
-            for (j, part) in parts.into_iter().enumerate() {
-                match decode_part(part, list.index(j))? {
-                    Part::Text(text) => texts.push(text),
-                    // A kind no upstream of ours reads in an output.
-                    Part::Other(_) => {}
-                    other => attachments.push(other),
-                }
-            }
-            Ok((texts.join("\n"), attachments))
+            let parts = parts.into_iter().enumerate();
+            let parts = parts.map(|(j, part)| decode_part(part, list.index(j)));
+            Ok(result_parts(parts.collect::<Result<Vec<_>, _>>()?))
         }
         _ => Err(list.invalid("must be a string or an array of content parts.")),
     }
@@ -1676,6 +1668,8 @@ impl Encoder for ResponsesEncoder {
                 Some((namespace, name)) => (Some(namespace.clone()), name.clone()),
                 None => (None, call.name.clone()),
             };
+            // The event after the item names it too.
+            let shown = name.clone();
             let (id, body) = match call.kind {
                 CallKind::Function => (
                     self.item_id("fc_"),
@@ -1697,12 +1691,7 @@ impl Encoder for ResponsesEncoder {
                 ),
             };
             let index = self.add(id, body, out);
-            let item = &self.output[index];
-            let item_id = item.id.as_str();
-            let name = match &item.body {
-                Body::FunctionCall { name, .. } | Body::CustomCall { name, .. } => name.as_str(),
-                _ => "",
-            };
+            let item_id = self.output[index].id.as_str();
             let whole = call.arguments.as_str();
             let (delta, done) = match call.kind {
                 CallKind::Function => (
@@ -1731,7 +1720,7 @@ impl Encoder for ResponsesEncoder {
                     done,
                     ArgumentsDoneEvent {
                         item_id,
-                        name,
+                        name: &shown,
                         output_index: index,
                         arguments: whole,
                     },

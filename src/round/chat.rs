@@ -324,13 +324,8 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
             }
         }
         let user = matches!(item, Item::Message(m) if m.role == Role::User);
-        if let (Some(results), false) = (attached, user) {
-            let then = &[];
-            out.push(MessageOut::new(
-                "user",
-                Some(ContentOut::Attached { results, then }),
-            ));
-            attached = None;
+        if let Some(results) = attached.take_if(|_| !user) {
+            out.push(attachments_alone(results));
         }
         match item {
             Item::Message(message) => {
@@ -398,13 +393,15 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
         }
     }
     if let Some(start) = attaching {
-        let (results, then) = (&items[start..], &[]);
-        out.push(MessageOut::new(
-            "user",
-            Some(ContentOut::Attached { results, then }),
-        ));
+        out.push(attachments_alone(&items[start..]));
     }
     out
+}
+
+/// A user message of the attachments of a run of `results` alone.
+fn attachments_alone(results: &[Item]) -> MessageOut<'_> {
+    let then = &[];
+    MessageOut::new("user", Some(ContentOut::Attached { results, then }))
 }
 
 /// A part of a user message holding tool results' attachments.

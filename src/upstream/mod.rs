@@ -133,7 +133,7 @@ impl Upstream {
             spec,
             pool: Pool::new(name, members, file.balance, health),
             api: file.api,
-            vision: file.vision.unwrap_or(file.api == UpstreamApi::Responses),
+            vision: file.vision,
             bearer,
             retries,
             ready: Default::default(),
