@@ -280,11 +280,8 @@ impl Reply {
         }
         self.first_token_at
             .get_or_insert_with(std::time::Instant::now);
-        if std::mem::take(&mut self.round_break)
-            && self.encoder.continues(front::Channel::Text)
-            && self.last_char.is_some_and(|c| !c.is_whitespace())
-            && !text.starts_with(char::is_whitespace)
-        {
+        let continues = self.encoder.continues(front::Channel::Text);
+        if paragraph_break(&mut self.round_break, continues, self.last_char, text) {
             self.send_content(client, "\n\n").await?;
         }
         self.last_char = text.chars().next_back();
@@ -330,11 +327,9 @@ impl Reply {
         }
         // A new round's reasoning does not run into the last one's, in a
         // block or item it continues (`…first.Let me…`).
-        if std::mem::take(&mut self.reasoning_break)
-            && self.encoder.continues(front::Channel::Reasoning)
-            && self.last_reasoning_char.is_some_and(|c| !c.is_whitespace())
-            && !text.starts_with(char::is_whitespace)
-        {
+        let continues = self.encoder.continues(front::Channel::Reasoning);
+        let last = self.last_reasoning_char;
+        if paragraph_break(&mut self.reasoning_break, continues, last, text) {
             self.send_reasoning(client, "\n\n", channel).await?;
         }
         self.send_reasoning(client, text, channel).await
@@ -488,6 +483,17 @@ impl Reply {
         let status = self.encoder.error_status(status);
         client.respond_json(status, body, &extra).await.is_err()
     }
+}
+
+/// Whether a new round's first piece (`text`) begins a paragraph: the round
+/// just began (`pending`, cleared), its piece `continues` the last round's in
+/// one block or item, and words meet at the seam (the last round ended with
+/// `last`).
+fn paragraph_break(pending: &mut bool, continues: bool, last: Option<char>, text: &str) -> bool {
+    std::mem::take(pending)
+        && continues
+        && last.is_some_and(|c| !c.is_whitespace())
+        && !text.starts_with(char::is_whitespace)
 }
 
 /// Whose text the reasoning channel carries.

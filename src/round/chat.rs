@@ -310,8 +310,9 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
     let mut reasoning: Option<Cow<'_, str>> = None;
     // Whether the last message is an assistant turn that calls may join.
     let mut open_turn = false;
-    // Where the run of tool results being written began, once one of them
-    // attached something.
+    // Where the run of tool results being written began, and where, once
+    // one of them attached something.
+    let mut run = 0;
     let mut attaching: Option<usize> = None;
     let items = &conversation.items;
     for (i, item) in items.iter().enumerate() {
@@ -319,6 +320,7 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
         // message of the client's own takes them first.
         let mut attached = None;
         if !matches!(item, Item::ToolResult(_)) {
+            run = i + 1;
             if let Some(start) = attaching.take() {
                 attached = Some(&items[start..i]);
             }
@@ -384,10 +386,8 @@ fn messages(conversation: &Conversation, same_dialect: bool) -> Vec<MessageOut<'
                 m.tool_call_id = Some(&result.call_id);
                 out.push(m);
                 open_turn = false;
-                if !result.attachments.is_empty() && attaching.is_none() {
-                    let run = items[..i].iter().rev();
-                    let before = run.take_while(|item| matches!(item, Item::ToolResult(_)));
-                    attaching = Some(i - before.count());
+                if !result.attachments.is_empty() {
+                    attaching.get_or_insert(run);
                 }
             }
         }
